@@ -1,0 +1,353 @@
+//! The Buildkite REST client: create a build, get a build, list its artifacts, download one.
+//!
+//! Every call has a timeout. Reads are retried on 429 (waiting `RateLimit-Reset`) and 5xx;
+//! creating a build is retried only on 429, since a 5xx may have created it after all.
+
+use std::time::Duration;
+
+use reqwest::{Method, RequestBuilder, Response, StatusCode, header};
+use secrecy::{ExposeSecret, SecretString};
+use serde::de::DeserializeOwned;
+use url::Url;
+
+use super::model::{Artifact, Build, NewBuild};
+use crate::config::BuildkiteConfig;
+use crate::retry::{self, Policy};
+
+/// Largest `result.json` we accept.
+pub const MAX_ARTIFACT_BYTES: u64 = 8 * 1024 * 1024;
+const API_TIMEOUT: Duration = Duration::from_secs(10);
+const STORAGE_TIMEOUT: Duration = Duration::from_secs(30);
+const MAX_ARTIFACT_PAGES: u32 = 10;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BuildkiteError {
+    #[error("Buildkite refused the request ({status}): {message}")]
+    Rejected { status: u16, message: String },
+    #[error("Buildkite rate limit exceeded")]
+    RateLimited,
+    #[error("Buildkite unavailable: {0}")]
+    Unavailable(String),
+    #[error("unexpected response from Buildkite: {0}")]
+    Protocol(String),
+    #[error("artifact is larger than {MAX_ARTIFACT_BYTES} bytes")]
+    TooLarge,
+}
+
+#[derive(Clone)]
+pub struct BuildkiteClient {
+    api: reqwest::Client,
+    /// For artifact storage (S3): never carries our token.
+    storage: reqwest::Client,
+    base: Url,
+    org: String,
+    pipeline: String,
+    token: SecretString,
+    retry: Policy,
+}
+
+fn transport(e: reqwest::Error) -> BuildkiteError {
+    BuildkiteError::Unavailable(e.without_url().to_string())
+}
+
+/// The message Buildkite puts in an error body (`{"message": ...}`), else the raw text.
+fn error_message(body: &str) -> String {
+    let message = serde_json::from_str::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| {
+            let message = v.get("message")?.as_str()?.to_owned();
+            Some(match v.get("errors") {
+                Some(errors) => format!("{message}: {errors}"),
+                None => message,
+            })
+        })
+        .unwrap_or_else(|| body.trim().to_owned());
+    crate::discord::message::truncate(&message, 500)
+}
+
+fn rate_limit_reset(resp: &Response) -> Option<Duration> {
+    let h = resp.headers();
+    ["ratelimit-reset", "ratelimit-user-reset", "retry-after"]
+        .iter()
+        .find_map(|name| h.get(*name)?.to_str().ok()?.trim().parse::<u64>().ok())
+        .map(Duration::from_secs)
+}
+
+impl BuildkiteClient {
+    pub fn new(config: &BuildkiteConfig) -> Result<Self, BuildkiteError> {
+        let api = reqwest::Client::builder()
+            .timeout(API_TIMEOUT)
+            .connect_timeout(Duration::from_secs(5))
+            // The artifact download answers 302 to storage; we follow it ourselves so the
+            // Authorization header is never sent there.
+            .redirect(reqwest::redirect::Policy::none())
+            .user_agent(concat!("kernelbot-dispatch/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(transport)?;
+        let storage = reqwest::Client::builder()
+            .timeout(STORAGE_TIMEOUT)
+            .connect_timeout(Duration::from_secs(5))
+            .redirect(reqwest::redirect::Policy::limited(3))
+            .build()
+            .map_err(transport)?;
+        Ok(Self {
+            api,
+            storage,
+            base: config.api_url.clone(),
+            org: config.org.clone(),
+            pipeline: config.pipeline.clone(),
+            token: config.token.clone(),
+            retry: Policy::default(),
+        })
+    }
+
+    pub fn with_retry(mut self, retry: Policy) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!(
+            "{}/organizations/{}/pipelines/{}/{path}",
+            self.base.as_str().trim_end_matches('/'),
+            self.org,
+            self.pipeline
+        )
+    }
+
+    fn request(&self, method: Method, url: &str) -> RequestBuilder {
+        self.api
+            .request(method, url)
+            .bearer_auth(self.token.expose_secret())
+    }
+
+    /// Sends a request, retrying rate limits always and server errors only if `idempotent`.
+    async fn send(
+        &self,
+        make: impl Fn() -> RequestBuilder,
+        idempotent: bool,
+    ) -> Result<Response, BuildkiteError> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let outcome = make().send().await;
+            let (wait, failure) = match outcome {
+                Ok(resp) if resp.status() == StatusCode::TOO_MANY_REQUESTS => (
+                    rate_limit_reset(&resp).or(Some(Duration::ZERO)),
+                    BuildkiteError::RateLimited,
+                ),
+                Ok(resp) if resp.status().is_server_error() && idempotent => (
+                    None,
+                    BuildkiteError::Unavailable(format!("HTTP {}", resp.status())),
+                ),
+                Ok(resp) if resp.status().is_success() || resp.status().is_redirection() => {
+                    return Ok(resp);
+                }
+                Ok(resp) => {
+                    let status = resp.status();
+                    let body = resp.text().await.unwrap_or_default();
+                    return Err(if status.is_server_error() {
+                        BuildkiteError::Unavailable(format!(
+                            "HTTP {status}: {}",
+                            error_message(&body)
+                        ))
+                    } else {
+                        BuildkiteError::Rejected {
+                            status: status.as_u16(),
+                            message: error_message(&body),
+                        }
+                    });
+                }
+                // A request that may have reached Buildkite is not repeated unless idempotent.
+                Err(e) if idempotent || e.is_connect() => (None, transport(e)),
+                Err(e) => return Err(transport(e)),
+            };
+            let wait = match wait {
+                Some(w) if w.is_zero() => None,
+                w => w,
+            };
+            match self.retry.delay(attempt, wait) {
+                Some(pause) => {
+                    tracing::warn!(attempt, pause_ms = pause.as_millis() as u64, error = %failure, "retrying Buildkite call");
+                    tokio::time::sleep(pause).await;
+                }
+                None => return Err(failure),
+            }
+        }
+    }
+
+    async fn json<T: DeserializeOwned>(resp: Response) -> Result<T, BuildkiteError> {
+        let body = resp.bytes().await.map_err(transport)?;
+        serde_json::from_slice(&body).map_err(|e| BuildkiteError::Protocol(e.to_string()))
+    }
+
+    pub async fn create_build(&self, build: &NewBuild) -> Result<Build, BuildkiteError> {
+        let url = self.url("builds");
+        let resp = self
+            .send(|| self.request(Method::POST, &url).json(build), false)
+            .await?;
+        Self::json(resp).await
+    }
+
+    pub async fn get_build(&self, number: u64) -> Result<Build, BuildkiteError> {
+        let url = self.url(&format!("builds/{number}?include_retried_jobs=true"));
+        let resp = self.send(|| self.request(Method::GET, &url), true).await?;
+        Self::json(resp).await
+    }
+
+    /// Every artifact of a build, following the `Link: rel="next"` pages.
+    pub async fn list_artifacts(&self, number: u64) -> Result<Vec<Artifact>, BuildkiteError> {
+        let mut url = self.url(&format!("builds/{number}/artifacts?per_page=100"));
+        let mut all = Vec::new();
+        for _ in 0..MAX_ARTIFACT_PAGES {
+            let resp = self.send(|| self.request(Method::GET, &url), true).await?;
+            let next = next_link(resp.headers());
+            all.extend(Self::json::<Vec<Artifact>>(resp).await?);
+            match next {
+                // Only follow pages on the API we were configured with: the token goes along.
+                Some(n) if n.starts_with(self.base.as_str().trim_end_matches('/')) => url = n,
+                _ => break,
+            }
+        }
+        Ok(all)
+    }
+
+    /// Downloads an artifact: the API answers 302 with a short-lived storage URL, which is
+    /// fetched with a client that has no credentials.
+    pub async fn download_artifact(
+        &self,
+        build_number: u64,
+        artifact: &Artifact,
+    ) -> Result<Vec<u8>, BuildkiteError> {
+        if artifact.file_size.is_some_and(|s| s > MAX_ARTIFACT_BYTES) {
+            return Err(BuildkiteError::TooLarge);
+        }
+        let url = self.url(&format!(
+            "builds/{build_number}/jobs/{}/artifacts/{}/download",
+            artifact.job_id, artifact.id
+        ));
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let resp = self.send(|| self.request(Method::GET, &url), true).await?;
+            let result = if resp.status().is_redirection() {
+                let location = resp
+                    .headers()
+                    .get(header::LOCATION)
+                    .and_then(|l| l.to_str().ok())
+                    .ok_or_else(|| {
+                        BuildkiteError::Protocol("artifact redirect without Location".into())
+                    })?;
+                let target = Url::parse(&url)
+                    .and_then(|u| u.join(location))
+                    .map_err(|e| BuildkiteError::Protocol(format!("artifact Location: {e}")))?;
+                self.fetch_storage(target).await
+            } else {
+                read_capped(resp).await
+            };
+            match result {
+                // The storage URL is valid for about a minute: a retry asks the API anew.
+                Err(BuildkiteError::Unavailable(e)) => match self.retry.delay(attempt, None) {
+                    Some(pause) => {
+                        tracing::warn!(attempt, error = %e, "retrying artifact download");
+                        tokio::time::sleep(pause).await;
+                    }
+                    None => return Err(BuildkiteError::Unavailable(e)),
+                },
+                other => return other,
+            }
+        }
+    }
+
+    async fn fetch_storage(&self, url: Url) -> Result<Vec<u8>, BuildkiteError> {
+        let resp = self.storage.get(url).send().await.map_err(transport)?;
+        let status = resp.status();
+        if retry::is_transient(status) {
+            return Err(BuildkiteError::Unavailable(format!(
+                "artifact storage HTTP {status}"
+            )));
+        }
+        if !status.is_success() {
+            let body = resp.text().await.unwrap_or_default();
+            return Err(BuildkiteError::Rejected {
+                status: status.as_u16(),
+                message: format!(
+                    "artifact storage: {}",
+                    crate::discord::message::truncate(body.trim(), 300)
+                ),
+            });
+        }
+        read_capped(resp).await
+    }
+}
+
+/// Reads a body, refusing more than [`MAX_ARTIFACT_BYTES`] (checked as it streams, since a
+/// `Content-Length` can be absent).
+async fn read_capped(mut resp: Response) -> Result<Vec<u8>, BuildkiteError> {
+    if resp
+        .content_length()
+        .is_some_and(|l| l > MAX_ARTIFACT_BYTES)
+    {
+        return Err(BuildkiteError::TooLarge);
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = resp.chunk().await.map_err(transport)? {
+        if (body.len() + chunk.len()) as u64 > MAX_ARTIFACT_BYTES {
+            return Err(BuildkiteError::TooLarge);
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+/// The `rel="next"` URL of an RFC 8288 `Link` header.
+fn next_link(headers: &header::HeaderMap) -> Option<String> {
+    let link = headers.get(header::LINK)?.to_str().ok()?;
+    link.split(',').find_map(|part| {
+        let (target, params) = part.split_once(';')?;
+        params
+            .split(';')
+            .any(|p| p.trim().replace(' ', "") == "rel=\"next\"")
+            .then(|| {
+                target
+                    .trim()
+                    .trim_start_matches('<')
+                    .trim_end_matches('>')
+                    .to_owned()
+            })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_the_next_page() {
+        let mut h = header::HeaderMap::new();
+        h.insert(
+            header::LINK,
+            r#"<https://api.buildkite.com/v2/x?page=3>; rel="last", <https://api.buildkite.com/v2/x?page=2>; rel="next""#
+                .parse()
+                .unwrap(),
+        );
+        assert_eq!(
+            next_link(&h).as_deref(),
+            Some("https://api.buildkite.com/v2/x?page=2")
+        );
+        h.insert(
+            header::LINK,
+            r#"<https://x/1>; rel="prev""#.parse().unwrap(),
+        );
+        assert_eq!(next_link(&h), None);
+    }
+
+    #[test]
+    fn error_messages_come_from_the_body() {
+        assert_eq!(
+            error_message(r#"{"message":"Validation Failed","errors":["branch can't be blank"]}"#),
+            r#"Validation Failed: ["branch can't be blank"]"#
+        );
+        assert_eq!(error_message("oops\n"), "oops");
+    }
+}

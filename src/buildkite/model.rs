@@ -1,0 +1,153 @@
+//! The Buildkite objects we read and write (REST API and webhook payloads share them).
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::{Deserialize, Serialize};
+
+/// What we send to create a build.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct NewBuild {
+    pub commit: String,
+    pub branch: String,
+    pub message: String,
+    pub env: BTreeMap<String, String>,
+    pub meta_data: BTreeMap<String, String>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+pub struct Build {
+    pub id: String,
+    pub number: u64,
+    #[serde(default)]
+    pub web_url: String,
+    #[serde(default)]
+    pub state: String,
+    #[serde(default)]
+    pub blocked: bool,
+    #[serde(default)]
+    pub meta_data: Option<HashMap<String, serde_json::Value>>,
+    /// Absent from webhook payloads; present from the REST API.
+    #[serde(default)]
+    pub jobs: Vec<BuildJob>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+pub struct BuildJob {
+    pub id: String,
+    #[serde(default, rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub state: Option<String>,
+}
+
+/// Build states after which nothing more happens.
+pub const TERMINAL_STATES: &[&str] = &[
+    "passed", "failed", "canceled", "skipped", "not_run", "blocked",
+];
+
+impl Build {
+    /// The run id we set in the build's meta-data when we created it; builds without it are
+    /// not ours.
+    pub fn run_id(&self) -> Option<&str> {
+        self.meta_data.as_ref()?.get("run_id")?.as_str()
+    }
+
+    /// The final state as users read it: a finished build waiting on a block step is
+    /// `blocked`, whatever `state` says.
+    pub fn final_state(&self) -> &str {
+        if self.blocked { "blocked" } else { &self.state }
+    }
+
+    pub fn is_finished(&self) -> bool {
+        TERMINAL_STATES.contains(&self.final_state())
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+pub struct Artifact {
+    pub id: String,
+    pub job_id: String,
+    #[serde(default)]
+    pub path: String,
+    #[serde(default)]
+    pub filename: String,
+    #[serde(default)]
+    pub state: String,
+    #[serde(default)]
+    pub file_size: Option<u64>,
+}
+
+pub const RESULT_FILE: &str = "result.json";
+
+/// The `result.json` to read: a finished upload, from the latest job that has one.
+/// Automatic retries (agent lost) give a build several jobs, each possibly with a result;
+/// the REST API lists a build's jobs in the order they were created.
+pub fn pick_result<'a>(build: &Build, artifacts: &'a [Artifact]) -> Option<&'a Artifact> {
+    let is_result = |a: &&Artifact| {
+        a.state == "finished"
+            && (a.filename == RESULT_FILE
+                || a.path == RESULT_FILE
+                || a.path.ends_with("/result.json"))
+    };
+    let job_order = |a: &Artifact| build.jobs.iter().position(|j| j.id == a.job_id);
+    artifacts
+        .iter()
+        .enumerate()
+        .filter(|(_, a)| is_result(a))
+        // Jobs the build does not list sort first; ties keep the API's order.
+        .max_by_key(|(i, a)| (job_order(a).map_or(0, |p| p + 1), *i))
+        .map(|(_, a)| a)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_run_id_and_blocked_state() {
+        let b: Build = serde_json::from_str(
+            r#"{"id":"x","number":3,"state":"passed","blocked":true,"meta_data":{"run_id":"r1"}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            (b.run_id(), b.final_state(), b.is_finished()),
+            (Some("r1"), "blocked", true)
+        );
+        let theirs: Build =
+            serde_json::from_str(r#"{"id":"x","number":3,"state":"running"}"#).unwrap();
+        assert_eq!((theirs.run_id(), theirs.is_finished()), (None, false));
+    }
+
+    fn artifact(id: &str, job: &str, path: &str, state: &str) -> Artifact {
+        Artifact {
+            id: id.into(),
+            job_id: job.into(),
+            path: path.into(),
+            filename: path.rsplit('/').next().unwrap_or_default().into(),
+            state: state.into(),
+            file_size: None,
+        }
+    }
+
+    #[test]
+    fn picks_the_finished_result_of_the_latest_job() {
+        let build: Build = serde_json::from_str(
+            r#"{"id":"b","number":1,"jobs":[{"id":"j1","type":"script"},{"id":"j2","type":"script"}]}"#,
+        )
+        .unwrap();
+        let artifacts = vec![
+            artifact("a0", "j2", "profile_data/x.json", "finished"),
+            artifact("a1", "j2", "result.json", "error"),
+            artifact("a2", "j2", "result.json", "finished"),
+            artifact("a3", "j1", "result.json", "finished"),
+        ];
+        assert_eq!(
+            pick_result(&build, &artifacts).map(|a| a.id.as_str()),
+            Some("a2")
+        );
+        assert_eq!(
+            pick_result(&build, &artifacts[..2]).map(|a| a.id.as_str()),
+            None
+        );
+    }
+}

@@ -1,0 +1,353 @@
+//! Configuration, read once from the environment at start-up into typed values.
+//!
+//! A missing or malformed variable stops start-up with a message that names it. Secrets are
+//! held in [`SecretString`], whose `Debug` prints nothing of them.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use secrecy::SecretString;
+use url::Url;
+
+use crate::buildkite::webhook::WebhookAuth;
+use crate::discord::target::DiscordTarget;
+
+pub const DEFAULT_BUILDKITE_API_URL: &str = "https://api.buildkite.com/v2";
+pub const DEFAULT_DISCORD_API_URL: &str = "https://discord.com/api/v10";
+pub const DEFAULT_LISTEN_ADDR: &str = "127.0.0.1:3000";
+pub const DEFAULT_GPU_QUEUES: &str = "B200_BK=b200,H100_BK=h100,MI300_BK=mi300,L40S_BK=test";
+pub const DEFAULT_IMAGE: &str = "ghcr.io/gpu-mode/kernelbot:latest";
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfigError {
+    #[error("environment variable {0} is required but not set")]
+    Missing(&'static str),
+    #[error("environment variable {name} is invalid: {reason}")]
+    Invalid { name: &'static str, reason: String },
+}
+
+/// Which function is starting: each requires only the secrets it uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Submit,
+    Webhook,
+    Sweep,
+}
+
+#[derive(Debug, Clone)]
+pub struct BuildkiteConfig {
+    pub api_url: Url,
+    pub org: String,
+    pub pipeline: String,
+    pub token: SecretString,
+    pub branch: String,
+    pub commit: String,
+    pub image: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct DiscordConfig {
+    pub api_url: Url,
+    /// Where status goes when a submission names no Discord target.
+    pub default_target: Option<DiscordTarget>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreConfig {
+    Dynamo { table: String },
+    Embedded { dir: PathBuf },
+}
+
+/// GPU name → Buildkite queue. Configuration, not code: new hardware is a deploy, not a release.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueMap(BTreeMap<String, String>);
+
+impl QueueMap {
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let mut map = BTreeMap::new();
+        for pair in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (gpu, queue) = pair
+                .split_once('=')
+                .ok_or_else(|| format!("{pair:?} is not GPU=queue"))?;
+            let (gpu, queue) = (gpu.trim(), queue.trim());
+            if gpu.is_empty() || queue.is_empty() {
+                return Err(format!("{pair:?} is not GPU=queue"));
+            }
+            map.insert(gpu.to_owned(), queue.to_owned());
+        }
+        if map.is_empty() {
+            return Err("no GPU=queue pairs".into());
+        }
+        Ok(Self(map))
+    }
+
+    pub fn queue_for(&self, gpu: &str) -> Option<&str> {
+        self.0.get(gpu).map(String::as_str)
+    }
+
+    pub fn gpus(&self) -> impl Iterator<Item = &str> {
+        self.0.keys().map(String::as_str)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub buildkite: BuildkiteConfig,
+    pub discord: DiscordConfig,
+    pub store: StoreConfig,
+    pub queues: QueueMap,
+    pub listen_addr: SocketAddr,
+    /// Bearer tokens accepted by the submission API (submit only).
+    pub submit_tokens: Vec<SecretString>,
+    /// How webhook requests are verified (webhook only).
+    pub webhook_auth: WebhookAuth,
+}
+
+impl std::fmt::Debug for WebhookAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebhookAuth")
+            .field(
+                "secrets",
+                &format_args!("[{} redacted]", self.secrets.len()),
+            )
+            .field("allow_token", &self.allow_token)
+            .finish()
+    }
+}
+
+struct Env<'a>(&'a dyn Fn(&str) -> Option<String>);
+
+impl Env<'_> {
+    fn get(&self, name: &str) -> Option<String> {
+        (self.0)(name)
+            .map(|v| v.trim().to_owned())
+            .filter(|v| !v.is_empty())
+    }
+
+    fn required(&self, name: &'static str) -> Result<String, ConfigError> {
+        self.get(name).ok_or(ConfigError::Missing(name))
+    }
+
+    fn url(&self, name: &'static str, default: &str) -> Result<Url, ConfigError> {
+        let raw = self.get(name).unwrap_or_else(|| default.to_owned());
+        let url = Url::parse(raw.trim_end_matches('/')).map_err(|e| ConfigError::Invalid {
+            name,
+            reason: e.to_string(),
+        })?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(ConfigError::Invalid {
+                name,
+                reason: "must be an http(s) URL".into(),
+            });
+        }
+        Ok(url)
+    }
+
+    /// A comma-separated list of secrets; required when `needed`.
+    fn secrets(&self, name: &'static str, needed: bool) -> Result<Vec<SecretString>, ConfigError> {
+        let secrets: Vec<SecretString> = self
+            .get(name)
+            .unwrap_or_default()
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(SecretString::from)
+            .collect();
+        if needed && secrets.is_empty() {
+            return Err(ConfigError::Missing(name));
+        }
+        Ok(secrets)
+    }
+
+    fn flag(&self, name: &'static str) -> Result<bool, ConfigError> {
+        match self
+            .get(name)
+            .as_deref()
+            .map(str::to_ascii_lowercase)
+            .as_deref()
+        {
+            None | Some("0" | "false" | "no") => Ok(false),
+            Some("1" | "true" | "yes") => Ok(true),
+            Some(_) => Err(ConfigError::Invalid {
+                name,
+                reason: "expected true or false".into(),
+            }),
+        }
+    }
+}
+
+impl Config {
+    /// Reads the process environment.
+    pub fn from_env(role: Role) -> Result<Self, ConfigError> {
+        Self::from_lookup(role, &|name| std::env::var(name).ok())
+    }
+
+    /// Reads configuration through `lookup`, so tests need not touch the process environment.
+    pub fn from_lookup(
+        role: Role,
+        lookup: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
+        let env = Env(lookup);
+        let buildkite = BuildkiteConfig {
+            api_url: env.url("BUILDKITE_API_URL", DEFAULT_BUILDKITE_API_URL)?,
+            org: env.required("BUILDKITE_ORG")?,
+            pipeline: env.required("BUILDKITE_PIPELINE")?,
+            token: SecretString::from(env.required("BUILDKITE_API_TOKEN")?),
+            branch: env.get("BUILDKITE_BRANCH").unwrap_or_else(|| "main".into()),
+            commit: env.get("BUILDKITE_COMMIT").unwrap_or_else(|| "HEAD".into()),
+            image: env
+                .get("KERNELBOT_IMAGE")
+                .unwrap_or_else(|| DEFAULT_IMAGE.into()),
+        };
+        let default_target = match env.get("DISCORD_WEBHOOK_URL") {
+            None => None,
+            Some(raw) => {
+                Some(
+                    DiscordTarget::parse(&raw, None).map_err(|e| ConfigError::Invalid {
+                        name: "DISCORD_WEBHOOK_URL",
+                        reason: e.to_string(),
+                    })?,
+                )
+            }
+        };
+        let discord = DiscordConfig {
+            api_url: env.url("DISCORD_API_URL", DEFAULT_DISCORD_API_URL)?,
+            default_target,
+        };
+        let store = match env.get("JOBS_TABLE") {
+            Some(table) => StoreConfig::Dynamo { table },
+            None => StoreConfig::Embedded {
+                dir: env
+                    .get("KERNELBOT_DATA_DIR")
+                    .unwrap_or_else(|| "./.kernelbot".into())
+                    .into(),
+            },
+        };
+        let queues = QueueMap::parse(
+            &env.get("GPU_QUEUES")
+                .unwrap_or_else(|| DEFAULT_GPU_QUEUES.into()),
+        )
+        .map_err(|reason| ConfigError::Invalid {
+            name: "GPU_QUEUES",
+            reason,
+        })?;
+        let listen_addr = env
+            .get("LISTEN_ADDR")
+            .unwrap_or_else(|| DEFAULT_LISTEN_ADDR.into())
+            .parse()
+            .map_err(|e: std::net::AddrParseError| ConfigError::Invalid {
+                name: "LISTEN_ADDR",
+                reason: e.to_string(),
+            })?;
+        Ok(Self {
+            buildkite,
+            discord,
+            store,
+            queues,
+            listen_addr,
+            submit_tokens: env.secrets("SUBMIT_API_TOKEN", role == Role::Submit)?,
+            webhook_auth: WebhookAuth {
+                secrets: env.secrets("BUILDKITE_WEBHOOK_SECRET", role == Role::Webhook)?,
+                allow_token: env.flag("BUILDKITE_WEBHOOK_ALLOW_TOKEN")?,
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn load(role: Role, vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Config::from_lookup(role, &move |k| map.get(k).cloned())
+    }
+
+    const BASE: &[(&str, &str)] = &[
+        ("BUILDKITE_ORG", "org"),
+        ("BUILDKITE_PIPELINE", "pipe"),
+        ("BUILDKITE_API_TOKEN", "bk-secret"),
+    ];
+
+    #[test]
+    fn defaults_apply_and_secrets_stay_hidden() {
+        let cfg = load(
+            Role::Submit,
+            &[BASE, &[("SUBMIT_API_TOKEN", "a, b")]].concat(),
+        )
+        .unwrap();
+        assert_eq!(
+            cfg.buildkite.api_url.as_str(),
+            "https://api.buildkite.com/v2"
+        );
+        assert_eq!(cfg.queues.queue_for("L40S_BK"), Some("test"));
+        assert_eq!(
+            cfg.store,
+            StoreConfig::Embedded {
+                dir: "./.kernelbot".into()
+            }
+        );
+        assert_eq!(cfg.submit_tokens.len(), 2);
+        let debug = format!("{cfg:?}");
+        assert!(
+            !debug.contains("bk-secret") && !debug.contains("\"a\""),
+            "{debug}"
+        );
+    }
+
+    #[test]
+    fn each_role_requires_its_own_secret() {
+        assert_eq!(
+            load(Role::Submit, BASE).unwrap_err(),
+            ConfigError::Missing("SUBMIT_API_TOKEN")
+        );
+        assert_eq!(
+            load(Role::Webhook, BASE).unwrap_err(),
+            ConfigError::Missing("BUILDKITE_WEBHOOK_SECRET")
+        );
+        assert!(load(Role::Sweep, BASE).is_ok());
+        let err = load(Role::Sweep, &BASE[..2]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "environment variable BUILDKITE_API_TOKEN is required but not set"
+        );
+    }
+
+    #[test]
+    fn malformed_values_name_the_variable() {
+        let bad = [
+            ("GPU_QUEUES", "H100"),
+            ("LISTEN_ADDR", "nope"),
+            ("DISCORD_WEBHOOK_URL", "https://x.com/a"),
+            ("BUILDKITE_API_URL", "ftp://x"),
+        ];
+        for (name, value) in bad {
+            match load(Role::Sweep, &[BASE, &[(name, value)]].concat()) {
+                Err(ConfigError::Invalid { name: n, .. }) => assert_eq!(n, name),
+                other => panic!("{name}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn queue_map_is_configuration() {
+        let cfg = load(
+            Role::Sweep,
+            &[BASE, &[("GPU_QUEUES", "A=a, B=b"), ("JOBS_TABLE", "jobs")]].concat(),
+        )
+        .unwrap();
+        assert_eq!(cfg.queues.queue_for("B"), Some("b"));
+        assert_eq!(cfg.queues.queue_for("H100_BK"), None);
+        assert_eq!(
+            cfg.store,
+            StoreConfig::Dynamo {
+                table: "jobs".into()
+            }
+        );
+    }
+}

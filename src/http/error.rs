@@ -1,0 +1,93 @@
+//! The one error type of the HTTP boundary, mapped once to a status and a JSON body
+//! `{"error": "<code>", "message": "<text>"}`.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use crate::dispatch::DispatchError;
+use crate::submission::Invalid;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// 400
+    #[error("{message}")]
+    BadRequest { code: &'static str, message: String },
+    /// 401: never says which part was wrong.
+    #[error("unauthorized")]
+    Unauthorized,
+    /// 404
+    #[error("{0}")]
+    NotFound(String),
+    /// 413
+    #[error("{0}")]
+    TooLarge(String),
+    /// 422
+    #[error("{message}")]
+    Unprocessable { code: &'static str, message: String },
+    /// 502: Buildkite refused or failed; the message is Buildkite's own words.
+    #[error("{0}")]
+    BadGateway(String),
+    /// 503: a dependency is down; the detail is logged, not returned.
+    #[error("service temporarily unavailable")]
+    Unavailable(String),
+}
+
+impl From<Invalid> for ApiError {
+    fn from(e: Invalid) -> Self {
+        let message = e.to_string();
+        match e {
+            Invalid::Json(_) => Self::BadRequest {
+                code: "invalid_json",
+                message,
+            },
+            Invalid::Field { .. } | Invalid::UnknownField(_) => Self::BadRequest {
+                code: "invalid_field",
+                message,
+            },
+            Invalid::PayloadTooLarge { .. } => Self::TooLarge(message),
+            Invalid::UnknownGpu { .. } => Self::Unprocessable {
+                code: "unknown_gpu",
+                message,
+            },
+            Invalid::WebhookUrl(_) => Self::Unprocessable {
+                code: "invalid_webhook_url",
+                message,
+            },
+        }
+    }
+}
+
+impl From<DispatchError> for ApiError {
+    fn from(e: DispatchError) -> Self {
+        match e {
+            DispatchError::BuildRefused { source, .. } => {
+                Self::BadGateway(format!("Buildkite did not create the build: {source}"))
+            }
+            other => Self::Unavailable(other.to_string()),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, code) = match &self {
+            Self::BadRequest { code, .. } => (StatusCode::BAD_REQUEST, *code),
+            Self::Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized"),
+            Self::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+            Self::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "too_large"),
+            Self::Unprocessable { code, .. } => (StatusCode::UNPROCESSABLE_ENTITY, *code),
+            Self::BadGateway(_) => (StatusCode::BAD_GATEWAY, "buildkite_error"),
+            Self::Unavailable(detail) => {
+                tracing::error!(error = %detail, "request failed");
+                (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
+            }
+        };
+        (
+            status,
+            Json(json!({"error": code, "message": self.to_string()})),
+        )
+            .into_response()
+    }
+}

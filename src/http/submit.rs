@@ -1,0 +1,115 @@
+//! `POST /submissions` and `GET /submissions/{run_id}`.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use secrecy::ExposeSecret;
+use serde_json::{Value, json};
+use subtle::ConstantTimeEq;
+
+use super::{ApiError, healthz, read_body};
+use crate::dispatch::{Dispatcher, Submitted};
+use crate::jobs::{Job, RunId};
+use crate::submission;
+
+/// Submissions carry source code; 1 MiB is far above any that compresses under the
+/// 128 KiB payload limit.
+pub const MAX_BODY: usize = 1024 * 1024;
+
+pub fn router(dispatcher: Arc<Dispatcher>) -> Router {
+    Router::new()
+        .route("/submissions", post(create))
+        .route("/submissions/{run_id}", get(show))
+        .route("/healthz", get(healthz))
+        .with_state(dispatcher)
+}
+
+fn authorize(d: &Dispatcher, headers: &HeaderMap) -> Result<(), ApiError> {
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .ok_or(ApiError::Unauthorized)?;
+    let ok = d.config.submit_tokens.iter().any(|t| {
+        bool::from(
+            t.expose_secret()
+                .as_bytes()
+                .ct_eq(presented.trim().as_bytes()),
+        )
+    });
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::Unauthorized)
+    }
+}
+
+fn millis_rfc3339(ms: i64) -> String {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.max(0) as u64);
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
+fn build_json(job: &Job) -> Value {
+    job.build.as_ref().map_or(
+        Value::Null,
+        |b| json!({"id": b.id, "number": b.number, "web_url": b.web_url}),
+    )
+}
+
+/// The job as `GET /submissions/{run_id}` shows it.
+pub fn job_view(job: &Job) -> Value {
+    json!({
+        "run_id": job.run_id,
+        "state": job.state,
+        "gpu": job.gpu,
+        "queue": job.queue,
+        "title": job.title,
+        "build": build_json(job),
+        "failure": job.failure,
+        "created_at": millis_rfc3339(job.created_at),
+        "updated_at": millis_rfc3339(job.updated_at),
+        "result": job.outcome,
+    })
+}
+
+async fn create(State(d): State<Arc<Dispatcher>>, request: Request) -> Result<Response, ApiError> {
+    authorize(&d, request.headers())?;
+    let body = read_body(request.into_body(), MAX_BODY).await?;
+    let sub = submission::parse(
+        &body,
+        &d.config.queues,
+        d.config.discord.default_target.as_ref(),
+    )?;
+    let (status, job) = match d.submit(sub).await? {
+        Submitted::New(job) => (StatusCode::ACCEPTED, job),
+        Submitted::Existing(job) => (StatusCode::OK, job),
+    };
+    let body = json!({"run_id": job.run_id, "state": job.state, "build": build_json(&job)});
+    Ok((status, Json(body)).into_response())
+}
+
+async fn show(
+    State(d): State<Arc<Dispatcher>>,
+    headers: HeaderMap,
+    Path(run_id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    authorize(&d, &headers)?;
+    let not_found = || {
+        ApiError::NotFound(format!(
+            "no submission {:?}",
+            run_id.chars().take(64).collect::<String>()
+        ))
+    };
+    let id: RunId = run_id.parse().map_err(|_| not_found())?;
+    let job = d
+        .store
+        .get(&id)
+        .await
+        .map_err(|e| ApiError::Unavailable(e.to_string()))?
+        .ok_or_else(not_found)?;
+    Ok(Json(job_view(&job)))
+}

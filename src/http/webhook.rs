@@ -1,0 +1,66 @@
+//! `POST /webhooks/buildkite`: verify, then hand the event to the dispatcher.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{Value, json};
+
+use super::{ApiError, healthz, read_body};
+use crate::buildkite::webhook::{EVENT_HEADER, SIGNATURE_HEADER, TOKEN_HEADER, WebhookEvent};
+use crate::dispatch::{Dispatcher, EventOutcome};
+
+/// Buildkite build payloads are a few KiB; anything near this is not one.
+pub const MAX_BODY: usize = 1024 * 1024;
+
+pub fn router(dispatcher: Arc<Dispatcher>) -> Router {
+    Router::new()
+        .route("/webhooks/buildkite", post(receive))
+        .route("/healthz", get(healthz))
+        .with_state(dispatcher)
+}
+
+fn now_secs() -> i64 {
+    crate::jobs::model::now_millis() / 1000
+}
+
+async fn receive(
+    State(d): State<Arc<Dispatcher>>,
+    request: Request,
+) -> Result<Json<Value>, ApiError> {
+    let (parts, body) = request.into_parts();
+    let header = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok());
+    let body = read_body(body, MAX_BODY).await?;
+    // Verify the raw bytes before any parsing.
+    d.config
+        .webhook_auth
+        .verify(
+            header(SIGNATURE_HEADER),
+            header(TOKEN_HEADER),
+            &body,
+            now_secs(),
+        )
+        .map_err(|e| {
+            tracing::warn!(reason = %e, "webhook rejected");
+            ApiError::Unauthorized
+        })?;
+    let payload: WebhookEvent =
+        serde_json::from_slice(&body).map_err(|e| ApiError::BadRequest {
+            code: "invalid_json",
+            message: format!("webhook body is not a Buildkite event: {e}"),
+        })?;
+    let event = header(EVENT_HEADER)
+        .or(payload.event.as_deref())
+        .unwrap_or_default();
+    let outcome = match (&payload.build, event) {
+        (Some(build), e) if e.starts_with("build.") => d.on_build_event(e, build).await?,
+        (_, "ping") => EventOutcome::Ignored("ping"),
+        _ => EventOutcome::Ignored("event not handled"),
+    };
+    let body = match outcome {
+        EventOutcome::Advanced(state) => json!({"ok": true, "state": state}),
+        EventOutcome::Ignored(reason) => json!({"ok": true, "ignored": reason}),
+    };
+    Ok(Json(body))
+}

@@ -1,0 +1,337 @@
+//! A job: one submission's life from `submitted` to `finished` (or `failed`).
+//!
+//! The state machine is pure: [`Job::apply`] decides whether a transition moves the job
+//! forward. The stores enforce the same rule atomically with conditional writes.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::discord::target::DiscordTarget;
+use crate::result::Outcome;
+
+/// A run id: the idempotency key of a submission, `[A-Za-z0-9_.-]{1,64}`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct RunId(String);
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("run_id must be 1-64 characters of A-Z, a-z, 0-9, '_', '.', '-'")]
+pub struct InvalidRunId;
+
+impl RunId {
+    /// A fresh random id for submissions that bring none.
+    pub fn generate() -> Self {
+        Self(format!("run-{}", uuid::Uuid::new_v4().simple()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl FromStr for RunId {
+    type Err = InvalidRunId;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let ok = (1..=64).contains(&s.len())
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
+        if ok {
+            Ok(Self(s.to_owned()))
+        } else {
+            Err(InvalidRunId)
+        }
+    }
+}
+
+impl TryFrom<String> for RunId {
+    type Error = InvalidRunId;
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        s.parse()
+    }
+}
+
+impl From<RunId> for String {
+    fn from(id: RunId) -> Self {
+        id.0
+    }
+}
+
+impl fmt::Display for RunId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Where a job is in its life. The order of the variants is the order of progress.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    Submitted,
+    Scheduled,
+    Running,
+    Finished,
+    Failed,
+}
+
+impl JobState {
+    /// A job only ever moves to a higher rank. `finished` and `failed` share the top rank:
+    /// neither can follow the other.
+    pub fn rank(self) -> u8 {
+        match self {
+            Self::Submitted => 0,
+            Self::Scheduled => 1,
+            Self::Running => 2,
+            Self::Finished | Self::Failed => 3,
+        }
+    }
+
+    pub fn is_terminal(self) -> bool {
+        self.rank() == 3
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Submitted => "submitted",
+            Self::Scheduled => "scheduled",
+            Self::Running => "running",
+            Self::Finished => "finished",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+impl FromStr for JobState {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(match s {
+            "submitted" => Self::Submitted,
+            "scheduled" => Self::Scheduled,
+            "running" => Self::Running,
+            "finished" => Self::Finished,
+            "failed" => Self::Failed,
+            other => return Err(format!("unknown job state {other:?}")),
+        })
+    }
+}
+
+impl fmt::Display for JobState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The Buildkite build that runs a job.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BuildRef {
+    pub id: String,
+    pub number: u64,
+    pub web_url: String,
+}
+
+/// Milliseconds since the Unix epoch.
+pub type Millis = i64;
+
+pub fn now_millis() -> Millis {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as Millis)
+        .unwrap_or(0)
+}
+
+/// How long a job is kept before the table's TTL removes it.
+pub const RETENTION_SECS: i64 = 90 * 24 * 3600;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Job {
+    pub run_id: RunId,
+    pub state: JobState,
+    pub gpu: String,
+    pub queue: String,
+    pub title: Option<String>,
+    pub discord: Option<DiscordTarget>,
+    pub discord_message_id: Option<String>,
+    /// Discord answered 404 for the webhook: it is deleted and must not be used again.
+    pub discord_gone: bool,
+    pub build: Option<BuildRef>,
+    /// Why a submission failed (`failed` only).
+    pub failure: Option<String>,
+    /// The build's end and what its `result.json` said (`finished` only).
+    pub outcome: Option<Outcome>,
+    pub created_at: Millis,
+    pub updated_at: Millis,
+}
+
+impl Job {
+    pub fn new(
+        run_id: RunId,
+        gpu: String,
+        queue: String,
+        title: Option<String>,
+        discord: Option<DiscordTarget>,
+        now: Millis,
+    ) -> Self {
+        Self {
+            run_id,
+            state: JobState::Submitted,
+            gpu,
+            queue,
+            title,
+            discord,
+            discord_message_id: None,
+            discord_gone: false,
+            build: None,
+            failure: None,
+            outcome: None,
+            created_at: now,
+            updated_at: now,
+        }
+    }
+
+    /// Seconds since the epoch at which the store may forget the job.
+    pub fn expires_at(&self) -> i64 {
+        self.created_at / 1000 + RETENTION_SECS
+    }
+
+    /// The job after `t`, or `None` when `t` would not move it forward (a duplicate or a
+    /// late event): the caller then changes nothing and sends nothing.
+    pub fn apply(&self, t: &Transition) -> Option<Job> {
+        if t.to.rank() <= self.state.rank() {
+            return None;
+        }
+        let mut next = self.clone();
+        next.state = t.to;
+        next.updated_at = t.at;
+        if t.build.is_some() {
+            next.build.clone_from(&t.build);
+        }
+        if t.failure.is_some() {
+            next.failure.clone_from(&t.failure);
+        }
+        if t.outcome.is_some() {
+            next.outcome.clone_from(&t.outcome);
+        }
+        Some(next)
+    }
+}
+
+/// A step forward in a job's life, with what the step learned.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Transition {
+    pub to: JobState,
+    pub at: Millis,
+    pub build: Option<BuildRef>,
+    pub failure: Option<String>,
+    pub outcome: Option<Outcome>,
+}
+
+impl Transition {
+    pub fn to(state: JobState, at: Millis) -> Self {
+        Self {
+            to: state,
+            at,
+            build: None,
+            failure: None,
+            outcome: None,
+        }
+    }
+
+    pub fn with_build(mut self, build: BuildRef) -> Self {
+        self.build = Some(build);
+        self
+    }
+
+    pub fn with_failure(mut self, reason: impl Into<String>) -> Self {
+        self.failure = Some(reason.into());
+        self
+    }
+
+    pub fn with_outcome(mut self, outcome: Outcome) -> Self {
+        self.outcome = Some(outcome);
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job() -> Job {
+        Job::new(
+            "r1".parse().unwrap(),
+            "H100_BK".into(),
+            "h100".into(),
+            None,
+            None,
+            1_000,
+        )
+    }
+
+    #[test]
+    fn run_ids_are_validated() {
+        assert!("sub-42_H100.v2".parse::<RunId>().is_ok());
+        assert!("a".repeat(64).parse::<RunId>().is_ok());
+        assert_eq!("".parse::<RunId>(), Err(InvalidRunId));
+        assert_eq!("a".repeat(65).parse::<RunId>(), Err(InvalidRunId));
+        assert_eq!("a/b".parse::<RunId>(), Err(InvalidRunId));
+        assert_eq!("ünï".parse::<RunId>(), Err(InvalidRunId));
+        assert!(RunId::generate().as_str().parse::<RunId>().is_ok());
+    }
+
+    #[test]
+    fn a_job_moves_forward_and_keeps_what_it_learned() {
+        let build = BuildRef {
+            id: "b".into(),
+            number: 7,
+            web_url: "u".into(),
+        };
+        let scheduled = job()
+            .apply(&Transition::to(JobState::Scheduled, 2_000).with_build(build.clone()))
+            .expect("forward");
+        let running = scheduled
+            .apply(&Transition::to(JobState::Running, 3_000))
+            .expect("forward");
+        assert_eq!(running.state, JobState::Running);
+        assert_eq!(running.build, Some(build));
+        assert_eq!(running.updated_at, 3_000);
+    }
+
+    #[test]
+    fn duplicates_and_late_events_change_nothing() {
+        let running = job()
+            .apply(&Transition::to(JobState::Running, 2_000))
+            .unwrap();
+        assert_eq!(
+            running.apply(&Transition::to(JobState::Running, 3_000)),
+            None
+        );
+        assert_eq!(
+            running.apply(&Transition::to(JobState::Scheduled, 3_000)),
+            None
+        );
+        let finished = running
+            .apply(&Transition::to(JobState::Finished, 4_000))
+            .unwrap();
+        assert_eq!(
+            finished.apply(&Transition::to(JobState::Failed, 5_000)),
+            None
+        );
+        assert_eq!(
+            finished.apply(&Transition::to(JobState::Finished, 5_000)),
+            None
+        );
+    }
+
+    #[test]
+    fn a_submission_can_fail_only_before_it_ends() {
+        let failed = job()
+            .apply(&Transition::to(JobState::Failed, 2_000).with_failure("422 from Buildkite"))
+            .unwrap();
+        assert_eq!(failed.failure.as_deref(), Some("422 from Buildkite"));
+        assert_eq!(
+            failed.apply(&Transition::to(JobState::Finished, 3_000)),
+            None
+        );
+    }
+}

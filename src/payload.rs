@@ -1,0 +1,112 @@
+//! The build payload: the submission's config as JSON, zlib-compressed, then standard base64.
+//!
+//! This is the format kernelbot's launchers already use (`base64(zlib(json))`), so runner
+//! images built for kernelbot can read it unchanged.
+
+use std::io::{Read, Write};
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
+use flate2::Compression;
+use flate2::read::ZlibDecoder;
+use flate2::write::ZlibEncoder;
+
+/// The environment variable the payload travels in.
+pub const PAYLOAD_VAR: &str = "KERNELBOT_PAYLOAD";
+
+/// Linux limits one `NAME=value` environment string to `MAX_ARG_STRLEN` (128 KiB, including
+/// the terminating NUL). A longer payload would make every exec on the agent fail with E2BIG.
+pub const MAX_ENV_STRING: usize = 128 * 1024;
+
+/// The longest encoded payload that still fits in `KERNELBOT_PAYLOAD=<payload>\0`.
+pub const MAX_ENCODED_LEN: usize = MAX_ENV_STRING - PAYLOAD_VAR.len() - 2;
+
+/// Upper bound for a decoded payload, so a small zlib bomb cannot exhaust memory.
+pub const MAX_DECODED_LEN: u64 = 64 * 1024 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PayloadError {
+    #[error("payload is {len} bytes encoded; the limit is {max} bytes")]
+    TooLarge { len: usize, max: usize },
+    #[error("payload is not valid base64: {0}")]
+    Base64(#[from] base64::DecodeError),
+    #[error("payload is not a valid zlib stream: {0}")]
+    Zlib(std::io::Error),
+    #[error("decompressed payload exceeds {MAX_DECODED_LEN} bytes")]
+    DecodedTooLarge,
+    #[error("payload is not valid JSON: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+/// Encodes a config; refuses one whose encoding would not fit in an environment variable.
+pub fn encode(config: &serde_json::Value) -> Result<String, PayloadError> {
+    let json = serde_json::to_vec(config)?;
+    let mut encoder = ZlibEncoder::new(Vec::new(), Compression::default());
+    // Writing to a Vec cannot fail.
+    encoder.write_all(&json).map_err(PayloadError::Zlib)?;
+    let compressed = encoder.finish().map_err(PayloadError::Zlib)?;
+    let encoded = STANDARD.encode(compressed);
+    if encoded.len() > MAX_ENCODED_LEN {
+        return Err(PayloadError::TooLarge {
+            len: encoded.len(),
+            max: MAX_ENCODED_LEN,
+        });
+    }
+    Ok(encoded)
+}
+
+/// Decodes a payload back into the config JSON.
+pub fn decode(encoded: &str) -> Result<serde_json::Value, PayloadError> {
+    let compressed = STANDARD.decode(encoded.trim())?;
+    let mut json = Vec::new();
+    ZlibDecoder::new(compressed.as_slice())
+        .take(MAX_DECODED_LEN + 1)
+        .read_to_end(&mut json)
+        .map_err(PayloadError::Zlib)?;
+    if json.len() as u64 > MAX_DECODED_LEN {
+        return Err(PayloadError::DecodedTooLarge);
+    }
+    Ok(serde_json::from_slice(&json)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn round_trips_a_config() {
+        let config = json!({"lang": "py", "mode": "test", "sources": {"eval.py": "print(1)"}});
+        let encoded = encode(&config).expect("encodes");
+        assert_eq!(decode(&encoded).expect("decodes"), config);
+    }
+
+    #[test]
+    fn decodes_what_python_writes() {
+        // base64.b64encode(zlib.compress(json.dumps({"lang": "py"}).encode())).decode()
+        let from_python = "eJyrVspJzEtXslJQKqhUqgUAIaQEZg==";
+        assert_eq!(decode(from_python).expect("decodes"), json!({"lang": "py"}));
+    }
+
+    #[test]
+    fn refuses_a_payload_over_the_env_limit() {
+        // Random-looking text barely compresses, so 200 KiB of it cannot fit.
+        let mut rng = fastrand::Rng::with_seed(7);
+        let noise: String = (0..200_000).map(|_| rng.alphanumeric()).collect();
+        let err = encode(&json!({"sources": {"k.py": noise}})).unwrap_err();
+        assert!(
+            matches!(err, PayloadError::TooLarge { len, max } if len > max && max == MAX_ENCODED_LEN)
+        );
+    }
+
+    #[test]
+    fn names_the_layer_that_is_corrupt() {
+        assert!(matches!(decode("%%%"), Err(PayloadError::Base64(_))));
+        assert!(matches!(decode("aGVsbG8="), Err(PayloadError::Zlib(_))));
+        // zlib.compress(b"not json")
+        assert!(matches!(
+            decode("eJzLyy9RyCrOzwMADiYDLA=="),
+            Err(PayloadError::Json(_))
+        ));
+    }
+}

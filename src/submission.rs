@@ -1,0 +1,259 @@
+//! A submission as the API receives it, validated into typed values at the edge.
+
+use serde_json::{Map, Value};
+
+use crate::config::QueueMap;
+use crate::discord::target::{DiscordTarget, InvalidWebhookUrl};
+use crate::jobs::model::RunId;
+use crate::payload::{self, PayloadError};
+
+pub const MAX_TITLE_CHARS: usize = 200;
+const FIELDS: &[&str] = &["run_id", "gpu", "config", "discord", "title"];
+
+/// A valid submission, ready to become a job and a build.
+#[derive(Debug, Clone)]
+pub struct Submission {
+    pub run_id: RunId,
+    /// `false` when the caller gave no run id and we generated one.
+    pub run_id_given: bool,
+    pub gpu: String,
+    pub queue: String,
+    pub title: Option<String>,
+    pub discord: Option<DiscordTarget>,
+    /// The config, encoded for `KERNELBOT_PAYLOAD`.
+    pub payload: String,
+}
+
+/// Why a submission was refused. Each variant names its HTTP status in `http::error`.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum Invalid {
+    /// 400: not JSON, or not an object.
+    #[error("body is not a JSON object: {0}")]
+    Json(String),
+    /// 400: a field is missing or has the wrong shape.
+    #[error("{field}: {reason}")]
+    Field { field: &'static str, reason: String },
+    /// 400: a field we do not know (likely a typo).
+    #[error("unknown field {0:?}")]
+    UnknownField(String),
+    /// 413: the encoded config would not fit in the build's environment.
+    #[error("config is {len} bytes compressed and encoded; the limit is {max} bytes")]
+    PayloadTooLarge { len: usize, max: usize },
+    /// 422: no queue serves this GPU.
+    #[error("unknown gpu {gpu:?}; known: {known}")]
+    UnknownGpu { gpu: String, known: String },
+    /// 422: not a Discord webhook URL.
+    #[error("discord.{0}")]
+    WebhookUrl(#[from] InvalidWebhookUrl),
+}
+
+fn field(field: &'static str, reason: impl Into<String>) -> Invalid {
+    Invalid::Field {
+        field,
+        reason: reason.into(),
+    }
+}
+
+fn optional_str<'a>(
+    obj: &'a Map<String, Value>,
+    key: &'static str,
+) -> Result<Option<&'a str>, Invalid> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(_) => Err(field(key, "must be a string")),
+    }
+}
+
+/// Validates a request body. `default_discord` is used when the body names no target.
+pub fn parse(
+    body: &[u8],
+    queues: &QueueMap,
+    default_discord: Option<&DiscordTarget>,
+) -> Result<Submission, Invalid> {
+    let value: Value = serde_json::from_slice(body).map_err(|e| Invalid::Json(e.to_string()))?;
+    let Value::Object(obj) = value else {
+        return Err(Invalid::Json("expected an object".into()));
+    };
+    if let Some(unknown) = obj.keys().find(|k| !FIELDS.contains(&k.as_str())) {
+        return Err(Invalid::UnknownField(unknown.clone()));
+    }
+
+    let (run_id, run_id_given) = match optional_str(&obj, "run_id")? {
+        Some(raw) => (
+            raw.parse()
+                .map_err(|e: crate::jobs::model::InvalidRunId| field("run_id", e.to_string()))?,
+            true,
+        ),
+        None => (RunId::generate(), false),
+    };
+    let gpu = optional_str(&obj, "gpu")?.ok_or_else(|| field("gpu", "is required"))?;
+    let queue = queues.queue_for(gpu).ok_or_else(|| Invalid::UnknownGpu {
+        gpu: gpu.chars().take(64).collect(),
+        known: queues.gpus().collect::<Vec<_>>().join(", "),
+    })?;
+
+    let config = match obj.get("config") {
+        Some(c @ Value::Object(_)) => c,
+        Some(_) => return Err(field("config", "must be an object")),
+        None => return Err(field("config", "is required")),
+    };
+    let payload = payload::encode(config).map_err(|e| match e {
+        PayloadError::TooLarge { len, max } => Invalid::PayloadTooLarge { len, max },
+        other => field("config", other.to_string()),
+    })?;
+
+    let title = optional_str(&obj, "title")?
+        .map(str::trim)
+        .filter(|t| !t.is_empty());
+    if title.is_some_and(|t| t.chars().count() > MAX_TITLE_CHARS || t.chars().any(char::is_control))
+    {
+        return Err(field(
+            "title",
+            format!("must be at most {MAX_TITLE_CHARS} characters on one line"),
+        ));
+    }
+
+    let discord = match obj.get("discord") {
+        None | Some(Value::Null) => default_discord.cloned(),
+        Some(Value::Object(d)) => {
+            if let Some(unknown) = d
+                .keys()
+                .find(|k| !matches!(k.as_str(), "webhook_url" | "thread_id"))
+            {
+                return Err(Invalid::UnknownField(format!("discord.{unknown}")));
+            }
+            let url = optional_str(d, "webhook_url")?
+                .ok_or_else(|| field("discord", "webhook_url is required"))?;
+            Some(DiscordTarget::parse(url, optional_str(d, "thread_id")?)?)
+        }
+        Some(_) => return Err(field("discord", "must be an object")),
+    };
+
+    Ok(Submission {
+        run_id,
+        run_id_given,
+        gpu: gpu.to_owned(),
+        queue: queue.to_owned(),
+        title: title.map(str::to_owned),
+        discord,
+        payload,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn queues() -> QueueMap {
+        QueueMap::parse(crate::config::DEFAULT_GPU_QUEUES).unwrap()
+    }
+
+    fn try_parse(v: Value) -> Result<Submission, Invalid> {
+        parse(v.to_string().as_bytes(), &queues(), None)
+    }
+
+    const HOOK: &str = "https://discord.com/api/webhooks/1/tok";
+
+    #[test]
+    fn a_full_submission_becomes_typed_values() {
+        let s = try_parse(
+            json!({"run_id": "r-1", "gpu": "H100_BK", "config": {"lang": "py"},
+            "discord": {"webhook_url": HOOK, "thread_id": "5"}, "title": " My kernel "}),
+        )
+        .unwrap();
+        assert_eq!(
+            (s.run_id.as_str(), s.queue.as_str(), s.title.as_deref()),
+            ("r-1", "h100", Some("My kernel"))
+        );
+        assert_eq!(s.discord.unwrap().thread_id.as_deref(), Some("5"));
+        assert_eq!(payload::decode(&s.payload).unwrap(), json!({"lang": "py"}));
+        assert!(s.run_id_given);
+    }
+
+    #[test]
+    fn a_missing_run_id_is_generated() {
+        let s = try_parse(json!({"gpu": "L40S_BK", "config": {}})).unwrap();
+        assert!(!s.run_id_given);
+        assert!(s.run_id.as_str().starts_with("run-"));
+        assert!(s.discord.is_none());
+    }
+
+    #[test]
+    fn the_default_discord_target_applies_when_none_is_named() {
+        let default = DiscordTarget::parse(HOOK, None).unwrap();
+        let s = parse(
+            br#"{"gpu":"H100_BK","config":{}}"#,
+            &queues(),
+            Some(&default),
+        )
+        .unwrap();
+        assert_eq!(s.discord, Some(default));
+    }
+
+    #[test]
+    fn each_bad_field_is_named() {
+        let cases = [
+            (json!([1]), "body is not a JSON object: expected an object"),
+            (json!({"config": {}}), "gpu: is required"),
+            (json!({"gpu": 5, "config": {}}), "gpu: must be a string"),
+            (json!({"gpu": "H100_BK"}), "config: is required"),
+            (
+                json!({"gpu": "H100_BK", "config": "x"}),
+                "config: must be an object",
+            ),
+            (
+                json!({"gpu": "H100_BK", "config": {}, "run_id": "a b"}),
+                "run_id: run_id must be 1-64 characters of A-Z, a-z, 0-9, '_', '.', '-'",
+            ),
+            (
+                json!({"gpu": "H100_BK", "config": {}, "title": "x".repeat(201)}),
+                "title: must be at most 200 characters on one line",
+            ),
+            (
+                json!({"gpu": "H100_BK", "config": {}, "gpuu": 1}),
+                "unknown field \"gpuu\"",
+            ),
+            (
+                json!({"gpu": "H100_BK", "config": {}, "discord": {}}),
+                "discord: webhook_url is required",
+            ),
+        ];
+        for (body, message) in cases {
+            assert_eq!(
+                try_parse(body.clone()).unwrap_err().to_string(),
+                message,
+                "{body}"
+            );
+        }
+        assert!(matches!(
+            parse(b"{", &queues(), None),
+            Err(Invalid::Json(_))
+        ));
+    }
+
+    #[test]
+    fn unknown_gpus_and_foreign_urls_are_unprocessable() {
+        let err = try_parse(json!({"gpu": "TPU", "config": {}})).unwrap_err();
+        assert!(
+            matches!(&err, Invalid::UnknownGpu { gpu, known } if gpu == "TPU" && known.contains("H100_BK"))
+        );
+        let err = try_parse(
+            json!({"gpu": "H100_BK", "config": {}, "discord": {"webhook_url": "https://evil.example/api/webhooks/1/t"}}),
+        );
+        assert_eq!(
+            err.unwrap_err(),
+            Invalid::WebhookUrl(InvalidWebhookUrl::WrongHost)
+        );
+    }
+
+    #[test]
+    fn an_oversize_config_is_refused_before_anything_happens() {
+        let mut rng = fastrand::Rng::with_seed(7);
+        let noise: String = (0..300_000).map(|_| rng.alphanumeric()).collect();
+        let err = try_parse(json!({"gpu": "H100_BK", "config": {"sources": {"k.py": noise}}}))
+            .unwrap_err();
+        assert!(matches!(err, Invalid::PayloadTooLarge { len, max } if len > max));
+    }
+}

@@ -1,0 +1,27 @@
+//! Logging. Under Lambda the runtime's subscriber is used: it honours `AWS_LAMBDA_LOG_LEVEL`
+//! and switches to JSON with `AWS_LAMBDA_LOG_FORMAT=JSON` (set in `template.yaml`). Locally,
+//! human-readable lines filtered by `RUST_LOG` (default `info`).
+
+use tracing_subscriber::EnvFilter;
+
+pub fn is_lambda() -> bool {
+    std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_some()
+}
+
+pub fn init() {
+    if is_lambda() {
+        lambda_http::tracing::init_default_subscriber();
+        return;
+    }
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let json = std::env::var("LOG_FORMAT").is_ok_and(|f| f.eq_ignore_ascii_case("json"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    // `try_init`: a second call (tests) keeps the first subscriber.
+    let _ = if json {
+        builder.json().try_init()
+    } else {
+        builder.try_init()
+    };
+}
