@@ -1,1 +1,20 @@
-//! placeholder
+//! Local stand-ins for Buildkite and Discord that speak their documented wire formats,
+//! failure modes included (302 to storage, 422, 429 with `retry_after`, 404, 5xx, slow
+//! answers). The local run and the tests use them; production never does.
+
+pub mod buildkite;
+pub mod discord;
+
+use std::net::SocketAddr;
+
+use axum::Router;
+
+/// Serves `router` on a random loopback port until the process ends.
+pub async fn spawn(router: Router) -> std::io::Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, router).await;
+    });
+    Ok(addr)
+}

@@ -205,10 +205,7 @@ fn final_report(job: &Job, head: &str, outcome: &Outcome) -> (String, Vec<Embed>
         }
     }
     let embed = Embed {
-        title: Some(truncate(
-            &format!("{} {}", job.run_id, verdict),
-            limits::TITLE,
-        )),
+        title: Some(format!("Report for {}", job.run_id)),
         url: job.build.as_ref().map(|b| b.web_url.clone()),
         description: Some(lines.join("\n")),
         color: Some(if outcome.verdict == Verdict::Passed {

@@ -1,0 +1,546 @@
+//! A Buildkite stand-in: the REST endpoints we call (create build 201, get build, list
+//! artifacts, download answering 302 to a storage URL that refuses any request carrying
+//! `Authorization`, as presigned S3 URLs do), plus sending signed webhooks as Buildkite does.
+//!
+//! With [`BuildkiteStandin::autorun`] it also plays the agent: each new build is scheduled,
+//! runs its step, uploads `result.json` and finishes, with a webhook at every step.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use axum::extract::{Path, Request, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{Value, json};
+
+use crate::buildkite::webhook::sign;
+
+#[derive(Clone, Debug)]
+pub struct StandinArtifact {
+    pub id: String,
+    pub job_id: String,
+    pub path: String,
+    pub state: String,
+    pub bytes: Vec<u8>,
+}
+
+#[derive(Clone, Debug)]
+pub struct StandinBuild {
+    pub id: String,
+    pub number: u64,
+    pub state: String,
+    pub blocked: bool,
+    pub branch: String,
+    pub commit: String,
+    pub message: String,
+    pub env: BTreeMap<String, String>,
+    pub meta_data: BTreeMap<String, String>,
+    pub jobs: Vec<String>,
+    pub artifacts: Vec<StandinArtifact>,
+}
+
+/// Produces the `result.json` of a build from its env (the agent's work).
+pub type StepRunner = Arc<dyn Fn(&BTreeMap<String, String>) -> Option<Vec<u8>> + Send + Sync>;
+
+#[derive(Clone)]
+struct AutoRun {
+    webhook_url: String,
+    secret: String,
+    step: StepRunner,
+}
+
+struct Inner {
+    token: String,
+    base: String,
+    org: String,
+    pipeline: String,
+    builds: Vec<StandinBuild>,
+    create_failure: Option<(u16, Value)>,
+    read_failures: VecDeque<u16>,
+    storage_auth_rejections: usize,
+    storage_downloads: usize,
+    api_calls: Vec<String>,
+    autorun: Option<AutoRun>,
+}
+
+#[derive(Clone)]
+pub struct BuildkiteStandin {
+    /// Use as `BUILDKITE_API_URL`.
+    pub api_url: String,
+    pub org: String,
+    pub pipeline: String,
+    inner: Arc<Mutex<Inner>>,
+}
+
+type Shared = Arc<Mutex<Inner>>;
+
+fn lock(inner: &Shared) -> MutexGuard<'_, Inner> {
+    inner.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Inner {
+    fn web_url(&self, n: u64) -> String {
+        format!(
+            "https://buildkite.com/{}/{}/builds/{n}",
+            self.org, self.pipeline
+        )
+    }
+
+    fn build_json(&self, b: &StandinBuild, with_jobs: bool) -> Value {
+        let api = format!(
+            "{}/v2/organizations/{}/pipelines/{}/builds/{}",
+            self.base, self.org, self.pipeline, b.number
+        );
+        let mut v = json!({
+            "id": b.id, "graphql_id": format!("QnVpbGQt{}", b.number), "url": api,
+            "web_url": self.web_url(b.number), "number": b.number, "state": b.state,
+            "blocked": b.blocked, "message": b.message, "commit": b.commit, "branch": b.branch,
+            "source": "api", "creator": {"id": "u1", "name": "kernelbot"},
+            "created_at": "2026-11-21T10:00:00.000Z", "meta_data": b.meta_data,
+            "pipeline": {"slug": self.pipeline},
+        });
+        if with_jobs {
+            v["env"] = json!(b.env);
+            v["jobs"] = b
+                .jobs
+                .iter()
+                .map(|j| {
+                    json!({"id": j, "type": "script", "name": ":rocket: Kernel Evaluation",
+                    "state": b.state, "artifacts_url": format!("{api}/jobs/{j}/artifacts")})
+                })
+                .collect();
+        }
+        v
+    }
+}
+
+fn bk_error(status: StatusCode, message: &str) -> Response {
+    (status, Json(json!({"message": message}))).into_response()
+}
+
+impl BuildkiteStandin {
+    pub async fn start(token: &str, org: &str, pipeline: &str) -> std::io::Result<Self> {
+        let inner = Arc::new(Mutex::new(Inner {
+            token: token.to_owned(),
+            base: String::new(),
+            org: org.to_owned(),
+            pipeline: pipeline.to_owned(),
+            builds: Vec::new(),
+            create_failure: None,
+            read_failures: VecDeque::new(),
+            storage_auth_rejections: 0,
+            storage_downloads: 0,
+            api_calls: Vec::new(),
+            autorun: None,
+        }));
+        let p = "/v2/organizations/{org}/pipelines/{pipeline}/builds";
+        let router = Router::new()
+            .route(p, post(create_build))
+            .route(&format!("{p}/{{number}}"), get(get_build))
+            .route(&format!("{p}/{{number}}/artifacts"), get(list_artifacts))
+            .route(
+                &format!("{p}/{{number}}/jobs/{{job}}/artifacts/{{id}}/download"),
+                get(download),
+            )
+            .route("/storage/{id}", get(storage))
+            .with_state(inner.clone());
+        let addr = super::spawn(router).await?;
+        lock(&inner).base = format!("http://{addr}");
+        Ok(Self {
+            api_url: format!("http://{addr}/v2"),
+            org: org.to_owned(),
+            pipeline: pipeline.to_owned(),
+            inner,
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        lock(&self.inner)
+    }
+
+    /// Every build created, in order.
+    pub fn builds(&self) -> Vec<StandinBuild> {
+        self.lock().builds.clone()
+    }
+
+    pub fn build(&self, number: u64) -> Option<StandinBuild> {
+        self.lock()
+            .builds
+            .iter()
+            .find(|b| b.number == number)
+            .cloned()
+    }
+
+    /// Every REST call as `METHOD path`.
+    pub fn api_calls(&self) -> Vec<String> {
+        self.lock().api_calls.clone()
+    }
+
+    /// Creating a build answers `status` with `body` (e.g. 422 Validation Failed).
+    pub fn fail_create(&self, status: u16, body: Value) {
+        self.lock().create_failure = Some((status, body));
+    }
+
+    /// The next REST reads answer these statuses.
+    pub fn fail_reads(&self, statuses: &[u16]) {
+        self.lock().read_failures.extend(statuses);
+    }
+
+    /// Storage requests refused because they carried an `Authorization` header.
+    pub fn storage_auth_rejections(&self) -> usize {
+        self.lock().storage_auth_rejections
+    }
+
+    pub fn storage_downloads(&self) -> usize {
+        self.lock().storage_downloads
+    }
+
+    /// Moves a build to `state` (`blocked` sets the blocked flag on a passed build).
+    pub fn set_state(&self, number: u64, state: &str) {
+        if let Some(b) = self.lock().builds.iter_mut().find(|b| b.number == number) {
+            b.blocked = state == "blocked";
+            b.state = if state == "blocked" {
+                "passed".into()
+            } else {
+                state.into()
+            };
+        }
+    }
+
+    /// Adds an artifact to the build's latest job, or a new retried job when `new_job`.
+    pub fn upload(&self, number: u64, path: &str, bytes: Vec<u8>, state: &str, new_job: bool) {
+        if let Some(b) = self.lock().builds.iter_mut().find(|b| b.number == number) {
+            if new_job {
+                b.jobs.push(uuid::Uuid::new_v4().to_string());
+            }
+            let job_id = b.jobs.last().cloned().unwrap_or_default();
+            b.artifacts.push(StandinArtifact {
+                id: uuid::Uuid::new_v4().to_string(),
+                job_id,
+                path: path.to_owned(),
+                state: state.to_owned(),
+                bytes,
+            });
+        }
+    }
+
+    /// The webhook body Buildkite would send for `event` on build `number` now.
+    pub fn webhook_body(&self, event: &str, number: u64) -> Vec<u8> {
+        let s = self.lock();
+        let build = s
+            .builds
+            .iter()
+            .find(|b| b.number == number)
+            .map(|b| s.build_json(b, false));
+        let body = json!({"event": event, "build": build, "pipeline": {"slug": s.pipeline, "name": s.pipeline},
+            "sender": {"id": "u1", "name": "Buildkite"}});
+        serde_json::to_vec(&body).unwrap_or_default()
+    }
+
+    /// Plays the agent for every new build: see the module docs.
+    pub fn autorun(&self, webhook_url: &str, secret: &str, step: StepRunner) {
+        self.lock().autorun = Some(AutoRun {
+            webhook_url: webhook_url.to_owned(),
+            secret: secret.to_owned(),
+            step,
+        });
+    }
+}
+
+/// Sends a webhook as Buildkite does: `X-Buildkite-Event` and a signature over
+/// `<timestamp>.<body>` made with `secret` at `timestamp`.
+pub async fn deliver(
+    url: &str,
+    secret: &str,
+    event: &str,
+    body: Vec<u8>,
+    timestamp: i64,
+) -> reqwest::Result<reqwest::Response> {
+    let ts = timestamp.to_string();
+    let signature = format!("timestamp={ts},signature={}", sign(secret, &ts, &body));
+    reqwest::Client::new()
+        .post(url)
+        .header("content-type", "application/json")
+        .header("x-buildkite-event", event)
+        .header("x-buildkite-signature", signature)
+        .body(body)
+        .send()
+        .await
+}
+
+pub fn unix_now() -> i64 {
+    crate::jobs::model::now_millis() / 1000
+}
+
+fn authorized(s: &Inner, req: &Request) -> bool {
+    req.headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v == format!("Bearer {}", s.token))
+}
+
+/// Common checks for REST calls: auth, then an injected failure if one is queued.
+fn gate(s: &mut Inner, req: &Request, read: bool) -> Option<Response> {
+    s.api_calls
+        .push(format!("{} {}", req.method(), req.uri().path()));
+    if !authorized(s, req) {
+        return Some(bk_error(
+            StatusCode::UNAUTHORIZED,
+            "No valid API token provided",
+        ));
+    }
+    if read && let Some(code) = s.read_failures.pop_front() {
+        let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        if code == 429 {
+            return Some((status, [("ratelimit-reset", "1")], Json(json!({"message": "You have exceeded your API rate limit. Please wait 1 seconds before making more requests.", "scope": "rest_user", "limit": 50, "current": 55, "reset": 1}))).into_response());
+        }
+        return Some(bk_error(status, "Internal Server Error"));
+    }
+    None
+}
+
+async fn create_build(
+    State(inner): State<Shared>,
+    Path((_org, _pipe)): Path<(String, String)>,
+    req: Request,
+) -> Response {
+    let (parts, body) = req.into_parts();
+    let bytes = axum::body::to_bytes(body, 10 * 1024 * 1024)
+        .await
+        .unwrap_or_default();
+    let req = Request::from_parts(parts, axum::body::Body::empty());
+    let mut s = lock(&inner);
+    if let Some(r) = gate(&mut s, &req, false) {
+        return r;
+    }
+    if let Some((code, body)) = s.create_failure.clone() {
+        return (
+            StatusCode::from_u16(code).unwrap_or(StatusCode::UNPROCESSABLE_ENTITY),
+            Json(body),
+        )
+            .into_response();
+    }
+    let Ok(v) = serde_json::from_slice::<Value>(&bytes) else {
+        return bk_error(StatusCode::BAD_REQUEST, "Problems parsing JSON");
+    };
+    let text = |k: &str| v[k].as_str().unwrap_or_default().to_owned();
+    if text("commit").is_empty() || text("branch").is_empty() {
+        return (StatusCode::UNPROCESSABLE_ENTITY, Json(json!({"message": "Validation Failed", "errors": [{"field": "commit", "code": "missing"}]}))).into_response();
+    }
+    let map = |k: &str| -> BTreeMap<String, String> {
+        v[k].as_object()
+            .map(|o| {
+                o.iter()
+                    .map(|(k, v)| {
+                        (
+                            k.clone(),
+                            v.as_str().map_or_else(|| v.to_string(), str::to_owned),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let number = s.builds.len() as u64 + 1;
+    let build = StandinBuild {
+        id: uuid::Uuid::new_v4().to_string(),
+        number,
+        state: "scheduled".into(),
+        blocked: false,
+        branch: text("branch"),
+        commit: text("commit"),
+        message: text("message"),
+        env: map("env"),
+        meta_data: map("meta_data"),
+        jobs: vec![uuid::Uuid::new_v4().to_string()],
+        artifacts: Vec::new(),
+    };
+    let body = s.build_json(&build, true);
+    s.builds.push(build);
+    if let Some(run) = s.autorun.clone() {
+        tokio::spawn(play_agent(inner.clone(), run, number));
+    }
+    (StatusCode::CREATED, Json(body)).into_response()
+}
+
+/// The agent's side of a build: webhooks for scheduled and running, the step, the upload,
+/// and build.finished.
+async fn play_agent(inner: Shared, run: AutoRun, number: u64) {
+    let standin = |inner: &Shared| BuildkiteStandin {
+        api_url: String::new(),
+        org: String::new(),
+        pipeline: String::new(),
+        inner: inner.clone(),
+    };
+    let bk = standin(&inner);
+    let send = |event: &'static str| {
+        let (bk, run) = (bk.clone(), run.clone());
+        async move {
+            let body = bk.webhook_body(event, number);
+            if let Err(e) = deliver(&run.webhook_url, &run.secret, event, body, unix_now()).await {
+                tracing::warn!(error = %e.without_url(), event, "stand-in could not deliver webhook");
+            }
+        }
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    send("build.scheduled").await;
+    bk.set_state(number, "running");
+    send("build.running").await;
+    let env = bk.build(number).map(|b| b.env).unwrap_or_default();
+    let step = run.step.clone();
+    let result = tokio::task::spawn_blocking(move || step(&env))
+        .await
+        .ok()
+        .flatten();
+    match result {
+        Some(bytes) => {
+            bk.upload(number, "result.json", bytes, "finished", false);
+            bk.set_state(number, "passed");
+        }
+        None => bk.set_state(number, "failed"),
+    }
+    send("build.finished").await;
+}
+
+fn find(s: &Inner, number: &str) -> Option<usize> {
+    let n: u64 = number.parse().ok()?;
+    s.builds.iter().position(|b| b.number == n)
+}
+
+async fn get_build(
+    State(inner): State<Shared>,
+    Path((_o, _p, number)): Path<(String, String, String)>,
+    req: Request,
+) -> Response {
+    let mut s = lock(&inner);
+    if let Some(r) = gate(&mut s, &req, true) {
+        return r;
+    }
+    match find(&s, &number) {
+        Some(i) => Json(s.build_json(&s.builds[i], true)).into_response(),
+        None => bk_error(StatusCode::NOT_FOUND, "Not Found"),
+    }
+}
+
+async fn list_artifacts(
+    State(inner): State<Shared>,
+    Path((_o, _p, number)): Path<(String, String, String)>,
+    req: Request,
+) -> Response {
+    let mut s = lock(&inner);
+    if let Some(r) = gate(&mut s, &req, true) {
+        return r;
+    }
+    let Some(i) = find(&s, &number) else {
+        return bk_error(StatusCode::NOT_FOUND, "Not Found");
+    };
+    let b = &s.builds[i];
+    let api = format!(
+        "{}/v2/organizations/{}/pipelines/{}/builds/{}",
+        s.base, s.org, s.pipeline, b.number
+    );
+    let list: Vec<Value> = b
+        .artifacts
+        .iter()
+        .map(|a| {
+            let filename = a.path.rsplit('/').next().unwrap_or_default();
+            json!({"id": a.id, "job_id": a.job_id, "url": format!("{api}/jobs/{}/artifacts/{}", a.job_id, a.id),
+                "download_url": format!("{api}/jobs/{}/artifacts/{}/download", a.job_id, a.id),
+                "state": a.state, "path": a.path, "dirname": ".", "filename": filename,
+                "mime_type": "application/json", "file_size": a.bytes.len(), "glob_path": null,
+                "original_path": null, "sha1sum": "0"})
+        })
+        .collect();
+    Json(list).into_response()
+}
+
+async fn download(
+    State(inner): State<Shared>,
+    Path((_o, _p, number, job, id)): Path<(String, String, String, String, String)>,
+    req: Request,
+) -> Response {
+    let mut s = lock(&inner);
+    if let Some(r) = gate(&mut s, &req, true) {
+        return r;
+    }
+    let found = find(&s, &number).and_then(|i| {
+        s.builds[i]
+            .artifacts
+            .iter()
+            .find(|a| a.id == id && a.job_id == job)
+    });
+    if found.is_none() {
+        return bk_error(StatusCode::NOT_FOUND, "Not Found");
+    }
+    let url = format!(
+        "{}/storage/{id}?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Expires=60&X-Amz-Signature=abc123",
+        s.base
+    );
+    (
+        StatusCode::FOUND,
+        [(header::LOCATION, url.clone())],
+        Json(json!({"url": url})),
+    )
+        .into_response()
+}
+
+async fn storage(State(inner): State<Shared>, Path(id): Path<String>, req: Request) -> Response {
+    let mut s = lock(&inner);
+    if req.headers().contains_key(header::AUTHORIZATION) {
+        // What S3 answers when a presigned URL also carries an Authorization header.
+        s.storage_auth_rejections += 1;
+        let xml = "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>InvalidArgument</Code><Message>Only one auth mechanism allowed; only the X-Amz-Algorithm query parameter, Signature query string parameter or the Authorization header should be specified</Message></Error>";
+        return (
+            StatusCode::BAD_REQUEST,
+            [(header::CONTENT_TYPE, "application/xml")],
+            xml,
+        )
+            .into_response();
+    }
+    let bytes = s
+        .builds
+        .iter()
+        .flat_map(|b| &b.artifacts)
+        .find(|a| a.id == id)
+        .map(|a| a.bytes.clone());
+    match bytes {
+        Some(b) => {
+            s.storage_downloads += 1;
+            (
+                StatusCode::OK,
+                [(header::CONTENT_TYPE, "application/json")],
+                b,
+            )
+                .into_response()
+        }
+        None => (
+            StatusCode::NOT_FOUND,
+            "<Error><Code>NoSuchKey</Code></Error>",
+        )
+            .into_response(),
+    }
+}
+
+/// A `result.json` like kernelbot's runner writes, for a run whose tests all pass (or, with
+/// `failing_test`, one that fails).
+pub fn sample_result(failing_test: bool) -> Vec<u8> {
+    let status = if failing_test { "fail" } else { "pass" };
+    let v = json!({
+        "success": true, "error": "",
+        "system": {"gpu": "NVIDIA H100 80GB HBM3", "device_count": 1, "cpu": "AMD EPYC 9654",
+                   "runtime": "CUDA", "platform": "Linux-6.8.0-x86_64", "torch": "2.6.0+cu126", "hostname": "gpu-node-1"},
+        "runs": {
+            "test": {"start": "2026-11-21T10:00:01.000000", "end": "2026-11-21T10:00:04.500000", "compilation": null,
+                "run": {"success": true, "passed": !failing_test, "command": "python eval.py test", "stdout": "", "stderr": "",
+                        "exit_code": if failing_test { 112 } else { 0 }, "duration": 3.5,
+                        "result": {"check": status, "test-count": "3", "test.0.spec": "size: 1024", "test.0.status": "pass",
+                                   "test.1.spec": "size: 4096", "test.1.status": "pass",
+                                   "test.2.spec": "size: 16384", "test.2.status": status}},
+                "profile": null}
+        }
+    });
+    serde_json::to_vec_pretty(&v).unwrap_or_default()
+}

@@ -1,0 +1,294 @@
+//! A Discord stand-in: webhook execute (`POST /webhooks/{id}/{token}?wait=true`) and edit
+//! (`PATCH /webhooks/{id}/{token}/messages/{message_id}`), enforcing Discord's message limits
+//! and recording every call.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{patch, post};
+use axum::{Json, Router};
+use serde_json::{Value, json};
+
+use crate::discord::message::limits;
+
+#[derive(Clone, Debug)]
+pub struct DiscordCall {
+    pub method: &'static str,
+    pub webhook_id: String,
+    pub message_id: Option<String>,
+    pub query: Option<String>,
+    pub body: Value,
+    pub status: u16,
+}
+
+#[derive(Default)]
+struct Inner {
+    calls: Vec<DiscordCall>,
+    messages: BTreeMap<String, Value>,
+    tokens: HashMap<String, String>,
+    next_id: u64,
+    rate_limits: VecDeque<f64>,
+    failures: VecDeque<u16>,
+    gone: HashSet<String>,
+    delay: Option<Duration>,
+}
+
+#[derive(Clone)]
+pub struct DiscordStandin {
+    /// Use as `DISCORD_API_URL`.
+    pub api_url: String,
+    inner: Arc<Mutex<Inner>>,
+}
+
+fn chars(v: &Value) -> usize {
+    v.as_str().map_or(0, |s| s.chars().count())
+}
+
+/// Discord's documented limits; a breach is a 400 "Invalid Form Body" (code 50035).
+pub fn check_limits(body: &Value) -> Result<(), String> {
+    let content = chars(&body["content"]);
+    let embeds = body["embeds"].as_array().cloned().unwrap_or_default();
+    if content == 0 && embeds.is_empty() {
+        return Err("Cannot send an empty message".into());
+    }
+    if content > limits::CONTENT {
+        return Err(format!(
+            "content: Must be {} or fewer in length.",
+            limits::CONTENT
+        ));
+    }
+    if embeds.len() > limits::EMBEDS {
+        return Err("embeds: Must be 10 or fewer in length.".into());
+    }
+    let mut total = 0;
+    for e in &embeds {
+        let fields = e["fields"].as_array().cloned().unwrap_or_default();
+        let checks = [
+            ("title", chars(&e["title"]), limits::TITLE),
+            ("description", chars(&e["description"]), limits::DESCRIPTION),
+            ("footer.text", chars(&e["footer"]["text"]), limits::FOOTER),
+            ("fields", fields.len(), limits::FIELDS),
+        ];
+        for (name, len, max) in checks {
+            if len > max {
+                return Err(format!("embeds.{name}: Must be {max} or fewer in length."));
+            }
+        }
+        for f in &fields {
+            if chars(&f["name"]) > limits::FIELD_NAME || chars(&f["value"]) > limits::FIELD_VALUE {
+                return Err("embeds.fields: name or value too long".into());
+            }
+            total += chars(&f["name"]) + chars(&f["value"]);
+        }
+        total += chars(&e["title"]) + chars(&e["description"]) + chars(&e["footer"]["text"]);
+    }
+    if total > limits::EMBED_TOTAL {
+        return Err(format!(
+            "embeds: total size {total} exceeds {}",
+            limits::EMBED_TOTAL
+        ));
+    }
+    Ok(())
+}
+
+fn error(status: StatusCode, code: u32, message: &str) -> Response {
+    (status, Json(json!({"code": code, "message": message}))).into_response()
+}
+
+impl DiscordStandin {
+    pub async fn start() -> std::io::Result<Self> {
+        let inner = Arc::new(Mutex::new(Inner {
+            next_id: 1_300_000_000_000_000_000,
+            ..Default::default()
+        }));
+        let router = Router::new()
+            .route("/api/v10/webhooks/{id}/{token}", post(execute))
+            .route(
+                "/api/v10/webhooks/{id}/{token}/messages/{message_id}",
+                patch(edit),
+            )
+            .with_state(inner.clone());
+        let addr = super::spawn(router).await?;
+        Ok(Self {
+            api_url: format!("http://{addr}/api/v10"),
+            inner,
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Every call received, in order.
+    pub fn calls(&self) -> Vec<DiscordCall> {
+        self.lock().calls.clone()
+    }
+
+    /// The current body of every message, by id.
+    pub fn messages(&self) -> BTreeMap<String, Value> {
+        self.lock().messages.clone()
+    }
+
+    /// The next `n` calls answer 429 with `retry_after` seconds.
+    pub fn rate_limit_next(&self, n: usize, retry_after: f64) {
+        self.lock()
+            .rate_limits
+            .extend(std::iter::repeat_n(retry_after, n));
+    }
+
+    /// The next calls answer these statuses (e.g. 500, 503).
+    pub fn fail_next(&self, statuses: &[u16]) {
+        self.lock().failures.extend(statuses);
+    }
+
+    /// The webhook is deleted: every call to it answers 404.
+    pub fn delete_webhook(&self, webhook_id: &str) {
+        self.lock().gone.insert(webhook_id.to_owned());
+    }
+
+    /// Every answer waits this long first.
+    pub fn set_delay(&self, delay: Option<Duration>) {
+        self.lock().delay = delay;
+    }
+}
+
+type Shared = Arc<Mutex<Inner>>;
+
+async fn handle(
+    inner: Shared,
+    method: &'static str,
+    webhook_id: String,
+    token: String,
+    message_id: Option<String>,
+    query: Option<String>,
+    body: Value,
+) -> Response {
+    let delay = inner.lock().map(|i| i.delay).unwrap_or(None);
+    if let Some(d) = delay {
+        tokio::time::sleep(d).await;
+    }
+    let mut s = inner.lock().unwrap_or_else(|p| p.into_inner());
+    let (status, response) = if s.gone.contains(&webhook_id) {
+        (404, error(StatusCode::NOT_FOUND, 10015, "Unknown Webhook"))
+    } else if s.tokens.get(&webhook_id).is_some_and(|t| *t != token) {
+        (
+            401,
+            error(StatusCode::UNAUTHORIZED, 50027, "Invalid Webhook Token"),
+        )
+    } else if let Some(wait) = s.rate_limits.pop_front() {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            "retry-after",
+            format!("{}", wait.ceil() as u64)
+                .parse()
+                .unwrap_or_else(|_| unreachable!()),
+        );
+        headers.insert(
+            "x-ratelimit-scope",
+            "user".parse().unwrap_or_else(|_| unreachable!()),
+        );
+        let body =
+            json!({"message": "You are being rate limited.", "retry_after": wait, "global": false});
+        (
+            429,
+            (StatusCode::TOO_MANY_REQUESTS, headers, Json(body)).into_response(),
+        )
+    } else if let Some(code) = s.failures.pop_front() {
+        let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        (code, error(status, 0, "500: Internal Server Error"))
+    } else if let Err(reason) = check_limits(&body) {
+        (
+            400,
+            error(
+                StatusCode::BAD_REQUEST,
+                50035,
+                &format!("Invalid Form Body: {reason}"),
+            ),
+        )
+    } else if let Some(mid) = &message_id {
+        match s.messages.get(mid) {
+            Some(old) if old["webhook_id"] == json!(webhook_id) => {
+                let mut msg = body.clone();
+                msg["id"] = json!(mid);
+                msg["webhook_id"] = json!(webhook_id);
+                s.messages.insert(mid.clone(), msg.clone());
+                (200, Json(msg).into_response())
+            }
+            _ => (404, error(StatusCode::NOT_FOUND, 10008, "Unknown Message")),
+        }
+    } else {
+        s.tokens.insert(webhook_id.clone(), token);
+        s.next_id += 1;
+        let id = s.next_id.to_string();
+        let mut msg = body.clone();
+        msg["id"] = json!(id);
+        msg["webhook_id"] = json!(webhook_id);
+        s.messages.insert(id, msg.clone());
+        let wait = query
+            .as_deref()
+            .is_some_and(|q| q.split('&').any(|p| p == "wait=true"));
+        if wait {
+            (200, Json(msg).into_response())
+        } else {
+            (204, StatusCode::NO_CONTENT.into_response())
+        }
+    };
+    s.calls.push(DiscordCall {
+        method,
+        webhook_id,
+        message_id,
+        query,
+        body,
+        status,
+    });
+    response
+}
+
+async fn execute(
+    State(inner): State<Shared>,
+    Path((id, token)): Path<(String, String)>,
+    RawQuery(query): RawQuery,
+    Json(body): Json<Value>,
+) -> Response {
+    handle(inner, "POST", id, token, None, query, body).await
+}
+
+async fn edit(
+    State(inner): State<Shared>,
+    Path((id, token, message_id)): Path<(String, String, String)>,
+    RawQuery(query): RawQuery,
+    Json(body): Json<Value>,
+) -> Response {
+    handle(inner, "PATCH", id, token, Some(message_id), query, body).await
+}
+
+/// Prints a message the way a reader would see it in a channel.
+pub fn render_for_terminal(message: &Value) -> String {
+    let mut out = String::new();
+    if let Some(c) = message["content"].as_str() {
+        out.push_str(c);
+        out.push('\n');
+    }
+    for e in message["embeds"].as_array().into_iter().flatten() {
+        out.push_str("┃ ");
+        if let Some(t) = e["title"].as_str() {
+            out.push_str(&format!("**{t}**\n┃ "));
+        }
+        if let Some(d) = e["description"].as_str() {
+            out.push_str(&d.replace('\n', "\n┃ "));
+            out.push('\n');
+        }
+        for f in e["fields"].as_array().into_iter().flatten() {
+            let (name, value) = (
+                f["name"].as_str().unwrap_or(""),
+                f["value"].as_str().unwrap_or(""),
+            );
+            out.push_str(&format!("┃ {name}\n┃ {}\n", value.replace('\n', "\n┃ ")));
+        }
+    }
+    out
+}

@@ -1,0 +1,217 @@
+//! The test harness: the real routers on random ports, the local Buildkite and Discord
+//! stand-ins behind them, and either store (SQLite in a temp dir, or DynamoDB on moto).
+#![allow(dead_code)]
+
+pub mod dynamo;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kernelbot_dispatch::config::{Config, Role};
+use kernelbot_dispatch::devstack::buildkite::{BuildkiteStandin, deliver, unix_now};
+use kernelbot_dispatch::devstack::discord::{DiscordCall, DiscordStandin};
+use kernelbot_dispatch::dispatch::Dispatcher;
+use kernelbot_dispatch::http;
+use kernelbot_dispatch::jobs::dynamo::DynamoStore;
+use kernelbot_dispatch::jobs::sqlite::SqliteStore;
+use kernelbot_dispatch::jobs::{Job, JobStore, RunId};
+use kernelbot_dispatch::retry::Policy;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+pub const API_TOKEN: &str = "test-submit-token";
+pub const BK_TOKEN: &str = "test-buildkite-token";
+pub const SECRET: &str = "test-webhook-secret";
+pub const HOOK_URL: &str = "https://discord.com/api/webhooks/111111111111111111/hook-token_1";
+
+#[derive(Clone, Copy, Debug)]
+pub enum StoreKind {
+    Sqlite,
+    Dynamo,
+}
+
+/// Opens a fresh, empty store of `kind`; the temp dir (SQLite) lives as long as the guard.
+pub async fn open_store(kind: StoreKind) -> (Arc<dyn JobStore>, Option<tempfile::TempDir>) {
+    match kind {
+        StoreKind::Sqlite => {
+            let dir = tempfile::tempdir().expect("temp dir");
+            (
+                Arc::new(SqliteStore::open(dir.path()).expect("sqlite")),
+                Some(dir),
+            )
+        }
+        StoreKind::Dynamo => {
+            let client = dynamo::client();
+            let table = format!("jobs-{}", uuid::Uuid::new_v4().simple());
+            dynamo::create_table(&client, &table).await;
+            (Arc::new(DynamoStore::new(client, table)), None)
+        }
+    }
+}
+
+pub struct TestApp {
+    pub submit_url: String,
+    pub webhook_url: String,
+    pub buildkite: BuildkiteStandin,
+    pub discord: DiscordStandin,
+    pub store: Arc<dyn JobStore>,
+    pub client: reqwest::Client,
+    _dir: Option<tempfile::TempDir>,
+}
+
+fn quick_retries() -> Policy {
+    Policy {
+        attempts: 4,
+        base: Duration::from_millis(20),
+        max_backoff: Duration::from_millis(100),
+        max_wait: Duration::from_secs(5),
+    }
+}
+
+async fn serve(router: axum::Router) -> String {
+    let addr = kernelbot_dispatch::devstack::spawn(router)
+        .await
+        .expect("port");
+    format!("http://{addr}")
+}
+
+impl TestApp {
+    pub async fn spawn(kind: StoreKind) -> Self {
+        Self::spawn_with(kind, &[]).await
+    }
+
+    /// Starts the app; `vars` add to or override the environment the functions see.
+    pub async fn spawn_with(kind: StoreKind, vars: &[(&str, &str)]) -> Self {
+        if std::env::var_os("TEST_LOG").is_some() {
+            kernelbot_dispatch::telemetry::init();
+        }
+        let buildkite = BuildkiteStandin::start(BK_TOKEN, "test-org", "kernelbot")
+            .await
+            .expect("buildkite stand-in");
+        let discord = DiscordStandin::start().await.expect("discord stand-in");
+        let (store, dir) = open_store(kind).await;
+        let mut env: BTreeMap<String, String> = BTreeMap::from([
+            ("BUILDKITE_API_URL".into(), buildkite.api_url.clone()),
+            ("BUILDKITE_API_TOKEN".into(), BK_TOKEN.into()),
+            ("BUILDKITE_ORG".into(), buildkite.org.clone()),
+            ("BUILDKITE_PIPELINE".into(), buildkite.pipeline.clone()),
+            (
+                "BUILDKITE_WEBHOOK_SECRET".into(),
+                format!("old-secret,{SECRET}"),
+            ),
+            ("DISCORD_API_URL".into(), discord.api_url.clone()),
+            ("SUBMIT_API_TOKEN".into(), API_TOKEN.into()),
+        ]);
+        for (k, v) in vars {
+            env.insert((*k).into(), (*v).into());
+        }
+        let dispatcher = |role| {
+            let config = Config::from_lookup(role, &|k| env.get(k).cloned()).expect("config");
+            let mut d = Dispatcher::new(Arc::new(config), store.clone()).expect("dispatcher");
+            d.buildkite = d.buildkite.with_retry(quick_retries());
+            d.discord = d.discord.with_retry(quick_retries());
+            Arc::new(d)
+        };
+        let submit_url = serve(http::submit::router(dispatcher(Role::Submit))).await;
+        let webhook_url = serve(http::webhook::router(dispatcher(Role::Webhook))).await;
+        Self {
+            submit_url,
+            webhook_url: format!("{webhook_url}/webhooks/buildkite"),
+            buildkite,
+            discord,
+            store,
+            client: reqwest::Client::new(),
+            _dir: dir,
+        }
+    }
+
+    pub async fn submit(&self, body: &Value) -> (StatusCode, Value) {
+        self.submit_raw(serde_json::to_vec(body).expect("json"), Some(API_TOKEN))
+            .await
+    }
+
+    pub async fn submit_raw(&self, body: Vec<u8>, token: Option<&str>) -> (StatusCode, Value) {
+        let mut req = self
+            .client
+            .post(format!("{}/submissions", self.submit_url))
+            .body(body);
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        let resp = req.send().await.expect("submit answers");
+        let status = resp.status();
+        (status, resp.json().await.unwrap_or(Value::Null))
+    }
+
+    pub async fn status(&self, run_id: &str) -> (StatusCode, Value) {
+        let resp = self
+            .client
+            .get(format!("{}/submissions/{run_id}", self.submit_url))
+            .bearer_auth(API_TOKEN)
+            .send()
+            .await
+            .expect("status answers");
+        let status = resp.status();
+        (status, resp.json().await.unwrap_or(Value::Null))
+    }
+
+    pub async fn job(&self, run_id: &str) -> Job {
+        let id: RunId = run_id.parse().expect("run id");
+        self.store
+            .get(&id)
+            .await
+            .expect("store")
+            .expect("job exists")
+    }
+
+    /// Sends `event` for build `number` as Buildkite would, signed with the current secret.
+    pub async fn event(&self, event: &str, number: u64) -> StatusCode {
+        let body = self.buildkite.webhook_body(event, number);
+        deliver(&self.webhook_url, SECRET, event, body, unix_now())
+            .await
+            .expect("webhook answers")
+            .status()
+    }
+
+    /// Ends build `number` in `state` with `result` uploaded, and sends `build.finished`.
+    pub async fn finish(&self, number: u64, state: &str, result: Option<Vec<u8>>) -> StatusCode {
+        if let Some(bytes) = result {
+            self.buildkite
+                .upload(number, "result.json", bytes, "finished", false);
+        }
+        self.buildkite.set_state(number, state);
+        self.event("build.finished", number).await
+    }
+
+    pub fn discord_calls(&self) -> Vec<DiscordCall> {
+        self.discord.calls()
+    }
+
+    /// The current text of the job's Discord message (content and embed description).
+    pub fn discord_text(&self) -> String {
+        self.discord
+            .messages()
+            .values()
+            .map(|m| {
+                format!(
+                    "{}\n{}",
+                    m["content"].as_str().unwrap_or(""),
+                    m["embeds"][0]["description"].as_str().unwrap_or("")
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n---\n")
+    }
+}
+
+/// A valid submission body for `run_id`.
+pub fn submission(run_id: &str) -> Value {
+    json!({
+        "run_id": run_id,
+        "gpu": "H100_BK",
+        "title": "vectoradd",
+        "config": {"lang": "py", "mode": "test", "main": "eval.py", "sources": {"eval.py": "print('hi')"}, "tests": [{"size": 1}]},
+        "discord": {"webhook_url": HOOK_URL}
+    })
+}

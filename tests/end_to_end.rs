@@ -1,0 +1,438 @@
+//! The whole event path through real HTTP: submit → Buildkite stand-in → signed webhooks →
+//! result.json through a 302 → Discord stand-in. Every scenario runs against both stores.
+
+mod common;
+
+use common::{StoreKind, TestApp, submission};
+use kernelbot_dispatch::devstack::buildkite::{deliver, sample_result, unix_now};
+use kernelbot_dispatch::jobs::JobState;
+use kernelbot_dispatch::payload;
+use reqwest::StatusCode;
+use serde_json::json;
+
+/// Every Discord call must disable mentions, edits included.
+fn assert_mentions_disabled(app: &TestApp) {
+    for call in app.discord_calls() {
+        assert_eq!(
+            call.body["allowed_mentions"],
+            json!({"parse": []}),
+            "{call:?}"
+        );
+    }
+}
+
+fn final_edits(app: &TestApp) -> usize {
+    app.discord_calls()
+        .iter()
+        .filter(|c| c.method == "PATCH" && c.status == 200)
+        .filter(|c| {
+            c.body["content"]
+                .as_str()
+                .is_some_and(|t| t.contains("✅ success") || t.contains("❌ failure"))
+        })
+        .count()
+}
+
+pub async fn happy_path(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    let body = submission("happy-1");
+
+    let (status, answer) = app.submit(&body).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{answer}");
+    assert_eq!(answer["state"], "scheduled");
+    assert_eq!(answer["build"]["number"], 1);
+
+    // The build carries the contract's env and meta-data.
+    let build = app.buildkite.build(1).expect("build created");
+    assert_eq!(build.env["KERNELBOT_RUN_ID"], "happy-1");
+    assert_eq!(build.env["KERNELBOT_QUEUE"], "h100");
+    assert!(build.env.contains_key("KERNELBOT_IMAGE"));
+    assert_eq!(
+        payload::decode(&build.env["KERNELBOT_PAYLOAD"]).unwrap(),
+        body["config"]
+    );
+    assert_eq!(build.meta_data["run_id"], "happy-1");
+    assert_eq!(build.meta_data["queue"], "h100");
+
+    // The first Discord message was posted with wait=true.
+    let calls = app.discord_calls();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(
+        (calls[0].method, calls[0].query.as_deref()),
+        ("POST", Some("wait=true"))
+    );
+    assert!(
+        app.discord_text().contains("Queued on `h100`"),
+        "{}",
+        app.discord_text()
+    );
+
+    assert_eq!(app.event("build.scheduled", 1).await, StatusCode::OK);
+    app.buildkite.set_state(1, "running");
+    assert_eq!(app.event("build.running", 1).await, StatusCode::OK);
+    assert_eq!(app.job("happy-1").await.state, JobState::Running);
+    assert!(app.discord_text().contains("Running on `h100`"));
+
+    assert_eq!(
+        app.finish(1, "passed", Some(sample_result(false))).await,
+        StatusCode::OK
+    );
+    let job = app.job("happy-1").await;
+    assert_eq!(job.state, JobState::Finished);
+    let outcome = job.outcome.expect("outcome stored");
+    assert_eq!(outcome.build_state, "passed");
+    assert_eq!(
+        outcome.result.expect("result stored").system.gpu,
+        "NVIDIA H100 80GB HBM3"
+    );
+
+    // One message, edited to the final report; the result came through the 302 without
+    // our token reaching storage.
+    assert_eq!(app.discord.messages().len(), 1);
+    let text = app.discord_text();
+    assert!(
+        text.contains("✅ success") && text.contains("Passed 3/3 tests"),
+        "{text}"
+    );
+    assert_eq!(final_edits(&app), 1);
+    assert_eq!(app.buildkite.storage_downloads(), 1);
+    assert_eq!(app.buildkite.storage_auth_rejections(), 0);
+    assert_mentions_disabled(&app);
+
+    let (status, view) = app.status("happy-1").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        (view["state"].as_str(), view["result"]["verdict"].as_str()),
+        (Some("finished"), Some("passed"))
+    );
+    assert_eq!(view["build"]["number"], 1);
+}
+
+pub async fn passed_build_with_failing_test(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    app.submit(&submission("fail-test")).await;
+    app.finish(1, "passed", Some(sample_result(true))).await;
+    let outcome = app.job("fail-test").await.outcome.unwrap();
+    assert_eq!(outcome.verdict, kernelbot_dispatch::result::Verdict::Failed);
+    let text = app.discord_text();
+    assert!(
+        text.contains("❌ failure") && text.contains("❌ Testing failed — Passed 2/3 tests"),
+        "{text}"
+    );
+}
+
+pub async fn failed_and_canceled_builds(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    app.submit(&submission("crashed")).await;
+    app.submit(&submission("stopped")).await;
+    app.finish(1, "failed", None).await;
+    app.finish(2, "canceled", None).await;
+    let crashed = app.job("crashed").await.outcome.unwrap();
+    let stopped = app.job("stopped").await.outcome.unwrap();
+    assert_eq!(
+        (crashed.build_state.as_str(), crashed.error.as_deref()),
+        ("failed", Some("Build failed"))
+    );
+    assert_eq!(
+        (stopped.build_state.as_str(), stopped.error.as_deref()),
+        ("canceled", Some("Build canceled"))
+    );
+    let text = app.discord_text();
+    assert!(
+        text.contains("❌ Build failed") && text.contains("❌ Build canceled"),
+        "{text}"
+    );
+    assert_eq!(final_edits(&app), 2);
+}
+
+pub async fn duplicate_finished_edits_once(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    app.submit(&submission("dup")).await;
+    app.buildkite
+        .upload(1, "result.json", sample_result(false), "finished", false);
+    app.buildkite.set_state(1, "passed");
+    // Three deliveries at once, then once more later: one wins, the rest change nothing.
+    let (a, b, c) = tokio::join!(
+        app.event("build.finished", 1),
+        app.event("build.finished", 1),
+        app.event("build.finished", 1)
+    );
+    assert_eq!([a, b, c], [StatusCode::OK; 3]);
+    let calls_after = app.discord_calls().len();
+    assert_eq!(app.event("build.finished", 1).await, StatusCode::OK);
+    assert_eq!(final_edits(&app), 1);
+    assert_eq!(app.discord_calls().len(), calls_after);
+    assert_eq!(app.job("dup").await.state, JobState::Finished);
+}
+
+pub async fn running_after_finished_does_not_regress(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    app.submit(&submission("late")).await;
+    app.finish(1, "passed", Some(sample_result(false))).await;
+    let before = app.job("late").await;
+    let calls = app.discord_calls().len();
+    assert_eq!(app.event("build.running", 1).await, StatusCode::OK);
+    assert_eq!(app.event("build.scheduled", 1).await, StatusCode::OK);
+    assert_eq!(app.job("late").await, before);
+    assert_eq!(app.discord_calls().len(), calls);
+}
+
+pub async fn foreign_and_unknown_builds_are_acknowledged(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    app.submit(&submission("mine")).await;
+    let calls = app.discord_calls().len();
+    let before = app.job("mine").await;
+    // A build that is not ours (no run_id meta-data) and one whose run id we never saw.
+    for build in [
+        json!({"id": "x", "number": 77, "state": "passed", "meta_data": {}}),
+        json!({"id": "y", "number": 78, "state": "passed", "meta_data": {"run_id": "never-submitted"}}),
+    ] {
+        let body = serde_json::to_vec(&json!({"event": "build.finished", "build": build})).unwrap();
+        let resp = deliver(
+            &app.webhook_url,
+            common::SECRET,
+            "build.finished",
+            body,
+            unix_now(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+    }
+    // ping and unknown events too.
+    let ping = serde_json::to_vec(&json!({"event": "ping", "service": {}})).unwrap();
+    let resp = deliver(&app.webhook_url, common::SECRET, "ping", ping, unix_now())
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(app.event("job.started", 1).await, StatusCode::OK);
+    assert_eq!(app.job("mine").await, before);
+    assert_eq!(app.discord_calls().len(), calls);
+    assert!(
+        !app.buildkite
+            .api_calls()
+            .iter()
+            .any(|c| c.contains("/builds/77") || c.contains("/builds/78"))
+    );
+}
+
+pub async fn bad_signature_is_rejected(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    app.submit(&submission("sig")).await;
+    app.buildkite.set_state(1, "passed");
+    let before = app.job("sig").await;
+    let calls = app.discord_calls().len();
+    let body = app.buildkite.webhook_body("build.finished", 1);
+    let wrong = deliver(
+        &app.webhook_url,
+        "not-the-secret",
+        "build.finished",
+        body.clone(),
+        unix_now(),
+    )
+    .await
+    .unwrap();
+    let stale = deliver(
+        &app.webhook_url,
+        common::SECRET,
+        "build.finished",
+        body.clone(),
+        unix_now() - 3600,
+    )
+    .await
+    .unwrap();
+    let unsigned = app
+        .client
+        .post(&app.webhook_url)
+        .header("x-buildkite-event", "build.finished")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    for resp in [wrong, stale, unsigned] {
+        assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+        let err: serde_json::Value = resp.json().await.unwrap();
+        assert_eq!(err["error"], "unauthorized");
+    }
+    assert_eq!(app.job("sig").await, before);
+    assert_eq!(app.discord_calls().len(), calls);
+    // The old secret is still accepted during a rotation.
+    let body = app.buildkite.webhook_body("build.running", 1);
+    let resp = deliver(
+        &app.webhook_url,
+        "old-secret",
+        "build.running",
+        body,
+        unix_now(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+}
+
+pub async fn oversize_payload_creates_nothing(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    let mut rng = fastrand::Rng::with_seed(3);
+    let noise: String = (0..250_000).map(|_| rng.alphanumeric()).collect();
+    let mut body = submission("huge");
+    body["config"]["sources"]["submission.py"] = json!(noise);
+    let (status, err) = app.submit(&body).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{err}");
+    assert_eq!(err["error"], "too_large");
+    assert!(app.buildkite.builds().is_empty());
+    assert_eq!(app.status("huge").await.0, StatusCode::NOT_FOUND);
+    // A body over the request cap is refused too.
+    let (status, _) = app
+        .submit_raw(vec![b' '; 2 * 1024 * 1024], Some(common::API_TOKEN))
+        .await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(app.discord_calls().is_empty());
+}
+
+pub async fn buildkite_refusal_fails_the_job(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    app.buildkite.fail_create(
+        422,
+        json!({"message": "Validation Failed", "errors": ["branch not found"]}),
+    );
+    let (status, err) = app.submit(&submission("refused")).await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{err}");
+    assert_eq!(err["error"], "buildkite_error");
+    assert!(
+        err["message"]
+            .as_str()
+            .unwrap()
+            .contains("Validation Failed"),
+        "{err}"
+    );
+    let job = app.job("refused").await;
+    assert_eq!(job.state, JobState::Failed);
+    assert!(job.failure.as_deref().unwrap().contains("422"));
+    assert!(
+        app.discord_text().contains("Submission failed"),
+        "{}",
+        app.discord_text()
+    );
+    assert_eq!(app.status("refused").await.1["state"], "failed");
+}
+
+pub async fn discord_rate_limit_is_honoured(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    app.discord.rate_limit_next(2, 0.2);
+    let started = std::time::Instant::now();
+    let (status, _) = app.submit(&submission("limited")).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    let statuses: Vec<u16> = app.discord_calls().iter().map(|c| c.status).collect();
+    assert_eq!(statuses, vec![429, 429, 200]);
+    assert!(
+        started.elapsed() >= std::time::Duration::from_millis(400),
+        "retry_after was not waited for"
+    );
+    assert!(app.job("limited").await.discord_message_id.is_some());
+}
+
+pub async fn repeat_submission_creates_nothing(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    let (first, _) = app.submit(&submission("same")).await;
+    let (second, answer) = app.submit(&submission("same")).await;
+    assert_eq!((first, second), (StatusCode::ACCEPTED, StatusCode::OK));
+    assert_eq!(answer["run_id"], "same");
+    assert_eq!(answer["build"]["number"], 1);
+    assert_eq!(app.buildkite.builds().len(), 1);
+    assert_eq!(app.discord.messages().len(), 1);
+}
+
+pub async fn deleted_discord_webhook_is_dropped(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    app.submit(&submission("gone")).await;
+    app.discord.delete_webhook("111111111111111111");
+    app.buildkite.set_state(1, "running");
+    app.event("build.running", 1).await;
+    assert!(app.job("gone").await.discord_gone);
+    let calls = app.discord_calls().len();
+    app.finish(1, "passed", Some(sample_result(false))).await;
+    assert_eq!(app.job("gone").await.state, JobState::Finished);
+    assert_eq!(
+        app.discord_calls().len(),
+        calls,
+        "a deleted webhook must not be called again"
+    );
+}
+
+pub async fn transient_buildkite_errors_are_retried(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    app.submit(&submission("flaky")).await;
+    app.buildkite.fail_reads(&[502, 503]);
+    app.finish(1, "passed", Some(sample_result(false))).await;
+    let job = app.job("flaky").await;
+    assert_eq!(
+        job.outcome.unwrap().verdict,
+        kernelbot_dispatch::result::Verdict::Passed
+    );
+}
+
+macro_rules! scenarios {
+    ($kind:expr) => {
+        use super::*;
+        #[tokio::test]
+        async fn happy_path_ends_with_one_edited_report() {
+            happy_path($kind).await
+        }
+        #[tokio::test]
+        async fn a_passed_build_with_a_failing_test_reports_failure() {
+            passed_build_with_failing_test($kind).await
+        }
+        #[tokio::test]
+        async fn failed_and_canceled_builds_report_why() {
+            failed_and_canceled_builds($kind).await
+        }
+        #[tokio::test]
+        async fn duplicate_build_finished_posts_to_discord_once() {
+            duplicate_finished_edits_once($kind).await
+        }
+        #[tokio::test]
+        async fn build_running_after_finished_does_not_regress() {
+            running_after_finished_does_not_regress($kind).await
+        }
+        #[tokio::test]
+        async fn unknown_builds_and_events_get_200_and_change_nothing() {
+            foreign_and_unknown_builds_are_acknowledged($kind).await
+        }
+        #[tokio::test]
+        async fn bad_signatures_get_401_and_change_nothing() {
+            bad_signature_is_rejected($kind).await
+        }
+        #[tokio::test]
+        async fn oversize_payload_gets_413_and_creates_no_build() {
+            oversize_payload_creates_nothing($kind).await
+        }
+        #[tokio::test]
+        async fn buildkite_422_gives_502_and_a_failed_job() {
+            buildkite_refusal_fails_the_job($kind).await
+        }
+        #[tokio::test]
+        async fn discord_429_is_retried_after_retry_after() {
+            discord_rate_limit_is_honoured($kind).await
+        }
+        #[tokio::test]
+        async fn a_repeated_run_id_returns_the_existing_job() {
+            repeat_submission_creates_nothing($kind).await
+        }
+        #[tokio::test]
+        async fn a_deleted_discord_webhook_is_not_used_again() {
+            deleted_discord_webhook_is_dropped($kind).await
+        }
+        #[tokio::test]
+        async fn buildkite_5xx_on_reads_is_retried() {
+            transient_buildkite_errors_are_retried($kind).await
+        }
+    };
+}
+
+mod sqlite {
+    scenarios!(StoreKind::Sqlite);
+}
+
+mod dynamodb {
+    scenarios!(StoreKind::Dynamo);
+}
