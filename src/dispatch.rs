@@ -103,6 +103,25 @@ impl Dispatcher {
         }
     }
 
+    /// Creates the build. When the answer is lost (timeout, 5xx) the build may exist all the
+    /// same: look for it by its run id before calling the submission failed.
+    async fn create_build(&self, sub: &Submission) -> Result<Build, BuildkiteError> {
+        match self.buildkite.create_build(&self.new_build(sub)).await {
+            Err(e @ BuildkiteError::Unavailable(_)) => {
+                warn!(error = %e, "build creation unconfirmed; looking the build up");
+                match self.buildkite.find_build(sub.run_id.as_str()).await {
+                    Ok(Some(build)) => Ok(build),
+                    Ok(None) => Err(e),
+                    Err(lookup) => {
+                        warn!(error = %lookup, "could not look the build up");
+                        Err(e)
+                    }
+                }
+            }
+            other => other,
+        }
+    }
+
     /// Records the job, then creates its build, then posts its Discord message. The record
     /// comes first so a webhook can never arrive for a job we do not know.
     pub async fn submit(&self, sub: Submission) -> Result<Submitted, DispatchError> {
@@ -120,7 +139,7 @@ impl Dispatcher {
                 info!(state = %existing.state, "run id already known; nothing created");
                 return Ok(Submitted::Existing(*existing));
             }
-            let build = match self.buildkite.create_build(&self.new_build(&sub)).await {
+            let build = match self.create_build(&sub).await {
                 Ok(build) => build,
                 Err(source) => {
                     warn!(error = %source, "Buildkite did not create the build");

@@ -9,6 +9,7 @@ use kernelbot_dispatch::jobs::JobState;
 use kernelbot_dispatch::payload;
 use reqwest::StatusCode;
 use serde_json::json;
+use std::time::Duration;
 
 /// Every Discord call must disable mentions, edits included.
 fn assert_mentions_disabled(app: &TestApp) {
@@ -371,6 +372,77 @@ pub async fn transient_buildkite_errors_are_retried(kind: StoreKind) {
     );
 }
 
+pub async fn slow_build_creation_is_confirmed_by_lookup(kind: StoreKind) {
+    let app = TestApp::spawn_tuned(kind, &[], Duration::from_millis(300)).await;
+    app.buildkite.slow_create(Duration::from_millis(900));
+    let (status, answer) = app.submit(&submission("slow-bk")).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{answer}");
+    assert_eq!(answer["build"]["number"], 1);
+    assert_eq!(
+        app.buildkite.builds().len(),
+        1,
+        "a timed-out create is never repeated"
+    );
+    assert!(
+        app.buildkite
+            .api_calls()
+            .iter()
+            .any(|c| c.starts_with("GET") && c.ends_with("/builds"))
+    );
+    assert_eq!(app.job("slow-bk").await.state, JobState::Scheduled);
+}
+
+pub async fn slow_discord_never_blocks_the_job(kind: StoreKind) {
+    let app = TestApp::spawn_tuned(kind, &[], Duration::from_millis(200)).await;
+    app.discord.set_delay(Some(Duration::from_millis(600)));
+    let (status, _) = app.submit(&submission("slow-dc")).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    assert_eq!(app.job("slow-dc").await.discord_message_id, None);
+    // Discord recovers: the final report is still delivered, as a message of its own.
+    app.discord.set_delay(None);
+    assert_eq!(
+        app.finish(1, "passed", Some(sample_result(false))).await,
+        StatusCode::OK
+    );
+    let job = app.job("slow-dc").await;
+    assert_eq!(job.state, JobState::Finished);
+    assert!(job.discord_message_id.is_some());
+    assert!(
+        app.discord_text().contains("✅ success"),
+        "{}",
+        app.discord_text()
+    );
+}
+
+pub async fn huge_report(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    app.submit(&submission("wordy")).await;
+    let mut result: serde_json::Value = serde_json::from_slice(&sample_result(false)).unwrap();
+    let run = &mut result["runs"]["test"]["run"]["result"];
+    run["benchmark-count"] = json!("300");
+    for i in 0..300 {
+        run[format!("benchmark.{i}.spec")] = json!(format!("@everyone {}", "n=4096; ".repeat(20)));
+        run[format!("benchmark.{i}.mean")] = json!("123456.7");
+        run[format!("benchmark.{i}.err")] = json!("12.5");
+    }
+    result["system"]["gpu"] = json!("G".repeat(3000));
+    app.finish(1, "passed", Some(serde_json::to_vec(&result).unwrap()))
+        .await;
+    let last = app.discord_calls().pop().unwrap();
+    assert_eq!(
+        (last.method, last.status),
+        ("PATCH", 200),
+        "{:?}",
+        last.body
+    );
+    assert!(
+        last.body["embeds"][0]["description"]
+            .as_str()
+            .unwrap()
+            .ends_with('…')
+    );
+}
+
 macro_rules! scenarios {
     ($kind:expr) => {
         use super::*;
@@ -421,6 +493,18 @@ macro_rules! scenarios {
         #[tokio::test]
         async fn a_deleted_discord_webhook_is_not_used_again() {
             deleted_discord_webhook_is_dropped($kind).await
+        }
+        #[tokio::test]
+        async fn a_slow_buildkite_create_is_confirmed_not_repeated() {
+            slow_build_creation_is_confirmed_by_lookup($kind).await
+        }
+        #[tokio::test]
+        async fn a_slow_discord_never_blocks_the_job() {
+            slow_discord_never_blocks_the_job($kind).await
+        }
+        #[tokio::test]
+        async fn huge_reports_are_fitted_to_discord_limits() {
+            huge_report($kind).await
         }
         #[tokio::test]
         async fn buildkite_5xx_on_reads_is_retried() {

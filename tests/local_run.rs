@@ -1,5 +1,4 @@
-//! The README's local command: the whole system on this machine, ending with a finished job
-//! and its Discord report printed.
+//! The binaries as a user runs them: the README's local command, and start-up checks.
 
 use std::process::Command;
 
@@ -8,15 +7,15 @@ fn the_local_run_finishes_a_job_and_prints_its_report() {
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_local"))
         .env("KERNELBOT_DATA_DIR", dir.path())
-        .env("RUST_LOG", "warn")
+        // Every log line, so the check below covers all of them.
+        .env("RUST_LOG", "trace")
         .output()
         .expect("local runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "stdout:\n{stdout}\nstderr:\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    let (stdout, logs) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
     );
+    assert!(out.status.success(), "stdout:\n{stdout}\nlogs:\n{logs}");
     assert!(stdout.contains("POST /submissions → 202"), "{stdout}");
     assert!(stdout.contains("\"finished\""), "{stdout}");
     assert!(
@@ -27,4 +26,72 @@ fn the_local_run_finishes_a_job_and_prints_its_report() {
         dir.path().join("jobs.sqlite3").exists(),
         "the embedded store was used"
     );
+    // The run id is on the job's log lines; no secret is on any line.
+    assert!(logs.contains("run_id"), "{logs}");
+    for secret in [
+        "local-demo-token",
+        "local-bk-token",
+        "local-webhook-secret",
+        "local-submit-token",
+    ] {
+        assert!(!logs.contains(secret), "{secret} appeared in the logs");
+    }
+}
+
+#[test]
+fn a_function_without_its_configuration_names_what_is_missing() {
+    for (bin, missing) in [
+        (env!("CARGO_BIN_EXE_submit"), "SUBMIT_API_TOKEN"),
+        (env!("CARGO_BIN_EXE_webhook"), "BUILDKITE_WEBHOOK_SECRET"),
+    ] {
+        let out = Command::new(bin)
+            .env_clear()
+            .env("BUILDKITE_ORG", "o")
+            .env("BUILDKITE_PIPELINE", "p")
+            .env("BUILDKITE_API_TOKEN", "t")
+            .output()
+            .expect("binary runs");
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(missing), "{bin}: {stderr}");
+    }
+}
+
+#[test]
+fn a_function_serves_its_router_on_listen_addr() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_webhook"))
+        .env_clear()
+        .env("BUILDKITE_ORG", "o")
+        .env("BUILDKITE_PIPELINE", "p")
+        .env("BUILDKITE_API_TOKEN", "t")
+        .env("BUILDKITE_WEBHOOK_SECRET", "s")
+        .env("KERNELBOT_DATA_DIR", dir.path())
+        .env("LISTEN_ADDR", format!("127.0.0.1:{port}"))
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("webhook starts");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let answer = loop {
+        use std::io::{Read, Write};
+        if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+            s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                .unwrap();
+            let mut buf = String::new();
+            s.read_to_string(&mut buf).unwrap();
+            break buf;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "webhook did not listen"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let _ = child.kill();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
 }

@@ -44,6 +44,7 @@ pub struct BuildkiteClient {
     pipeline: String,
     token: SecretString,
     retry: Policy,
+    timeout: Duration,
 }
 
 fn transport(e: reqwest::Error) -> BuildkiteError {
@@ -98,11 +99,18 @@ impl BuildkiteClient {
             pipeline: config.pipeline.clone(),
             token: config.token.clone(),
             retry: Policy::default(),
+            timeout: API_TIMEOUT,
         })
     }
 
     pub fn with_retry(mut self, retry: Policy) -> Self {
         self.retry = retry;
+        self
+    }
+
+    /// Sets the time limit of each REST call (default 10 s).
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
         self
     }
 
@@ -118,6 +126,7 @@ impl BuildkiteClient {
     fn request(&self, method: Method, url: &str) -> RequestBuilder {
         self.api
             .request(method, url)
+            .timeout(self.timeout)
             .bearer_auth(self.token.expose_secret())
     }
 
@@ -187,6 +196,21 @@ impl BuildkiteClient {
             .send(|| self.request(Method::POST, &url).json(build), false)
             .await?;
         Self::json(resp).await
+    }
+
+    /// The build we created for `run_id`, found by its meta-data. Used when a create call
+    /// failed in a way that leaves open whether the build exists (timeout, 5xx).
+    pub async fn find_build(&self, run_id: &str) -> Result<Option<Build>, BuildkiteError> {
+        let mut url =
+            Url::parse(&self.url("builds")).map_err(|e| BuildkiteError::Protocol(e.to_string()))?;
+        url.query_pairs_mut()
+            .append_pair("meta_data[run_id]", run_id)
+            .append_pair("per_page", "2");
+        let resp = self
+            .send(|| self.request(Method::GET, url.as_str()), true)
+            .await?;
+        let builds: Vec<Build> = Self::json(resp).await?;
+        Ok(builds.into_iter().find(|b| b.run_id() == Some(run_id)))
     }
 
     pub async fn get_build(&self, number: u64) -> Result<Build, BuildkiteError> {

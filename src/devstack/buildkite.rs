@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use axum::extract::{Path, Request, State};
+use axum::extract::{Path, RawQuery, Request, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -59,6 +59,7 @@ struct Inner {
     pipeline: String,
     builds: Vec<StandinBuild>,
     create_failure: Option<(u16, Value)>,
+    create_delay: Option<Duration>,
     read_failures: VecDeque<u16>,
     storage_auth_rejections: usize,
     storage_downloads: usize,
@@ -130,6 +131,7 @@ impl BuildkiteStandin {
             pipeline: pipeline.to_owned(),
             builds: Vec::new(),
             create_failure: None,
+            create_delay: None,
             read_failures: VecDeque::new(),
             storage_auth_rejections: 0,
             storage_downloads: 0,
@@ -138,7 +140,7 @@ impl BuildkiteStandin {
         }));
         let p = "/v2/organizations/{org}/pipelines/{pipeline}/builds";
         let router = Router::new()
-            .route(p, post(create_build))
+            .route(p, post(create_build).get(list_builds))
             .route(&format!("{p}/{{number}}"), get(get_build))
             .route(&format!("{p}/{{number}}/artifacts"), get(list_artifacts))
             .route(
@@ -182,6 +184,11 @@ impl BuildkiteStandin {
     /// Creating a build answers `status` with `body` (e.g. 422 Validation Failed).
     pub fn fail_create(&self, status: u16, body: Value) {
         self.lock().create_failure = Some((status, body));
+    }
+
+    /// Creating a build succeeds but the answer comes only after `delay` (a slow Buildkite).
+    pub fn slow_create(&self, delay: Duration) {
+        self.lock().create_delay = Some(delay);
     }
 
     /// The next REST reads answer these statuses.
@@ -312,23 +319,35 @@ async fn create_build(
         .await
         .unwrap_or_default();
     let req = Request::from_parts(parts, axum::body::Body::empty());
-    let mut s = lock(&inner);
-    if let Some(r) = gate(&mut s, &req, false) {
-        return r;
+    let (response, delay) = create_locked(&inner, &req, &bytes);
+    if let Some(d) = delay {
+        tokio::time::sleep(d).await;
+    }
+    response
+}
+
+fn create_locked(inner: &Shared, req: &Request, bytes: &[u8]) -> (Response, Option<Duration>) {
+    let mut s = lock(inner);
+    if let Some(r) = gate(&mut s, req, false) {
+        return (r, None);
     }
     if let Some((code, body)) = s.create_failure.clone() {
-        return (
-            StatusCode::from_u16(code).unwrap_or(StatusCode::UNPROCESSABLE_ENTITY),
-            Json(body),
-        )
-            .into_response();
+        let status = StatusCode::from_u16(code).unwrap_or(StatusCode::UNPROCESSABLE_ENTITY);
+        return ((status, Json(body)).into_response(), None);
     }
-    let Ok(v) = serde_json::from_slice::<Value>(&bytes) else {
-        return bk_error(StatusCode::BAD_REQUEST, "Problems parsing JSON");
+    let Ok(v) = serde_json::from_slice::<Value>(bytes) else {
+        return (
+            bk_error(StatusCode::BAD_REQUEST, "Problems parsing JSON"),
+            None,
+        );
     };
     let text = |k: &str| v[k].as_str().unwrap_or_default().to_owned();
     if text("commit").is_empty() || text("branch").is_empty() {
-        return (StatusCode::UNPROCESSABLE_ENTITY, Json(json!({"message": "Validation Failed", "errors": [{"field": "commit", "code": "missing"}]}))).into_response();
+        let body = json!({"message": "Validation Failed", "errors": [{"field": "commit", "code": "missing"}]});
+        return (
+            (StatusCode::UNPROCESSABLE_ENTITY, Json(body)).into_response(),
+            None,
+        );
     }
     let map = |k: &str| -> BTreeMap<String, String> {
         v[k].as_object()
@@ -363,7 +382,10 @@ async fn create_build(
     if let Some(run) = s.autorun.clone() {
         tokio::spawn(play_agent(inner.clone(), run, number));
     }
-    (StatusCode::CREATED, Json(body)).into_response()
+    (
+        (StatusCode::CREATED, Json(body)).into_response(),
+        s.create_delay,
+    )
 }
 
 /// The agent's side of a build: webhooks for scheduled and running, the step, the upload,
@@ -403,6 +425,35 @@ async fn play_agent(inner: Shared, run: AutoRun, number: u64) {
         None => bk.set_state(number, "failed"),
     }
     send("build.finished").await;
+}
+
+/// `GET .../builds?meta_data[run_id]=...`: builds filtered by meta-data, newest first.
+async fn list_builds(
+    State(inner): State<Shared>,
+    RawQuery(query): RawQuery,
+    req: Request,
+) -> Response {
+    let mut s = lock(&inner);
+    if let Some(r) = gate(&mut s, &req, true) {
+        return r;
+    }
+    let filters: Vec<(String, String)> =
+        url::form_urlencoded::parse(query.unwrap_or_default().as_bytes())
+            .filter_map(|(k, v)| {
+                Some((
+                    k.strip_prefix("meta_data[")?.strip_suffix(']')?.to_owned(),
+                    v.into_owned(),
+                ))
+            })
+            .collect();
+    let list: Vec<Value> = s
+        .builds
+        .iter()
+        .rev()
+        .filter(|b| filters.iter().all(|(k, v)| b.meta_data.get(k) == Some(v)))
+        .map(|b| s.build_json(b, true))
+        .collect();
+    Json(list).into_response()
 }
 
 fn find(s: &Inner, number: &str) -> Option<usize> {

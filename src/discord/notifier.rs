@@ -32,6 +32,7 @@ pub struct Notifier {
     http: reqwest::Client,
     base: Url,
     retry: Policy,
+    timeout: Duration,
 }
 
 #[derive(Deserialize)]
@@ -78,11 +79,18 @@ impl Notifier {
             http,
             base,
             retry: Policy::default(),
+            timeout: TIMEOUT,
         })
     }
 
     pub fn with_retry(mut self, retry: Policy) -> Self {
         self.retry = retry;
+        self
+    }
+
+    /// Sets the time limit of each call (default 10 s).
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
         self
     }
 
@@ -121,6 +129,7 @@ impl Notifier {
             let resp = self
                 .http
                 .request(method.clone(), url.clone())
+                .timeout(self.timeout)
                 .json(message)
                 .send()
                 .await;

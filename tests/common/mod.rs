@@ -83,6 +83,11 @@ impl TestApp {
 
     /// Starts the app; `vars` add to or override the environment the functions see.
     pub async fn spawn_with(kind: StoreKind, vars: &[(&str, &str)]) -> Self {
+        Self::spawn_tuned(kind, vars, Duration::from_secs(5)).await
+    }
+
+    /// As `spawn_with`, with `timeout` on every Buildkite and Discord call.
+    pub async fn spawn_tuned(kind: StoreKind, vars: &[(&str, &str)], timeout: Duration) -> Self {
         if std::env::var_os("TEST_LOG").is_some() {
             kernelbot_dispatch::telemetry::init();
         }
@@ -109,8 +114,16 @@ impl TestApp {
         let dispatcher = |role| {
             let config = Config::from_lookup(role, &|k| env.get(k).cloned()).expect("config");
             let mut d = Dispatcher::new(Arc::new(config), store.clone()).expect("dispatcher");
-            d.buildkite = d.buildkite.with_retry(quick_retries());
-            d.discord = d.discord.with_retry(quick_retries());
+            d.buildkite = d
+                .buildkite
+                .clone()
+                .with_retry(quick_retries())
+                .with_timeout(timeout);
+            d.discord = d
+                .discord
+                .clone()
+                .with_retry(quick_retries())
+                .with_timeout(timeout);
             Arc::new(d)
         };
         let submit_url = serve(http::submit::router(dispatcher(Role::Submit))).await;
