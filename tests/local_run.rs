@@ -93,5 +93,6 @@ fn a_function_serves_its_router_on_listen_addr() {
         std::thread::sleep(std::time::Duration::from_millis(20));
     };
     let _ = child.kill();
+    let _ = child.wait();
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
 }
