@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use secrecy::SecretString;
 use url::Url;
@@ -102,6 +103,8 @@ pub struct Config {
     pub submit_tokens: Vec<SecretString>,
     /// How webhook requests are verified (webhook only).
     pub webhook_auth: WebhookAuth,
+    /// The sweep leaves younger jobs alone: their webhooks may still come.
+    pub sweep_min_age: Duration,
 }
 
 impl std::fmt::Debug for WebhookAuth {
@@ -158,6 +161,16 @@ impl Env<'_> {
             return Err(ConfigError::Missing(name));
         }
         Ok(secrets)
+    }
+
+    fn number(&self, name: &'static str, default: u64) -> Result<u64, ConfigError> {
+        self.get(name).map_or(Ok(default), |v| {
+            v.parse()
+                .map_err(|e: std::num::ParseIntError| ConfigError::Invalid {
+                    name,
+                    reason: e.to_string(),
+                })
+        })
     }
 
     fn flag(&self, name: &'static str) -> Result<bool, ConfigError> {
@@ -251,6 +264,7 @@ impl Config {
                 secrets: env.secrets("BUILDKITE_WEBHOOK_SECRET", role == Role::Webhook)?,
                 allow_token: env.flag("BUILDKITE_WEBHOOK_ALLOW_TOKEN")?,
             },
+            sweep_min_age: Duration::from_secs(env.number("SWEEP_MIN_AGE_SECS", 600)?),
         })
     }
 }

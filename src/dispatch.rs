@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tracing::{Instrument, info, warn};
 
@@ -248,8 +249,13 @@ impl Dispatcher {
                 hint.clone()
             }
         };
+        self.outcome_of(&build).await
+    }
+
+    /// The outcome of a build as the REST API shows it (with its jobs).
+    async fn outcome_of(&self, build: &Build) -> Result<Outcome, DispatchError> {
         let state = build.final_state().to_owned();
-        let (result, error) = match self.fetch_result(&build).await {
+        let (result, error) = match self.fetch_result(build).await {
             Ok(r) => (Some(r), None),
             Err(FetchError::Buildkite(
                 e @ (BuildkiteError::Unavailable(_) | BuildkiteError::RateLimited),
@@ -325,6 +331,87 @@ impl Dispatcher {
             return self.discord.edit(target, &id, &render(&latest)).await;
         }
         Ok(())
+    }
+    /// Finishes what webhooks left undone: every unfinished job older than `min_age` is
+    /// checked against Buildkite and moved forward as its build is. One job's trouble is
+    /// counted and logged; it does not stop the pass.
+    pub async fn sweep(&self, min_age: Duration) -> Result<SweepReport, DispatchError> {
+        let cutoff = now_millis() - min_age.as_millis() as i64;
+        let mut report = SweepReport::default();
+        for job in self.store.list_open(cutoff, SWEEP_BATCH).await? {
+            report.checked += 1;
+            let span = tracing::info_span!("sweep", run_id = %job.run_id, state = %job.state);
+            match self.sweep_one(&job).instrument(span).await {
+                Ok(EventOutcome::Advanced(JobState::Finished)) => report.finished += 1,
+                Ok(EventOutcome::Advanced(JobState::Failed)) => report.failed += 1,
+                Ok(EventOutcome::Advanced(_)) => report.advanced += 1,
+                Ok(EventOutcome::Ignored(_)) => report.unchanged += 1,
+                Err(e) => {
+                    warn!(run_id = %job.run_id, error = %e, "sweep could not check the job");
+                    report.errors += 1;
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    async fn sweep_one(&self, job: &Job) -> Result<EventOutcome, DispatchError> {
+        let build = match &job.build {
+            Some(b) => self.buildkite.get_build(b.number).await?,
+            None => match self.buildkite.find_build(job.run_id.as_str()).await? {
+                Some(b) => b,
+                None => {
+                    // Submit stopped between recording the job and creating its build.
+                    let t = Transition::to(JobState::Failed, now_millis())
+                        .with_failure("no Buildkite build was created for this job");
+                    return self.advance(&job.run_id, &t).await;
+                }
+            },
+        };
+        let target = state_of(&build);
+        if target.rank() <= job.state.rank() {
+            return Ok(EventOutcome::Ignored("build has not moved on"));
+        }
+        let mut t = Transition::to(target, now_millis()).with_build(build_ref(&build));
+        if target == JobState::Finished {
+            t = t.with_outcome(self.outcome_of(&build).await?);
+        }
+        self.advance(&job.run_id, &t).await
+    }
+}
+
+/// How many unfinished jobs one sweep pass looks at.
+pub const SWEEP_BATCH: usize = 200;
+
+/// What one sweep pass did.
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct SweepReport {
+    pub checked: usize,
+    pub finished: usize,
+    pub failed: usize,
+    pub advanced: usize,
+    pub unchanged: usize,
+    pub errors: usize,
+}
+
+impl std::fmt::Display for SweepReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "sweep: checked {} unfinished jobs: {} finished, {} failed, {} advanced, {} unchanged, {} errors",
+            self.checked, self.finished, self.failed, self.advanced, self.unchanged, self.errors
+        )
+    }
+}
+
+/// The job state a build's REST state corresponds to.
+pub fn state_of(build: &Build) -> JobState {
+    if build.is_finished() {
+        JobState::Finished
+    } else if matches!(build.state.as_str(), "running" | "failing" | "canceling") {
+        JobState::Running
+    } else {
+        JobState::Scheduled
     }
 }
 

@@ -96,3 +96,26 @@ fn a_function_serves_its_router_on_listen_addr() {
     let _ = child.wait();
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
 }
+
+#[test]
+fn the_sweep_makes_one_pass_and_prints_a_summary() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_sweep"))
+        .env_clear()
+        .env("BUILDKITE_ORG", "o")
+        .env("BUILDKITE_PIPELINE", "p")
+        .env("BUILDKITE_API_TOKEN", "t")
+        .env("KERNELBOT_DATA_DIR", dir.path())
+        .output()
+        .expect("sweep runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        stdout.trim(),
+        "sweep: checked 0 unfinished jobs: 0 finished, 0 failed, 0 advanced, 0 unchanged, 0 errors"
+    );
+}

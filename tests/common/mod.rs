@@ -56,6 +56,8 @@ pub struct TestApp {
     pub buildkite: BuildkiteStandin,
     pub discord: DiscordStandin,
     pub store: Arc<dyn JobStore>,
+    /// The sweep function's dispatcher.
+    pub sweeper: Arc<Dispatcher>,
     pub client: reqwest::Client,
     _dir: Option<tempfile::TempDir>,
 }
@@ -128,12 +130,14 @@ impl TestApp {
         };
         let submit_url = serve(http::submit::router(dispatcher(Role::Submit))).await;
         let webhook_url = serve(http::webhook::router(dispatcher(Role::Webhook))).await;
+        let sweeper = dispatcher(Role::Sweep);
         Self {
             submit_url,
             webhook_url: format!("{webhook_url}/webhooks/buildkite"),
             buildkite,
             discord,
             store,
+            sweeper,
             client: reqwest::Client::new(),
             _dir: dir,
         }

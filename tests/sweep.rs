@@ -1,0 +1,152 @@
+//! The sweep: jobs whose webhooks never came are finished from Buildkite's own view.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{StoreKind, TestApp, submission};
+use kernelbot_dispatch::devstack::buildkite::sample_result;
+use kernelbot_dispatch::dispatch::SweepReport;
+use kernelbot_dispatch::jobs::model::now_millis;
+use kernelbot_dispatch::jobs::{Job, JobState};
+use kernelbot_dispatch::result::Verdict;
+
+const NOW: Duration = Duration::ZERO;
+
+pub async fn finishes_a_job_whose_webhook_never_came(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    app.submit(&submission("lost")).await;
+    app.buildkite
+        .upload(1, "result.json", sample_result(false), "finished", false);
+    app.buildkite.set_state(1, "passed");
+
+    let report = app.sweeper.sweep(NOW).await.unwrap();
+    assert_eq!(
+        report,
+        SweepReport {
+            checked: 1,
+            finished: 1,
+            ..Default::default()
+        }
+    );
+    let job = app.job("lost").await;
+    assert_eq!(job.state, JobState::Finished);
+    assert_eq!(job.outcome.unwrap().verdict, Verdict::Passed);
+    assert!(
+        app.discord_text().contains("✅ success"),
+        "{}",
+        app.discord_text()
+    );
+
+    // A second pass finds nothing left to do, and a late webhook changes nothing.
+    assert_eq!(app.sweeper.sweep(NOW).await.unwrap().checked, 0);
+    let calls = app.discord_calls().len();
+    app.event("build.finished", 1).await;
+    assert_eq!(app.discord_calls().len(), calls);
+}
+
+pub async fn leaves_young_jobs_alone(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    app.submit(&submission("young")).await;
+    app.buildkite.set_state(1, "passed");
+    let report = app.sweeper.sweep(Duration::from_secs(3600)).await.unwrap();
+    assert_eq!(report.checked, 0);
+    assert_eq!(app.job("young").await.state, JobState::Scheduled);
+}
+
+pub async fn follows_running_builds_and_fails_jobs_without_one(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    app.submit(&submission("busy")).await;
+    app.buildkite.set_state(1, "running");
+    // A job recorded by a submit that stopped before creating its build.
+    let orphan = Job::new(
+        "orphan".parse().unwrap(),
+        "H100_BK".into(),
+        "h100".into(),
+        None,
+        None,
+        now_millis() - 1,
+    );
+    app.store.create(&orphan).await.unwrap();
+
+    let report = app.sweeper.sweep(NOW).await.unwrap();
+    assert_eq!(
+        report,
+        SweepReport {
+            checked: 2,
+            advanced: 1,
+            failed: 1,
+            ..Default::default()
+        }
+    );
+    assert_eq!(app.job("busy").await.state, JobState::Running);
+    let orphan = app.job("orphan").await;
+    assert_eq!(orphan.state, JobState::Failed);
+    assert!(orphan.failure.unwrap().contains("no Buildkite build"));
+
+    let again = app.sweeper.sweep(NOW).await.unwrap();
+    assert_eq!(
+        again,
+        SweepReport {
+            checked: 1,
+            unchanged: 1,
+            ..Default::default()
+        }
+    );
+}
+
+pub async fn unreachable_build(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    app.submit(&submission("first")).await;
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    app.submit(&submission("second")).await;
+    app.buildkite.set_state(1, "passed");
+    app.buildkite.set_state(2, "canceled");
+    // Every retry of the oldest job's read fails.
+    app.buildkite.fail_reads(&[500, 500, 500, 500]);
+    let report = app.sweeper.sweep(NOW).await.unwrap();
+    assert_eq!(
+        report,
+        SweepReport {
+            checked: 2,
+            finished: 1,
+            errors: 1,
+            ..Default::default()
+        }
+    );
+    assert_eq!(app.job("first").await.state, JobState::Scheduled);
+    assert_eq!(
+        app.job("second").await.outcome.unwrap().build_state,
+        "canceled"
+    );
+}
+
+macro_rules! sweeps {
+    ($kind:expr) => {
+        use super::*;
+        #[tokio::test]
+        async fn a_job_whose_webhook_never_came_is_finished() {
+            finishes_a_job_whose_webhook_never_came($kind).await
+        }
+        #[tokio::test]
+        async fn young_jobs_are_left_alone() {
+            leaves_young_jobs_alone($kind).await
+        }
+        #[tokio::test]
+        async fn running_builds_are_followed_and_buildless_jobs_fail() {
+            follows_running_builds_and_fails_jobs_without_one($kind).await
+        }
+        #[tokio::test]
+        async fn one_unreachable_build_does_not_stop_the_pass() {
+            unreachable_build($kind).await
+        }
+    };
+}
+
+mod sqlite {
+    sweeps!(StoreKind::Sqlite);
+}
+
+mod dynamodb {
+    sweeps!(StoreKind::Dynamo);
+}
