@@ -58,6 +58,9 @@ pub struct TestApp {
     pub store: Arc<dyn JobStore>,
     /// The sweep function's dispatcher.
     pub sweeper: Arc<Dispatcher>,
+    /// The routers themselves, for driving them with Lambda events.
+    pub submit_router: axum::Router,
+    pub webhook_router: axum::Router,
     pub client: reqwest::Client,
     _dir: Option<tempfile::TempDir>,
 }
@@ -128,8 +131,10 @@ impl TestApp {
                 .with_timeout(timeout);
             Arc::new(d)
         };
-        let submit_url = serve(http::submit::router(dispatcher(Role::Submit))).await;
-        let webhook_url = serve(http::webhook::router(dispatcher(Role::Webhook))).await;
+        let submit_router = http::submit::router(dispatcher(Role::Submit));
+        let webhook_router = http::webhook::router(dispatcher(Role::Webhook));
+        let submit_url = serve(submit_router.clone()).await;
+        let webhook_url = serve(webhook_router.clone()).await;
         let sweeper = dispatcher(Role::Sweep);
         Self {
             submit_url,
@@ -138,6 +143,8 @@ impl TestApp {
             discord,
             store,
             sweeper,
+            submit_router,
+            webhook_router,
             client: reqwest::Client::new(),
             _dir: dir,
         }
