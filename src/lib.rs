@@ -14,6 +14,7 @@ pub mod jobs;
 pub mod payload;
 pub mod result;
 pub mod retry;
+pub mod runner;
 pub mod server;
 pub mod submission;
 pub mod telemetry;

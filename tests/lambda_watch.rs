@@ -29,13 +29,19 @@ impl Drop for Emulator {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "slow: builds and runs the functions under cargo lambda watch; scripts/test.sh runs it"]
 async fn functions_under_the_lambda_emulator_complete_a_job() {
-    let buildkite = BuildkiteStandin::start("watch-bk-token", "org", "kernelbot").await.unwrap();
+    let buildkite = BuildkiteStandin::start("watch-bk-token", "org", "kernelbot")
+        .await
+        .unwrap();
     let discord = DiscordStandin::start().await.unwrap();
     let data = tempfile::tempdir().unwrap();
     let port = free_port();
@@ -59,26 +65,50 @@ async fn functions_under_the_lambda_emulator_complete_a_job() {
     drop(f);
 
     let mut cmd = Command::new("cargo");
-    cmd.args(["lambda", "watch", "--ignore-changes", "-A", "127.0.0.1", "-P", &port.to_string()])
-        .arg("--env-file")
-        .arg(&env_file)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .stdout(Stdio::null())
-        .stderr(if std::env::var_os("TEST_LOG").is_some() { Stdio::inherit() } else { Stdio::null() });
+    cmd.args([
+        "lambda",
+        "watch",
+        "--ignore-changes",
+        "-A",
+        "127.0.0.1",
+        "-P",
+        &port.to_string(),
+    ])
+    .arg("--env-file")
+    .arg(&env_file)
+    .current_dir(env!("CARGO_MANIFEST_DIR"))
+    .stdout(Stdio::null())
+    .stderr(if std::env::var_os("TEST_LOG").is_some() {
+        Stdio::inherit()
+    } else {
+        Stdio::null()
+    });
     std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-    let _emulator = Emulator(cmd.spawn().expect("cargo lambda is installed (scripts/test.sh installs it)"));
+    let _emulator = Emulator(
+        cmd.spawn()
+            .expect("cargo lambda is installed (scripts/test.sh installs it)"),
+    );
 
     let step: StepRunner = Arc::new(|_| Some(sample_result(false)));
     buildkite.autorun(&format!("{base}/webhook/webhooks/buildkite"), SECRET, step);
 
     // The first call waits while the emulator builds and starts the function.
-    let client = reqwest::Client::builder().timeout(Duration::from_secs(600)).build().unwrap();
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(600))
+        .build()
+        .unwrap();
     let deadline = Instant::now() + Duration::from_secs(600);
     let body = json!({"run_id": "watch-1", "gpu": "H100_BK", "title": "under the emulator",
         "config": {"lang": "py", "mode": "test"},
         "discord": {"webhook_url": "https://discord.com/api/webhooks/222222222222222222/watch-token"}});
     let created = loop {
-        match client.post(format!("{base}/submit/submissions")).bearer_auth(TOKEN).json(&body).send().await {
+        match client
+            .post(format!("{base}/submit/submissions"))
+            .bearer_auth(TOKEN)
+            .json(&body)
+            .send()
+            .await
+        {
             Ok(resp) => break resp,
             Err(e) if Instant::now() < deadline => {
                 let _ = e;
@@ -111,8 +141,15 @@ async fn functions_under_the_lambda_emulator_complete_a_job() {
     assert_eq!(job["result"]["verdict"], "passed");
     let messages = discord.messages();
     assert_eq!(messages.len(), 1, "one Discord message per job");
-    let text = messages.values().next().unwrap()["content"].as_str().unwrap().to_owned();
+    let text = messages.values().next().unwrap()["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     assert!(text.contains("✅ success"), "{text}");
-    let edits = discord.calls().iter().filter(|c| c.method == "PATCH").count();
+    let edits = discord
+        .calls()
+        .iter()
+        .filter(|c| c.method == "PATCH")
+        .count();
     assert!(edits >= 1);
 }

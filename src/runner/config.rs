@@ -1,0 +1,268 @@
+//! Kernelbot's evaluation config, as `build_task_config` makes it and `run_config` reads it.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Map, Value};
+
+/// Kernelbot's default per-mode timeout (seconds).
+pub const DEFAULT_TIMEOUT_SECS: u64 = 180;
+/// How long the one-off "compile" run of a Python submission may take.
+pub const COMPILE_TIMEOUT_SECS: u64 = 300;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct EvalConfig {
+    pub lang: String,
+    pub mode: String,
+    /// File name → content. Kernelbot's key is `sources`; the older `files` is accepted.
+    pub sources: BTreeMap<String, String>,
+    /// Python: the file to run.
+    pub main: Option<String>,
+    /// CUDA: headers written next to the sources but not compiled.
+    pub headers: BTreeMap<String, String>,
+    pub tests: Vec<Map<String, Value>>,
+    pub benchmarks: Vec<Map<String, Value>>,
+    pub test_timeout: u64,
+    pub benchmark_timeout: u64,
+    pub ranked_timeout: u64,
+    pub ranking_by: String,
+    pub seed: Option<i64>,
+    pub multi_gpu: bool,
+    /// CUDA: `sm_XX` number; `None` compiles for the local GPU.
+    pub arch: Option<String>,
+    pub defines: BTreeMap<String, Option<String>>,
+    pub include_dirs: Vec<String>,
+    pub libraries: Vec<String>,
+    pub compile_flags: Vec<String>,
+}
+
+const MODES: &[&str] = &["test", "benchmark", "profile", "leaderboard", "private"];
+
+fn files(v: Option<&Value>, key: &str) -> Result<BTreeMap<String, String>, String> {
+    match v {
+        None | Some(Value::Null) => Ok(BTreeMap::new()),
+        Some(Value::Object(m)) => m
+            .iter()
+            .map(|(k, v)| match v {
+                Value::String(s) => Ok((k.clone(), s.clone())),
+                _ => Err(format!("{key}.{k} must be a string")),
+            })
+            .collect(),
+        Some(_) => Err(format!("{key} must be an object of file name to content")),
+    }
+}
+
+fn cases(v: Option<&Value>, key: &str) -> Result<Vec<Map<String, Value>>, String> {
+    match v {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|i| {
+                i.as_object()
+                    .cloned()
+                    .ok_or_else(|| format!("each entry of {key} must be an object"))
+            })
+            .collect(),
+        Some(_) => Err(format!("{key} must be a list")),
+    }
+}
+
+fn strings(v: Option<&Value>, key: &str) -> Result<Vec<String>, String> {
+    match v {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|i| {
+                i.as_str()
+                    .map(str::to_owned)
+                    .ok_or_else(|| format!("{key} must be a list of strings"))
+            })
+            .collect(),
+        Some(_) => Err(format!("{key} must be a list of strings")),
+    }
+}
+
+fn timeout(obj: &Map<String, Value>, key: &str) -> Result<u64, String> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(DEFAULT_TIMEOUT_SECS),
+        Some(v) => v
+            .as_u64()
+            .or_else(|| v.as_f64().filter(|f| *f >= 0.0).map(|f| f.ceil() as u64))
+            .filter(|t| *t > 0)
+            .ok_or_else(|| format!("{key} must be a positive number of seconds")),
+    }
+}
+
+/// Python's `str()` of a JSON value, as kernelbot's f-strings print test parameters.
+pub fn python_str(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Bool(true) => "True".into(),
+        Value::Bool(false) => "False".into(),
+        Value::Null => "None".into(),
+        other => other.to_string(),
+    }
+}
+
+/// Kernelbot's `build_test_string`: one line per case, `key: value` pairs joined by `; `.
+pub fn build_test_string(cases: &[Map<String, Value>]) -> String {
+    cases
+        .iter()
+        .map(|case| {
+            let pairs: Vec<String> = case
+                .iter()
+                .map(|(k, v)| format!("{k}: {}", python_str(v)))
+                .collect();
+            format!("{}\n", pairs.join("; "))
+        })
+        .collect()
+}
+
+impl EvalConfig {
+    pub fn from_json(value: Value) -> Result<Self, String> {
+        let Value::Object(obj) = value else {
+            return Err("config must be a JSON object".into());
+        };
+        let text = |key: &str| obj.get(key).and_then(Value::as_str).map(str::to_owned);
+        let lang = text("lang").ok_or("lang is required (\"py\" or \"cu\")")?;
+        if !matches!(lang.as_str(), "py" | "cu") {
+            return Err(format!("lang must be \"py\" or \"cu\", not {lang:?}"));
+        }
+        let mode = text("mode").ok_or("mode is required")?;
+        if !MODES.contains(&mode.as_str()) {
+            return Err(format!(
+                "mode must be one of {}, not {mode:?}",
+                MODES.join(", ")
+            ));
+        }
+        let mut sources = files(obj.get("sources"), "sources")?;
+        if sources.is_empty() {
+            sources = files(obj.get("files"), "files")?;
+        }
+        if sources.is_empty() {
+            return Err("sources is required (file name → content)".into());
+        }
+        let main = text("main");
+        if lang == "py" {
+            match &main {
+                Some(m) if sources.contains_key(m) => {}
+                Some(m) => return Err(format!("main {m:?} is not one of the sources")),
+                None => return Err("main is required for Python submissions".into()),
+            }
+        }
+        let defines = match obj.get("defines") {
+            None | Some(Value::Null) => BTreeMap::new(),
+            Some(Value::Object(m)) => m
+                .iter()
+                .map(|(k, v)| (k.clone(), (!v.is_null()).then(|| python_str(v))))
+                .collect(),
+            Some(_) => return Err("defines must be an object".into()),
+        };
+        Ok(Self {
+            lang,
+            mode,
+            sources,
+            main,
+            headers: files(obj.get("headers"), "headers")?,
+            tests: cases(obj.get("tests"), "tests")?,
+            benchmarks: cases(obj.get("benchmarks"), "benchmarks")?,
+            test_timeout: timeout(&obj, "test_timeout")?,
+            benchmark_timeout: timeout(&obj, "benchmark_timeout")?,
+            ranked_timeout: timeout(&obj, "ranked_timeout")?,
+            ranking_by: text("ranking_by").unwrap_or_else(|| "last".into()),
+            seed: obj.get("seed").and_then(Value::as_i64),
+            multi_gpu: obj
+                .get("multi_gpu")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
+            arch: obj.get("arch").filter(|a| !a.is_null()).map(python_str),
+            defines,
+            include_dirs: strings(obj.get("include_dirs"), "include_dirs")?,
+            libraries: strings(obj.get("libraries"), "libraries")?,
+            compile_flags: strings(obj.get("compile_flags"), "compile_flags")?,
+        })
+    }
+
+    /// The cases file for one evaluation mode and its timeout, as kernelbot's
+    /// `run_single_evaluation` chooses them.
+    pub fn cases_for(&self, mode: &str) -> (String, u64) {
+        match mode {
+            "test" => (build_test_string(&self.tests), self.test_timeout),
+            _ => {
+                let all = build_test_string(&self.benchmarks);
+                let cases = if self.ranking_by == "last" {
+                    all.split_inclusive('\n')
+                        .next_back()
+                        .unwrap_or_default()
+                        .to_owned()
+                } else {
+                    all
+                };
+                let timeout = if mode == "leaderboard" {
+                    self.ranked_timeout
+                } else {
+                    self.benchmark_timeout
+                };
+                (cases, timeout)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn test_strings_match_kernelbot() {
+        let cases: Vec<Map<String, Value>> = serde_json::from_value(json!([
+            {"size": 1024, "seed": 5, "scale": 1.5, "causal": true, "name": "a b"},
+            {"size": 16}
+        ]))
+        .unwrap();
+        assert_eq!(
+            build_test_string(&cases),
+            "size: 1024; seed: 5; scale: 1.5; causal: True; name: a b\nsize: 16\n"
+        );
+    }
+
+    #[test]
+    fn reads_kernelbot_configs_and_the_older_files_key() {
+        let c = EvalConfig::from_json(json!({"lang": "py", "mode": "leaderboard", "main": "eval.py",
+            "files": {"eval.py": "x"}, "benchmarks": [{"n": 1}, {"n": 2}], "ranked_timeout": 30, "seed": 7}))
+        .unwrap();
+        assert_eq!(c.sources.keys().collect::<Vec<_>>(), ["eval.py"]);
+        assert_eq!(c.cases_for("leaderboard"), ("n: 2\n".to_owned(), 30));
+        assert_eq!(
+            c.cases_for("benchmark"),
+            ("n: 2\n".to_owned(), DEFAULT_TIMEOUT_SECS)
+        );
+        assert_eq!(c.seed, Some(7));
+    }
+
+    #[test]
+    fn refuses_configs_it_cannot_run() {
+        for (v, msg) in [
+            (json!([]), "config must be a JSON object"),
+            (json!({"mode": "test"}), "lang is required"),
+            (json!({"lang": "rs", "mode": "test"}), "lang must be"),
+            (json!({"lang": "py", "mode": "fast"}), "mode must be one of"),
+            (json!({"lang": "py", "mode": "test"}), "sources is required"),
+            (
+                json!({"lang": "py", "mode": "test", "sources": {"a.py": ""}}),
+                "main is required",
+            ),
+            (
+                json!({"lang": "py", "mode": "test", "main": "b.py", "sources": {"a.py": ""}}),
+                "is not one of the sources",
+            ),
+            (
+                json!({"lang": "cu", "mode": "test", "sources": {"a.cu": ""}, "test_timeout": -1}),
+                "test_timeout must be",
+            ),
+        ] {
+            let err = EvalConfig::from_json(v.clone()).unwrap_err();
+            assert!(err.contains(msg), "{v}: {err}");
+        }
+    }
+}

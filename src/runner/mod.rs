@@ -1,0 +1,99 @@
+//! The GPU-node side: what runs inside the pipeline step. Decodes `KERNELBOT_PAYLOAD`, runs
+//! the submission the way kernelbot's harness does, and writes `result.json` in kernelbot's
+//! `FullResult` shape for the webhook function to read.
+//!
+//! Exit codes (see [`exit`]): 0 whenever the evaluation ran, whatever its verdict (the
+//! verdict is in `result.json`), and when there is no payload at all (a push build); non-zero
+//! only when the infrastructure failed, so a failed build means "look at the node".
+
+pub mod config;
+pub mod eval;
+pub mod process;
+pub mod system;
+
+use std::path::Path;
+
+use crate::payload::{self, PayloadError};
+use crate::result::FullResult;
+
+pub use config::EvalConfig;
+
+/// The runner's exit codes.
+pub mod exit {
+    /// The evaluation ran (pass or fail is in `result.json`), or there was no payload.
+    pub const OK: i32 = 0;
+    /// The payload could not be read; `result.json` says why.
+    pub const BAD_PAYLOAD: i32 = 2;
+    /// `result.json` could not be written.
+    pub const CANNOT_WRITE_RESULT: i32 = 3;
+}
+
+/// Payload variables, newest name first (`SUBMISSION_PAYLOAD` is the older one).
+pub const PAYLOAD_VARS: &[&str] = &[payload::PAYLOAD_VAR, "SUBMISSION_PAYLOAD"];
+pub const RESULT_FILE: &str = "result.json";
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunnerError {
+    #[error("{0}")]
+    Payload(#[from] PayloadError),
+    #[error("invalid config: {0}")]
+    Config(String),
+}
+
+/// A failed run's result: no runs, the reason in `error`.
+pub fn failure(error: impl Into<String>) -> FullResult {
+    FullResult {
+        success: false,
+        error: error.into(),
+        system: system::detect(),
+        ..Default::default()
+    }
+}
+
+/// Decodes and validates the payload.
+pub fn read_config(encoded: &str) -> Result<EvalConfig, RunnerError> {
+    let value = payload::decode(encoded)?;
+    EvalConfig::from_json(value).map_err(RunnerError::Config)
+}
+
+/// The whole runner: `lookup` reads the environment, `out_dir` receives `result.json`.
+/// Returns the process exit code.
+pub fn run(lookup: &dyn Fn(&str) -> Option<String>, out_dir: &Path) -> i32 {
+    let Some(encoded) = PAYLOAD_VARS
+        .iter()
+        .find_map(|v| lookup(v).filter(|p| !p.trim().is_empty()))
+    else {
+        println!(
+            "No {} in the environment: nothing to evaluate (not a kernelbot build).",
+            payload::PAYLOAD_VAR
+        );
+        return exit::OK;
+    };
+    let (result, code) = match read_config(&encoded) {
+        Ok(config) => {
+            println!("Evaluating: lang={} mode={}", config.lang, config.mode);
+            (eval::run_config(&config), exit::OK)
+        }
+        Err(e) => {
+            eprintln!("Cannot read the payload: {e}");
+            (
+                failure(format!("cannot read the submission payload: {e}")),
+                exit::BAD_PAYLOAD,
+            )
+        }
+    };
+    let path = out_dir.join(RESULT_FILE);
+    let written = serde_json::to_vec_pretty(&result)
+        .map_err(std::io::Error::other)
+        .and_then(|json| std::fs::write(&path, json));
+    match written {
+        Ok(()) => {
+            println!("Wrote {} (success: {}).", path.display(), result.success);
+            code
+        }
+        Err(e) => {
+            eprintln!("Cannot write {}: {e}", path.display());
+            exit::CANNOT_WRITE_RESULT
+        }
+    }
+}
