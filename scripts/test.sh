@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs the whole test suite. First installs the Python tools the tests use into .venv
-# (scripts/requirements.txt: moto server, cfn-lint, cargo-lambda), once per change of that file.
+# Runs the whole test suite. First installs what the tests use: the Python tools in
+# scripts/requirements.txt (moto server, cfn-lint, cargo-lambda) into .venv, once per change
+# of that file, and shellcheck from Debian's packages if it is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,5 +15,16 @@ fi
 export PATH="$PWD/.venv/bin:$PATH"
 export MOTO_SERVER="$PWD/.venv/bin/moto_server"
 
+# shellcheck (Debian's package) lints the node scripts.
+if ! command -v shellcheck >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then
+    (apt-get install -y -qq shellcheck >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq shellcheck; }) >&2
+  else
+    echo "shellcheck is missing: sudo apt-get install shellcheck" >&2
+    exit 1
+  fi
+fi
+
 cfn-lint template.yaml
-cargo test --locked "$@"
+shellcheck infra/buildkite/*.sh
+cargo test --locked "$@" -- --include-ignored

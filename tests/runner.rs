@@ -35,6 +35,7 @@ for i, c in enumerate(cases):
     if mode != "test":
         say(f"{mode}.{i}.mean", 1500.0); say(f"{mode}.{i}.err", 5.0)
 say("seed", os.environ.get("POPCORN_SEED", ""))
+say("affinity", ",".join(map(str, sorted(os.sched_getaffinity(0)))))
 say("check", "fail" if behaviour == "fail" else "pass")
 sys.exit(112 if behaviour == "fail" else 0)
 "#;
@@ -292,4 +293,14 @@ fn a_process_that_escapes_the_group_cannot_hold_the_runner() {
     assert!(started.elapsed() < std::time::Duration::from_secs(30));
     assert_eq!(r.code, 0);
     assert!(r.result.unwrap().runs["test"].run.as_ref().unwrap().passed);
+}
+
+#[test]
+fn the_evaluation_runs_on_the_agents_cpu_set() {
+    let r = run_with(&[
+        ("KERNELBOT_PAYLOAD", payload::encode(&config("pass", "test")).unwrap()),
+        ("KERNELBOT_CPUSET", "0".into()),
+    ]);
+    let test = r.result.unwrap().runs["test"].run.clone().unwrap();
+    assert_eq!(test.value("affinity").as_deref(), Some("0"), "{}", r.stdout);
 }

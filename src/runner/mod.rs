@@ -6,6 +6,7 @@
 //! verdict is in `result.json`), and when there is no payload at all (a push build); non-zero
 //! only when the infrastructure failed, so a failed build means "look at the node".
 
+pub mod affinity;
 pub mod config;
 pub mod eval;
 pub mod process;
@@ -69,6 +70,13 @@ pub fn run(lookup: &dyn Fn(&str) -> Option<String>, out_dir: &Path) -> i32 {
         );
         return exit::OK;
     };
+    if let Some(cpuset) = lookup("KERNELBOT_CPUSET").filter(|c| !c.trim().is_empty()) {
+        // A CPU set we cannot apply is reported but does not stop the evaluation.
+        match affinity::parse_cpuset(&cpuset).and_then(|cpus| affinity::pin(&cpus).map_err(|e| e.to_string())) {
+            Ok(()) => println!("Pinned to CPUs {cpuset}."),
+            Err(e) => eprintln!("Cannot pin to KERNELBOT_CPUSET={cpuset}: {e}"),
+        }
+    }
     let (result, code) = match read_config(&encoded) {
         Ok(config) => {
             println!("Evaluating: lang={} mode={}", config.lang, config.mode);

@@ -1,0 +1,274 @@
+#!/usr/bin/env bash
+# Sets up a donated GPU node for kernelbot: one Buildkite agent per GPU, each a systemd
+# service in its own cgroup slice (a share of the node's CPUs and memory), tagged with the
+# node's queue, and an environment hook that binds every job to the agent's GPU, CPU set and
+# memory. Idempotent: a second run with the same inputs changes nothing.
+#
+# Usage (as root):
+#   BUILDKITE_AGENT_TOKEN=... QUEUE=h100 ./setup-node.sh
+#
+# Inputs (environment):
+#   BUILDKITE_AGENT_TOKEN  agent registration token (required)
+#   QUEUE                  Buildkite queue these GPUs serve, e.g. h100, b200, mi300 (required)
+#   GPU_VENDOR             nvidia | amd (default: detected with nvidia-smi, then rocm-smi)
+#   GPU_COUNT              GPUs to set up (default: all detected)
+#   NODE_CPUS              CPUs to divide (default: nproc)
+#   NODE_MEMORY_GB         memory to divide, in GiB (default: from /proc/meminfo)
+#   RESERVED_MEMORY_GB     memory kept for the host (default: 8)
+#   NODE_NAME              agent name prefix (default: hostname)
+#   ROOT                   write everything under this directory instead of / (for tests)
+#   INSTALL                1: install buildkite-agent, Docker and the vendor's container
+#                          toolkit if missing (default: 1 when ROOT is /, else 0)
+#   START                  1: reload systemd and (re)start the agents (default as INSTALL)
+set -euo pipefail
+
+ROOT="${ROOT:-/}"
+ROOT="${ROOT%/}"
+live_default=0
+[[ -z "$ROOT" ]] && live_default=1
+INSTALL="${INSTALL:-$live_default}"
+START="${START:-$live_default}"
+RESERVED_MEMORY_GB="${RESERVED_MEMORY_GB:-8}"
+NODE_NAME="${NODE_NAME:-$(hostname -s 2>/dev/null || echo node)}"
+AGENT_USER="buildkite-agent"
+CHANGED=0
+
+die() {
+  echo "setup-node: $*" >&2
+  exit 1
+}
+
+log() {
+  echo "setup-node: $*"
+}
+
+# Writes $1 (mode $2) with stdin's content, only when the content or mode differs.
+write_file() {
+  local path="$ROOT$1" mode="$2" tmp
+  tmp="$(mktemp)"
+  cat >"$tmp"
+  mkdir -p "$(dirname "$path")"
+  if [[ -f "$path" ]] && cmp -s "$tmp" "$path" && [[ "$(stat -c %a "$path")" == "$mode" ]]; then
+    rm -f "$tmp"
+    return 0
+  fi
+  install -m "$mode" "$tmp" "$path"
+  rm -f "$tmp"
+  CHANGED=$((CHANGED + 1))
+  log "wrote $1"
+}
+
+ensure_dir() {
+  if [[ ! -d "$ROOT$1" ]]; then
+    mkdir -p "$ROOT$1"
+    CHANGED=$((CHANGED + 1))
+    log "created $1"
+  fi
+}
+
+detect_vendor() {
+  if [[ -n "${GPU_VENDOR:-}" ]]; then
+    echo "$GPU_VENDOR"
+  elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    echo nvidia
+  elif command -v rocm-smi >/dev/null 2>&1 && rocm-smi --showproductname --json >/dev/null 2>&1; then
+    echo amd
+  else
+    die "no GPU found (nvidia-smi and rocm-smi both failed); set GPU_VENDOR and GPU_COUNT"
+  fi
+}
+
+detect_gpu_count() {
+  local vendor="$1"
+  if [[ -n "${GPU_COUNT:-}" ]]; then
+    echo "$GPU_COUNT"
+  elif [[ "$vendor" == nvidia ]]; then
+    nvidia-smi -L | grep -c '^GPU '
+  else
+    rocm-smi --showproductname --json | grep -o '"card[0-9]*"' | sort -u | wc -l
+  fi
+}
+
+detect_memory_gb() {
+  if [[ -n "${NODE_MEMORY_GB:-}" ]]; then
+    echo "$NODE_MEMORY_GB"
+  else
+    awk '/^MemTotal:/ { printf "%d\n", $2 / 1048576 }' /proc/meminfo
+  fi
+}
+
+install_packages() {
+  local vendor="$1"
+  if ! command -v buildkite-agent >/dev/null 2>&1; then
+    log "installing buildkite-agent"
+    apt-get update
+    apt-get install -y apt-transport-https gnupg curl
+    curl -fsSL https://keys.openpgp.org/vks/v1/by-fingerprint/32A37959C2FA5C3C99EFBC32A79206696452D198 |
+      gpg --dearmor -o /usr/share/keyrings/buildkite-agent-archive-keyring.gpg
+    echo "deb [signed-by=/usr/share/keyrings/buildkite-agent-archive-keyring.gpg] https://apt.buildkite.com/buildkite-agent stable main" \
+      >/etc/apt/sources.list.d/buildkite-agent.list
+    apt-get update
+    apt-get install -y buildkite-agent
+  fi
+  if ! command -v docker >/dev/null 2>&1; then
+    log "installing Docker"
+    apt-get install -y docker.io
+  fi
+  usermod -aG docker "$AGENT_USER"
+  if [[ "$vendor" == nvidia ]]; then
+    if ! command -v nvidia-ctk >/dev/null 2>&1; then
+      log "installing the NVIDIA Container Toolkit"
+      curl -fsSL https://nvidia.github.io/libnvidia-container/gpgkey |
+        gpg --dearmor -o /usr/share/keyrings/nvidia-container-toolkit-keyring.gpg
+      curl -fsSL https://nvidia.github.io/libnvidia-container/stable/deb/nvidia-container-toolkit.list |
+        sed 's#deb https://#deb [signed-by=/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg] https://#g' \
+          >/etc/apt/sources.list.d/nvidia-container-toolkit.list
+      apt-get update
+      apt-get install -y nvidia-container-toolkit
+      nvidia-ctk runtime configure --runtime=docker
+      systemctl restart docker
+    fi
+  else
+    # ROCm containers need no runtime: /dev/kfd and /dev/dri are passed to each job, and
+    # the agent user must be allowed to open them.
+    usermod -aG video,render "$AGENT_USER"
+  fi
+}
+
+# The environment hook for agent $1: GPU binding, the KERNELBOT_* resources, and the docker
+# plugin's gpus/devices, cpus and memory (the plugin reads its options from these variables;
+# the pipeline leaves them unset so every agent's own values apply).
+environment_hook() {
+  local idx="$1" vendor="$2" cpuset="$3" cpus="$4" memory="$5"
+  cat <<HOOK
+#!/usr/bin/env bash
+# Generated by setup-node.sh for GPU ${idx}. Binds every job on this agent to its GPU.
+set -euo pipefail
+export KERNELBOT_GPU_INDEX=${idx}
+export KERNELBOT_GPU_VENDOR=${vendor}
+export KERNELBOT_CPUSET=${cpuset}
+export KERNELBOT_CPUS=${cpus}
+export KERNELBOT_MEMORY=${memory}
+export BUILDKITE_PLUGIN_DOCKER_CPUS=${cpus}
+export BUILDKITE_PLUGIN_DOCKER_MEMORY=${memory}
+HOOK
+  if [[ "$vendor" == nvidia ]]; then
+    cat <<HOOK
+export NVIDIA_VISIBLE_DEVICES=${idx}
+export CUDA_VISIBLE_DEVICES=0
+export BUILDKITE_PLUGIN_DOCKER_GPUS=device=${idx}
+HOOK
+  else
+    cat <<HOOK
+export ROCR_VISIBLE_DEVICES=${idx}
+export HIP_VISIBLE_DEVICES=${idx}
+export BUILDKITE_PLUGIN_DOCKER_DEVICES_0=/dev/kfd
+export BUILDKITE_PLUGIN_DOCKER_DEVICES_1=/dev/dri
+HOOK
+  fi
+}
+
+setup_agent() {
+  local idx="$1" vendor="$2" cpus_per_gpu="$3" memory_gb="$4"
+  local cpu_start cpu_end cpuset config_dir build_dir name hook
+  cpu_start=$((idx * cpus_per_gpu))
+  cpu_end=$((cpu_start + cpus_per_gpu - 1))
+  cpuset="${cpu_start}-${cpu_end}"
+  config_dir="/etc/buildkite-agent/agent-${idx}"
+  build_dir="/var/lib/buildkite-agent/gpu-${idx}"
+  name="${NODE_NAME}-gpu${idx}"
+
+  ensure_dir "${build_dir}/builds"
+  ensure_dir "${build_dir}/plugins"
+
+  write_file "${config_dir}/buildkite-agent.cfg" 600 <<CFG
+# Generated by setup-node.sh: agent for GPU ${idx}.
+token="${BUILDKITE_AGENT_TOKEN}"
+name="${name}"
+tags="queue=${QUEUE},gpu=${idx},vendor=${vendor},node=${NODE_NAME}"
+spawn=1
+build-path="${build_dir}/builds"
+plugins-path="${build_dir}/plugins"
+hooks-path="${config_dir}/hooks"
+CFG
+
+  # Not a pipe: write_file must run in this shell to count the change.
+  hook="$(environment_hook "$idx" "$vendor" "$cpuset" "$cpus_per_gpu" "${memory_gb}g")"
+  write_file "${config_dir}/hooks/environment" 755 <<<"$hook"
+
+  write_file "/etc/systemd/system/kernelbot-gpu${idx}.slice" 644 <<SLICE
+# Generated by setup-node.sh: the share of this node that GPU ${idx}'s agent may use.
+[Unit]
+Description=kernelbot agent for GPU ${idx}
+
+[Slice]
+AllowedCPUs=${cpuset}
+CPUQuota=$((cpus_per_gpu * 100))%
+MemoryMax=${memory_gb}G
+SLICE
+
+  write_file "/etc/systemd/system/buildkite-agent-gpu${idx}.service" 644 <<UNIT
+# Generated by setup-node.sh: Buildkite agent bound to GPU ${idx}.
+[Unit]
+Description=Buildkite agent for GPU ${idx} (queue ${QUEUE})
+After=network-online.target docker.service
+Wants=network-online.target
+
+[Service]
+Type=simple
+User=${AGENT_USER}
+Slice=kernelbot-gpu${idx}.slice
+Environment=HOME=/var/lib/buildkite-agent
+ExecStart=/usr/bin/buildkite-agent start --config ${config_dir}/buildkite-agent.cfg
+RestartSec=5
+Restart=on-failure
+TimeoutStopSec=600
+KillMode=mixed
+
+[Install]
+WantedBy=multi-user.target
+UNIT
+}
+
+main() {
+  [[ -n "${BUILDKITE_AGENT_TOKEN:-}" ]] || die "BUILDKITE_AGENT_TOKEN is required"
+  [[ -n "${QUEUE:-}" ]] || die "QUEUE is required (the Buildkite queue these GPUs serve)"
+  [[ "$QUEUE" =~ ^[a-z0-9][a-z0-9_-]*$ ]] || die "QUEUE must be lowercase letters, digits, - and _"
+
+  local vendor gpu_count node_cpus memory_gb cpus_per_gpu memory_per_gpu idx
+  vendor="$(detect_vendor)"
+  [[ "$vendor" == nvidia || "$vendor" == amd ]] || die "GPU_VENDOR must be nvidia or amd"
+  gpu_count="$(detect_gpu_count "$vendor")"
+  [[ "$gpu_count" =~ ^[0-9]+$ && "$gpu_count" -gt 0 ]] || die "no GPUs to set up (GPU_COUNT=$gpu_count)"
+  node_cpus="${NODE_CPUS:-$(nproc)}"
+  memory_gb="$(detect_memory_gb)"
+  cpus_per_gpu=$((node_cpus / gpu_count))
+  memory_per_gpu=$(((memory_gb - RESERVED_MEMORY_GB) / gpu_count))
+  ((cpus_per_gpu >= 1)) || die "$node_cpus CPUs cannot be shared by $gpu_count GPUs"
+  ((memory_per_gpu >= 1)) || die "${memory_gb} GiB (less ${RESERVED_MEMORY_GB} reserved) cannot be shared by $gpu_count GPUs"
+  log "$gpu_count $vendor GPU(s) on queue $QUEUE: $cpus_per_gpu CPUs and ${memory_per_gpu} GiB each"
+
+  if [[ "$INSTALL" == 1 ]]; then
+    install_packages "$vendor"
+  fi
+  for ((idx = 0; idx < gpu_count; idx++)); do
+    setup_agent "$idx" "$vendor" "$cpus_per_gpu" "$memory_per_gpu"
+  done
+  if [[ "$START" == 1 ]]; then
+    chown -R "$AGENT_USER:$AGENT_USER" /var/lib/buildkite-agent /etc/buildkite-agent
+    systemctl daemon-reload
+    # The packaged single agent would compete for the same GPUs.
+    systemctl disable --now buildkite-agent.service 2>/dev/null || true
+    for ((idx = 0; idx < gpu_count; idx++)); do
+      systemctl enable "buildkite-agent-gpu${idx}.service"
+      if ((CHANGED > 0)); then
+        systemctl restart "buildkite-agent-gpu${idx}.service"
+      else
+        systemctl start "buildkite-agent-gpu${idx}.service"
+      fi
+    done
+  fi
+  log "done: $CHANGED change(s)"
+}
+
+main "$@"
