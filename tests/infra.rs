@@ -10,7 +10,9 @@ use std::process::Command;
 use serde_yaml_ng::Value;
 
 fn infra(file: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("infra/buildkite").join(file)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("infra/buildkite")
+        .join(file)
 }
 
 /// A directory of stub tools standing in for the GPU vendor's CLI.
@@ -28,7 +30,9 @@ fn stubs(nvidia_gpus: usize, amd_gpus: usize) -> tempfile::TempDir {
         write("nvidia-smi", format!("printf '{lines}'\n"));
     }
     if amd_gpus > 0 {
-        let cards: Vec<String> = (0..amd_gpus).map(|i| format!("\"card{i}\": {{\"Card Series\": \"AMD Instinct MI300X\"}}")).collect();
+        let cards: Vec<String> = (0..amd_gpus)
+            .map(|i| format!("\"card{i}\": {{\"Card Series\": \"AMD Instinct MI300X\"}}"))
+            .collect();
         write("rocm-smi", format!("echo '{{{}}}'\n", cards.join(", ")));
     }
     write("hostname", "echo gpunode\n".into());
@@ -52,16 +56,22 @@ fn setup(root: &Path, stubs: &Path, vars: &[(&str, &str)]) -> Setup {
         .expect("bash runs");
     Setup {
         code: out.status.code().unwrap_or(-1),
-        output: String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+        output: String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr),
     }
 }
 
 fn read(root: &Path, path: &str) -> String {
-    std::fs::read_to_string(root.join(path.trim_start_matches('/'))).unwrap_or_else(|e| panic!("{path}: {e}"))
+    std::fs::read_to_string(root.join(path.trim_start_matches('/')))
+        .unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
 fn mode(root: &Path, path: &str) -> u32 {
-    std::fs::metadata(root.join(path.trim_start_matches('/'))).unwrap().permissions().mode() & 0o777
+    std::fs::metadata(root.join(path.trim_start_matches('/')))
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o777
 }
 
 /// What a job on the agent sees: the hook sourced by bash, its exports printed.
@@ -92,7 +102,10 @@ fn snapshot(root: &Path) -> BTreeMap<PathBuf, (u32, Vec<u8>)> {
                 out.insert(path.clone(), (meta.permissions().mode(), Vec::new()));
                 stack.push(path);
             } else {
-                out.insert(path.clone(), (meta.permissions().mode(), std::fs::read(&path).unwrap()));
+                out.insert(
+                    path.clone(),
+                    (meta.permissions().mode(), std::fs::read(&path).unwrap()),
+                );
             }
         }
     }
@@ -103,26 +116,74 @@ fn snapshot(root: &Path) -> BTreeMap<PathBuf, (u32, Vec<u8>)> {
 fn a_two_gpu_nvidia_node_gets_two_isolated_agents() {
     let root = tempfile::tempdir().unwrap();
     let tools = stubs(2, 0);
-    let s = setup(root.path(), tools.path(), &[("QUEUE", "h100"), ("NODE_CPUS", "16"), ("NODE_MEMORY_GB", "72")]);
+    let s = setup(
+        root.path(),
+        tools.path(),
+        &[
+            ("QUEUE", "h100"),
+            ("NODE_CPUS", "16"),
+            ("NODE_MEMORY_GB", "72"),
+        ],
+    );
     assert_eq!(s.code, 0, "{}", s.output);
-    assert!(s.output.contains("2 nvidia GPU(s) on queue h100: 8 CPUs and 32 GiB each"), "{}", s.output);
+    assert!(
+        s.output
+            .contains("2 nvidia GPU(s) on queue h100: 8 CPUs and 32 GiB each"),
+        "{}",
+        s.output
+    );
 
     for idx in 0..2 {
-        let cfg = read(root.path(), &format!("/etc/buildkite-agent/agent-{idx}/buildkite-agent.cfg"));
-        assert!(cfg.contains(&format!("tags=\"queue=h100,gpu={idx},vendor=nvidia,node=gpunode\"")), "{cfg}");
-        assert!(cfg.contains(&format!("build-path=\"/var/lib/buildkite-agent/gpu-{idx}/builds\"")));
+        let cfg = read(
+            root.path(),
+            &format!("/etc/buildkite-agent/agent-{idx}/buildkite-agent.cfg"),
+        );
+        assert!(
+            cfg.contains(&format!(
+                "tags=\"queue=h100,gpu={idx},vendor=nvidia,node=gpunode\""
+            )),
+            "{cfg}"
+        );
+        assert!(cfg.contains(&format!(
+            "build-path=\"/var/lib/buildkite-agent/gpu-{idx}/builds\""
+        )));
         assert!(cfg.contains(&format!("name=\"gpunode-gpu{idx}\"")));
         assert!(cfg.contains("token=\"agent-token-123\""));
-        assert_eq!(mode(root.path(), &format!("/etc/buildkite-agent/agent-{idx}/buildkite-agent.cfg")), 0o600, "the token is a secret");
-        assert!(root.path().join(format!("var/lib/buildkite-agent/gpu-{idx}/builds")).is_dir());
+        assert_eq!(
+            mode(
+                root.path(),
+                &format!("/etc/buildkite-agent/agent-{idx}/buildkite-agent.cfg")
+            ),
+            0o600,
+            "the token is a secret"
+        );
+        assert!(
+            root.path()
+                .join(format!("var/lib/buildkite-agent/gpu-{idx}/builds"))
+                .is_dir()
+        );
     }
     let slice = read(root.path(), "/etc/systemd/system/kernelbot-gpu1.slice");
-    assert!(slice.contains("AllowedCPUs=8-15") && slice.contains("MemoryMax=32G") && slice.contains("CPUQuota=800%"), "{slice}");
-    let unit = read(root.path(), "/etc/systemd/system/buildkite-agent-gpu1.service");
+    assert!(
+        slice.contains("AllowedCPUs=8-15")
+            && slice.contains("MemoryMax=32G")
+            && slice.contains("CPUQuota=800%"),
+        "{slice}"
+    );
+    let unit = read(
+        root.path(),
+        "/etc/systemd/system/buildkite-agent-gpu1.service",
+    );
     assert!(unit.contains("Slice=kernelbot-gpu1.slice"), "{unit}");
     assert!(unit.contains("--config /etc/buildkite-agent/agent-1/buildkite-agent.cfg"));
 
-    assert_eq!(mode(root.path(), "/etc/buildkite-agent/agent-1/hooks/environment"), 0o755);
+    assert_eq!(
+        mode(
+            root.path(),
+            "/etc/buildkite-agent/agent-1/hooks/environment"
+        ),
+        0o755
+    );
     let env = hook_env(root.path(), 1);
     for (k, v) in [
         ("NVIDIA_VISIBLE_DEVICES", "1"),
@@ -143,9 +204,22 @@ fn a_two_gpu_nvidia_node_gets_two_isolated_agents() {
 fn an_eight_gpu_amd_node_binds_rocm_devices() {
     let root = tempfile::tempdir().unwrap();
     let tools = stubs(0, 8);
-    let s = setup(root.path(), tools.path(), &[("QUEUE", "mi300"), ("NODE_CPUS", "128"), ("NODE_MEMORY_GB", "1032")]);
+    let s = setup(
+        root.path(),
+        tools.path(),
+        &[
+            ("QUEUE", "mi300"),
+            ("NODE_CPUS", "128"),
+            ("NODE_MEMORY_GB", "1032"),
+        ],
+    );
     assert_eq!(s.code, 0, "{}", s.output);
-    assert!(s.output.contains("8 amd GPU(s) on queue mi300: 16 CPUs and 128 GiB each"), "{}", s.output);
+    assert!(
+        s.output
+            .contains("8 amd GPU(s) on queue mi300: 16 CPUs and 128 GiB each"),
+        "{}",
+        s.output
+    );
     for idx in 0..8 {
         let env = hook_env(root.path(), idx);
         let cpuset = format!("{}-{}", idx * 16, idx * 16 + 15);
@@ -154,9 +228,18 @@ fn an_eight_gpu_amd_node_binds_rocm_devices() {
         assert_eq!(env["KERNELBOT_CPUSET"], cpuset);
         assert_eq!(env["BUILDKITE_PLUGIN_DOCKER_DEVICES_0"], "/dev/kfd");
         assert_eq!(env["BUILDKITE_PLUGIN_DOCKER_DEVICES_1"], "/dev/dri");
-        assert!(!env.contains_key("NVIDIA_VISIBLE_DEVICES") && !env.contains_key("BUILDKITE_PLUGIN_DOCKER_GPUS"));
-        let slice = read(root.path(), &format!("/etc/systemd/system/kernelbot-gpu{idx}.slice"));
-        assert!(slice.contains(&format!("AllowedCPUs={cpuset}")) && slice.contains("MemoryMax=128G"), "{slice}");
+        assert!(
+            !env.contains_key("NVIDIA_VISIBLE_DEVICES")
+                && !env.contains_key("BUILDKITE_PLUGIN_DOCKER_GPUS")
+        );
+        let slice = read(
+            root.path(),
+            &format!("/etc/systemd/system/kernelbot-gpu{idx}.slice"),
+        );
+        assert!(
+            slice.contains(&format!("AllowedCPUs={cpuset}")) && slice.contains("MemoryMax=128G"),
+            "{slice}"
+        );
     }
     assert!(!root.path().join("etc/buildkite-agent/agent-8").exists());
 }
@@ -165,18 +248,44 @@ fn an_eight_gpu_amd_node_binds_rocm_devices() {
 fn running_setup_twice_changes_nothing() {
     let root = tempfile::tempdir().unwrap();
     let tools = stubs(2, 0);
-    let vars = [("QUEUE", "h100"), ("NODE_CPUS", "16"), ("NODE_MEMORY_GB", "72")];
+    let vars = [
+        ("QUEUE", "h100"),
+        ("NODE_CPUS", "16"),
+        ("NODE_MEMORY_GB", "72"),
+    ];
     let first = setup(root.path(), tools.path(), &vars);
-    assert!(first.output.contains("done: 12 change(s)"), "{}", first.output);
+    assert!(
+        first.output.contains("done: 12 change(s)"),
+        "{}",
+        first.output
+    );
     let before = snapshot(root.path());
     let second = setup(root.path(), tools.path(), &vars);
     assert_eq!(second.code, 0);
-    assert!(second.output.contains("done: 0 change(s)"), "{}", second.output);
+    assert!(
+        second.output.contains("done: 0 change(s)"),
+        "{}",
+        second.output
+    );
     assert_eq!(snapshot(root.path()), before);
     // A changed input is applied, and only where it matters.
-    let third = setup(root.path(), tools.path(), &[("QUEUE", "h100"), ("NODE_CPUS", "16"), ("NODE_MEMORY_GB", "40")]);
-    assert!(third.output.contains("done: 4 change(s)"), "{}", third.output);
-    assert!(read(root.path(), "/etc/systemd/system/kernelbot-gpu0.slice").contains("MemoryMax=16G"));
+    let third = setup(
+        root.path(),
+        tools.path(),
+        &[
+            ("QUEUE", "h100"),
+            ("NODE_CPUS", "16"),
+            ("NODE_MEMORY_GB", "40"),
+        ],
+    );
+    assert!(
+        third.output.contains("done: 4 change(s)"),
+        "{}",
+        third.output
+    );
+    assert!(
+        read(root.path(), "/etc/systemd/system/kernelbot-gpu0.slice").contains("MemoryMax=16G")
+    );
 }
 
 #[test]
@@ -185,19 +294,36 @@ fn missing_or_impossible_inputs_stop_setup_with_a_reason() {
     let tools = stubs(8, 0);
     let no_queue = setup(root.path(), tools.path(), &[]);
     assert_ne!(no_queue.code, 0);
-    assert!(no_queue.output.contains("QUEUE is required"), "{}", no_queue.output);
+    assert!(
+        no_queue.output.contains("QUEUE is required"),
+        "{}",
+        no_queue.output
+    );
     let bad_queue = setup(root.path(), tools.path(), &[("QUEUE", "H100 BK")]);
     assert!(bad_queue.output.contains("QUEUE must be"));
-    let too_few = setup(root.path(), tools.path(), &[("QUEUE", "h100"), ("NODE_CPUS", "4"), ("NODE_MEMORY_GB", "100")]);
+    let too_few = setup(
+        root.path(),
+        tools.path(),
+        &[
+            ("QUEUE", "h100"),
+            ("NODE_CPUS", "4"),
+            ("NODE_MEMORY_GB", "100"),
+        ],
+    );
     assert_ne!(too_few.code, 0);
-    assert!(too_few.output.contains("4 CPUs cannot be shared by 8 GPUs"), "{}", too_few.output);
+    assert!(
+        too_few.output.contains("4 CPUs cannot be shared by 8 GPUs"),
+        "{}",
+        too_few.output
+    );
     let no_gpu = setup(root.path(), stubs(0, 0).path(), &[("QUEUE", "h100")]);
     assert!(no_gpu.output.contains("no GPU found"), "{}", no_gpu.output);
     assert!(!root.path().join("etc").exists(), "nothing was written");
 }
 
 fn pipeline() -> Value {
-    serde_yaml_ng::from_str(&std::fs::read_to_string(infra("pipeline.yml")).unwrap()).expect("pipeline.yml parses")
+    serde_yaml_ng::from_str(&std::fs::read_to_string(infra("pipeline.yml")).unwrap())
+        .expect("pipeline.yml parses")
 }
 
 #[test]
@@ -207,8 +333,19 @@ fn the_pipeline_runs_the_runner_on_the_submitted_queue() {
     assert_eq!(steps.len(), 1);
     let step = &steps[0];
     assert_eq!(step["command"].as_str(), Some("kernelbot-runner"));
-    assert!(step["agents"]["queue"].as_str().unwrap().contains("${KERNELBOT_QUEUE"));
-    assert!(step["artifact_paths"].as_sequence().unwrap().iter().any(|a| a.as_str() == Some("result.json")));
+    assert!(
+        step["agents"]["queue"]
+            .as_str()
+            .unwrap()
+            .contains("${KERNELBOT_QUEUE")
+    );
+    assert!(
+        step["artifact_paths"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .any(|a| a.as_str() == Some("result.json"))
+    );
     assert!(step["timeout_in_minutes"].as_u64().unwrap() > 0);
     let mut retried: Vec<i64> = step["retry"]["automatic"]
         .as_sequence()
@@ -229,21 +366,48 @@ fn the_pipeline_runs_the_runner_on_the_submitted_queue() {
     for key in ["runtime", "gpus", "cpus", "memory"] {
         assert!(cfg.get(key).is_none(), "pipeline must not set {key}");
     }
-    let passed: Vec<&str> = cfg["environment"].as_sequence().unwrap().iter().filter_map(Value::as_str).collect();
-    for var in ["KERNELBOT_PAYLOAD", "KERNELBOT_RUN_ID", "KERNELBOT_CPUSET", "KERNELBOT_MEMORY", "CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"] {
-        assert!(passed.contains(&var), "{var} is not passed into the container");
+    let passed: Vec<&str> = cfg["environment"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    for var in [
+        "KERNELBOT_PAYLOAD",
+        "KERNELBOT_RUN_ID",
+        "KERNELBOT_CPUSET",
+        "KERNELBOT_MEMORY",
+        "CUDA_VISIBLE_DEVICES",
+        "ROCR_VISIBLE_DEVICES",
+    ] {
+        assert!(
+            passed.contains(&var),
+            "{var} is not passed into the container"
+        );
     }
-    assert!(!passed.contains(&"NVIDIA_VISIBLE_DEVICES"), "--gpus decides the container's GPUs");
+    assert!(
+        !passed.contains(&"NVIDIA_VISIBLE_DEVICES"),
+        "--gpus decides the container's GPUs"
+    );
 }
 
 #[test]
 fn the_image_installs_the_runner_the_pipeline_calls() {
     let dockerfile = std::fs::read_to_string(infra("Dockerfile")).unwrap();
     let first_from = dockerfile.find("\nFROM ").unwrap();
-    assert!(dockerfile[..first_from].contains("ARG BASE_IMAGE="), "the base image is a build argument");
+    assert!(
+        dockerfile[..first_from].contains("ARG BASE_IMAGE="),
+        "the base image is a build argument"
+    );
     assert!(dockerfile.matches("\nFROM ").count() >= 2, "multi-stage");
     assert!(dockerfile.contains("FROM ${BASE_IMAGE}"));
     assert!(dockerfile.contains("cargo build --release --locked --bin runner"));
-    let command = pipeline()["steps"][0]["command"].as_str().unwrap().to_owned();
-    assert!(dockerfile.contains(&format!("/usr/local/bin/{command}")), "the image must provide `{command}`");
+    let command = pipeline()["steps"][0]["command"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        dockerfile.contains(&format!("/usr/local/bin/{command}")),
+        "the image must provide `{command}`"
+    );
 }

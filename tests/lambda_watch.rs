@@ -9,7 +9,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kernelbot_dispatch::devstack::buildkite::{BuildkiteStandin, StepRunner, sample_result};
+use kernelbot_dispatch::devstack::buildkite::{
+    BuildkiteStandin, StepOutcome, StepRunner, sample_result,
+};
 use kernelbot_dispatch::devstack::discord::DiscordStandin;
 use serde_json::{Value, json};
 
@@ -89,7 +91,7 @@ async fn functions_under_the_lambda_emulator_complete_a_job() {
             .expect("cargo lambda is installed (scripts/test.sh installs it)"),
     );
 
-    let step: StepRunner = Arc::new(|_| Some(sample_result(false)));
+    let step: StepRunner = Arc::new(|_| StepOutcome::passed(sample_result(false)));
     buildkite.autorun(&format!("{base}/webhook/webhooks/buildkite"), SECRET, step);
 
     // The first call waits while the emulator builds and starts the function.

@@ -298,7 +298,10 @@ fn a_process_that_escapes_the_group_cannot_hold_the_runner() {
 #[test]
 fn the_evaluation_runs_on_the_agents_cpu_set() {
     let r = run_with(&[
-        ("KERNELBOT_PAYLOAD", payload::encode(&config("pass", "test")).unwrap()),
+        (
+            "KERNELBOT_PAYLOAD",
+            payload::encode(&config("pass", "test")).unwrap(),
+        ),
         ("KERNELBOT_CPUSET", "0".into()),
     ]);
     let test = r.result.unwrap().runs["test"].run.clone().unwrap();

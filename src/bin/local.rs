@@ -9,7 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kernelbot_dispatch::config::{Config, Role};
-use kernelbot_dispatch::devstack::buildkite::{BuildkiteStandin, StepRunner, sample_result};
+use kernelbot_dispatch::devstack::agent::{RUNNER_COMMAND, local_agent};
+use kernelbot_dispatch::devstack::buildkite::BuildkiteStandin;
 use kernelbot_dispatch::devstack::discord::{DiscordStandin, render_for_terminal};
 use kernelbot_dispatch::dispatch::Dispatcher;
 use kernelbot_dispatch::{http, jobs, telemetry};
@@ -20,16 +21,61 @@ type Error = Box<dyn std::error::Error + Send + Sync>;
 const API_TOKEN: &str = "local-submit-token";
 const WEBHOOK_SECRET: &str = "local-webhook-secret";
 
+/// A kernelbot-style Python task: `eval.py` is the harness (kernelbot's protocol: mode and
+/// cases file as arguments, `key: value` verdict lines on the POPCORN_FD pipe), and
+/// `submission.py` the user's kernel.
+const EVAL_PY: &str = r#"import os, random, sys, time
+from submission import custom_kernel
+
+def reference(data):
+    a, b = data
+    return [x + y for x, y in zip(a, b)]
+
+mode, cases = sys.argv[1], [l for l in open(sys.argv[2]).read().splitlines() if l]
+kind = "test" if mode == "test" else "benchmark"  # kernelbot's key prefix
+out = os.fdopen(int(os.environ["POPCORN_FD"]), "w")
+def say(key, value):
+    print(f"{key}: {value}", file=out, flush=True)
+
+say(f"{kind}-count", len(cases))
+ok = True
+for i, case in enumerate(cases):
+    spec = dict(kv.split(": ") for kv in case.split("; "))
+    rng = random.Random(int(spec.get("seed", 0)))
+    n = int(spec["size"])
+    data = ([rng.random() for _ in range(n)], [rng.random() for _ in range(n)])
+    say(f"{kind}.{i}.spec", case)
+    if mode == "test":
+        passed = custom_kernel(data) == reference(data)
+        ok &= passed
+        say(f"{kind}.{i}.status", "pass" if passed else "fail")
+    else:
+        times = []
+        for _ in range(20):
+            start = time.perf_counter_ns(); custom_kernel(data); times.append(time.perf_counter_ns() - start)
+        mean = sum(times) / len(times)
+        err = (sum((t - mean) ** 2 for t in times) / len(times)) ** 0.5 / len(times) ** 0.5
+        say(f"{kind}.{i}.runs", len(times)); say(f"{kind}.{i}.mean", mean); say(f"{kind}.{i}.err", err)
+        say(f"{kind}.{i}.best", min(times)); say(f"{kind}.{i}.worst", max(times))
+        say(f"{kind}.{i}.status", "pass")
+say("check", "pass" if ok else "fail")
+sys.exit(0 if ok else 112)
+"#;
+
+const SUBMISSION_PY: &str =
+    "def custom_kernel(data):\n    a, b = data\n    return [x + y for x, y in zip(a, b)]\n";
+
 fn sample_submission() -> Value {
     json!({
         "gpu": "H100_BK",
         "title": "vectoradd (local demo)",
         "discord": {"webhook_url": "https://discord.com/api/webhooks/1000000000000000001/local-demo-token"},
         "config": {
-            "lang": "py", "mode": "test", "main": "eval.py",
-            "sources": {"eval.py": "# evaluation harness\n", "submission.py": "def custom_kernel(data):\n    a, b = data\n    return a + b\n"},
-            "tests": [{"size": 1024}, {"size": 4096}, {"size": 16384}],
-            "benchmarks": [], "test_timeout": 180, "benchmark_timeout": 180, "ranked_timeout": 180
+            "lang": "py", "mode": "leaderboard", "main": "eval.py",
+            "sources": {"eval.py": EVAL_PY, "submission.py": SUBMISSION_PY},
+            "tests": [{"size": 1024, "seed": 1}, {"size": 4096, "seed": 2}, {"size": 16384, "seed": 3}],
+            "benchmarks": [{"size": 65536, "seed": 4}],
+            "test_timeout": 60, "benchmark_timeout": 60, "ranked_timeout": 60
         }
     })
 }
@@ -52,8 +98,22 @@ async fn start_function(
     Ok(url)
 }
 
-#[tokio::main]
-async fn main() -> Result<(), Error> {
+fn main() -> Result<(), Error> {
+    let called_as = std::env::args().next().unwrap_or_default();
+    if std::path::Path::new(&called_as)
+        .file_name()
+        .is_some_and(|n| n == RUNNER_COMMAND)
+    {
+        let out_dir = std::env::current_dir()?;
+        std::process::exit(kernelbot_dispatch::runner::run(
+            &|k| std::env::var(k).ok(),
+            &out_dir,
+        ));
+    }
+    tokio::runtime::Runtime::new()?.block_on(run_local())
+}
+
+async fn run_local() -> Result<(), Error> {
     telemetry::init();
     let serve = std::env::args().any(|a| a == "--serve");
 
@@ -70,11 +130,13 @@ async fn main() -> Result<(), Error> {
     ]);
     let submit_url = start_function(Role::Submit, &vars, http::submit::router).await?;
     let webhook_url = start_function(Role::Webhook, &vars, http::webhook::router).await?;
-    let step: StepRunner = Arc::new(|_env| Some(sample_result(false)));
+    // The stand-in agent runs the pipeline's step, which calls `kernelbot-runner`: this very
+    // binary, which acts as the runner when called by that name.
+    let agent = local_agent(std::env::current_exe()?);
     buildkite.autorun(
         &format!("{webhook_url}/webhooks/buildkite"),
         WEBHOOK_SECRET,
-        step,
+        agent,
     );
 
     println!("submit   {submit_url}  (Authorization: Bearer {API_TOKEN})");

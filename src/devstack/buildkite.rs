@@ -42,8 +42,26 @@ pub struct StandinBuild {
     pub artifacts: Vec<StandinArtifact>,
 }
 
-/// Produces the `result.json` of a build from its env (the agent's work).
-pub type StepRunner = Arc<dyn Fn(&BTreeMap<String, String>) -> Option<Vec<u8>> + Send + Sync>;
+/// What the agent's step produced: whether the command succeeded, and the `result.json` it
+/// left for upload (Buildkite uploads artifacts whether or not the command succeeded).
+#[derive(Clone, Debug, Default)]
+pub struct StepOutcome {
+    pub passed: bool,
+    pub result: Option<Vec<u8>>,
+}
+
+impl StepOutcome {
+    /// A step that passed and wrote `result`.
+    pub fn passed(result: Vec<u8>) -> Self {
+        Self {
+            passed: true,
+            result: Some(result),
+        }
+    }
+}
+
+/// Runs a build's step from its env (the agent's work).
+pub type StepRunner = Arc<dyn Fn(&BTreeMap<String, String>) -> StepOutcome + Send + Sync>;
 
 #[derive(Clone)]
 struct AutoRun {
@@ -413,17 +431,13 @@ async fn play_agent(inner: Shared, run: AutoRun, number: u64) {
     send("build.running").await;
     let env = bk.build(number).map(|b| b.env).unwrap_or_default();
     let step = run.step.clone();
-    let result = tokio::task::spawn_blocking(move || step(&env))
+    let outcome = tokio::task::spawn_blocking(move || step(&env))
         .await
-        .ok()
-        .flatten();
-    match result {
-        Some(bytes) => {
-            bk.upload(number, "result.json", bytes, "finished", false);
-            bk.set_state(number, "passed");
-        }
-        None => bk.set_state(number, "failed"),
+        .unwrap_or_default();
+    if let Some(bytes) = outcome.result {
+        bk.upload(number, "result.json", bytes, "finished", false);
     }
+    bk.set_state(number, if outcome.passed { "passed" } else { "failed" });
     send("build.finished").await;
 }
 

@@ -2,6 +2,7 @@
 //! failure modes included (302 to storage, 422, 429 with `retry_after`, 404, 5xx, slow
 //! answers). The local run and the tests use them; production never does.
 
+pub mod agent;
 pub mod buildkite;
 pub mod discord;
 

@@ -8,7 +8,11 @@ pub fn parse_cpuset(s: &str) -> Result<Vec<usize>, String> {
     let mut cpus = Vec::new();
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let (lo, hi) = part.split_once('-').unwrap_or((part, part));
-        let parse = |v: &str| v.trim().parse::<usize>().map_err(|_| format!("{part:?} is not a CPU or CPU range"));
+        let parse = |v: &str| {
+            v.trim()
+                .parse::<usize>()
+                .map_err(|_| format!("{part:?} is not a CPU or CPU range"))
+        };
         let (lo, hi) = (parse(lo)?, parse(hi)?);
         if lo > hi || hi >= libc::CPU_SETSIZE as usize {
             return Err(format!("{part:?} is not a valid CPU range"));

@@ -72,7 +72,9 @@ pub fn run(lookup: &dyn Fn(&str) -> Option<String>, out_dir: &Path) -> i32 {
     };
     if let Some(cpuset) = lookup("KERNELBOT_CPUSET").filter(|c| !c.trim().is_empty()) {
         // A CPU set we cannot apply is reported but does not stop the evaluation.
-        match affinity::parse_cpuset(&cpuset).and_then(|cpus| affinity::pin(&cpus).map_err(|e| e.to_string())) {
+        match affinity::parse_cpuset(&cpuset)
+            .and_then(|cpus| affinity::pin(&cpus).map_err(|e| e.to_string()))
+        {
             Ok(()) => println!("Pinned to CPUs {cpuset}."),
             Err(e) => eprintln!("Cannot pin to KERNELBOT_CPUSET={cpuset}: {e}"),
         }

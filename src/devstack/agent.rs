@@ -1,0 +1,74 @@
+//! A local stand-in for a GPU agent: runs the pipeline step's command (from
+//! `infra/buildkite/pipeline.yml`) in a fresh checkout directory with the build's env, the
+//! way the agent would inside the runner image, and hands back the `result.json` it wrote.
+//! No Docker and no GPU: Python submissions run on this machine.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+
+use super::buildkite::{StepOutcome, StepRunner};
+
+const PIPELINE: &str = include_str!("../../infra/buildkite/pipeline.yml");
+
+/// The name the runner image installs the runner under (the step's command).
+pub const RUNNER_COMMAND: &str = "kernelbot-runner";
+
+/// The evaluation step's command in the pipeline.
+pub fn step_command() -> Option<String> {
+    PIPELINE.lines().find_map(|l| {
+        let value = l.trim().strip_prefix("command:")?.trim().trim_matches('"');
+        (!value.is_empty()).then(|| value.to_owned())
+    })
+}
+
+/// An agent that runs the step with `runner` standing in for the image's `kernelbot-runner`.
+pub fn local_agent(runner: PathBuf) -> StepRunner {
+    Arc::new(
+        move |env: &BTreeMap<String, String>| match run_step(&runner, env) {
+            Ok(outcome) => outcome,
+            Err(e) => {
+                tracing::warn!(error = %e, "local agent could not run the step");
+                StepOutcome::default()
+            }
+        },
+    )
+}
+
+fn run_step(runner: &Path, env: &BTreeMap<String, String>) -> std::io::Result<StepOutcome> {
+    let command =
+        step_command().ok_or_else(|| std::io::Error::other("pipeline.yml has no step command"))?;
+    let checkout = tempfile::tempdir()?;
+    let bin = tempfile::tempdir()?;
+    std::os::unix::fs::symlink(runner, bin.path().join(RUNNER_COMMAND))?;
+    let path = format!(
+        "{}:{}",
+        bin.path().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let status = Command::new("sh")
+        .arg("-c")
+        .arg(&command)
+        .current_dir(checkout.path())
+        .envs(env)
+        .env("PATH", path)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .status()?;
+    let result = std::fs::read(checkout.path().join("result.json")).ok();
+    Ok(StepOutcome {
+        passed: status.success(),
+        result,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pipeline_step_runs_the_runner() {
+        assert_eq!(step_command().as_deref(), Some(RUNNER_COMMAND));
+    }
+}
