@@ -13,6 +13,8 @@ pub struct Policy {
     pub max_backoff: Duration,
     /// A server that asks for a longer wait than this is not waited for.
     pub max_wait: Duration,
+    /// No new try starts after this long: a function must answer within its own timeout.
+    pub budget: Duration,
 }
 
 impl Default for Policy {
@@ -21,19 +23,26 @@ impl Default for Policy {
             attempts: 4,
             base: Duration::from_millis(250),
             max_backoff: Duration::from_secs(4),
-            max_wait: Duration::from_secs(20),
+            max_wait: Duration::from_secs(10),
+            budget: Duration::from_secs(15),
         }
     }
 }
 
 impl Policy {
-    /// The pause before try `attempt + 1` (after `attempt` failed tries, counting from 1), or
-    /// `None` when no try is left or the server's requested wait is too long.
-    pub fn delay(&self, attempt: u32, requested: Option<Duration>) -> Option<Duration> {
+    /// The pause before try `attempt + 1` (after `attempt` failed tries, counting from 1,
+    /// `elapsed` since the first), or `None` when no try is left, the server's requested
+    /// wait is too long, or the pause would end past the budget.
+    pub fn delay(
+        &self,
+        attempt: u32,
+        requested: Option<Duration>,
+        elapsed: Duration,
+    ) -> Option<Duration> {
         if attempt >= self.attempts {
             return None;
         }
-        match requested {
+        let pause = match requested {
             Some(wait) if wait > self.max_wait => None,
             // A little jitter on top, so clients that were told the same wait don't stampede.
             Some(wait) => Some(wait + Duration::from_millis(fastrand::u64(0..=100))),
@@ -46,7 +55,8 @@ impl Policy {
                     exp.as_millis() as u64 / 2..=exp.as_millis() as u64,
                 )))
             }
-        }
+        }?;
+        (elapsed + pause <= self.budget).then_some(pause)
     }
 }
 
@@ -59,6 +69,8 @@ pub fn is_transient(status: reqwest::StatusCode) -> bool {
 mod tests {
     use super::*;
 
+    const Z: Duration = Duration::ZERO;
+
     #[test]
     fn backs_off_exponentially_within_bounds() {
         let p = Policy {
@@ -66,22 +78,47 @@ mod tests {
             base: Duration::from_millis(100),
             max_backoff: Duration::from_millis(500),
             max_wait: Duration::from_secs(1),
+            budget: Duration::from_secs(60),
         };
         for _ in 0..50 {
-            let d1 = p.delay(1, None).unwrap();
+            let d1 = p.delay(1, None, Z).unwrap();
             assert!(d1 >= Duration::from_millis(50) && d1 <= Duration::from_millis(100));
-            let d3 = p.delay(3, None).unwrap();
+            let d3 = p.delay(3, None, Z).unwrap();
             assert!(d3 >= Duration::from_millis(200) && d3 <= Duration::from_millis(400));
-            assert!(p.delay(5, None).unwrap() <= Duration::from_millis(500));
+            assert!(p.delay(5, None, Z).unwrap() <= Duration::from_millis(500));
         }
-        assert_eq!(p.delay(6, None), None);
+        assert_eq!(p.delay(6, None, Z), None);
     }
 
     #[test]
     fn honours_the_servers_wait_unless_too_long() {
         let p = Policy::default();
-        let d = p.delay(1, Some(Duration::from_millis(1500))).unwrap();
+        let d = p.delay(1, Some(Duration::from_millis(1500)), Z).unwrap();
         assert!(d >= Duration::from_millis(1500) && d <= Duration::from_millis(1600));
-        assert_eq!(p.delay(1, Some(Duration::from_secs(60))), None);
+        assert_eq!(p.delay(1, Some(Duration::from_secs(60)), Z), None);
+    }
+
+    #[test]
+    fn never_starts_a_try_past_the_budget() {
+        let p = Policy {
+            budget: Duration::from_secs(2),
+            ..Policy::default()
+        };
+        assert!(
+            p.delay(
+                1,
+                Some(Duration::from_millis(500)),
+                Duration::from_millis(1000)
+            )
+            .is_some()
+        );
+        assert_eq!(
+            p.delay(
+                1,
+                Some(Duration::from_millis(500)),
+                Duration::from_millis(1900)
+            ),
+            None
+        );
     }
 }

@@ -137,6 +137,7 @@ impl BuildkiteClient {
         idempotent: bool,
     ) -> Result<Response, BuildkiteError> {
         let mut attempt = 0;
+        let started = std::time::Instant::now();
         loop {
             attempt += 1;
             let outcome = make().send().await;
@@ -175,7 +176,7 @@ impl BuildkiteClient {
                 Some(w) if w.is_zero() => None,
                 w => w,
             };
-            match self.retry.delay(attempt, wait) {
+            match self.retry.delay(attempt, wait, started.elapsed()) {
                 Some(pause) => {
                     tracing::warn!(attempt, pause_ms = pause.as_millis() as u64, error = %failure, "retrying Buildkite call");
                     tokio::time::sleep(pause).await;
@@ -251,6 +252,7 @@ impl BuildkiteClient {
             artifact.job_id, artifact.id
         ));
         let mut attempt = 0;
+        let started = std::time::Instant::now();
         loop {
             attempt += 1;
             let resp = self.send(|| self.request(Method::GET, &url), true).await?;
@@ -271,13 +273,15 @@ impl BuildkiteClient {
             };
             match result {
                 // The storage URL is valid for about a minute: a retry asks the API anew.
-                Err(BuildkiteError::Unavailable(e)) => match self.retry.delay(attempt, None) {
-                    Some(pause) => {
-                        tracing::warn!(attempt, error = %e, "retrying artifact download");
-                        tokio::time::sleep(pause).await;
+                Err(BuildkiteError::Unavailable(e)) => {
+                    match self.retry.delay(attempt, None, started.elapsed()) {
+                        Some(pause) => {
+                            tracing::warn!(attempt, error = %e, "retrying artifact download");
+                            tokio::time::sleep(pause).await;
+                        }
+                        None => return Err(BuildkiteError::Unavailable(e)),
                     }
-                    None => return Err(BuildkiteError::Unavailable(e)),
-                },
+                }
                 other => return other,
             }
         }

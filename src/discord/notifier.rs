@@ -15,7 +15,8 @@ use super::message::Message;
 use super::target::DiscordTarget;
 use crate::retry::Policy;
 
-const TIMEOUT: Duration = Duration::from_secs(10);
+/// Discord answers in well under a second; a slow answer must not hold a function long.
+const TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Debug, thiserror::Error)]
 pub enum DiscordError {
@@ -78,7 +79,10 @@ impl Notifier {
         Ok(Self {
             http,
             base,
-            retry: Policy::default(),
+            retry: Policy {
+                budget: Duration::from_secs(10),
+                ..Policy::default()
+            },
             timeout: TIMEOUT,
         })
     }
@@ -124,6 +128,7 @@ impl Notifier {
         message: &Message,
     ) -> Result<Response, DiscordError> {
         let mut attempt = 0;
+        let started = std::time::Instant::now();
         loop {
             attempt += 1;
             let resp = self
@@ -157,7 +162,7 @@ impl Notifier {
                 }
                 Err(e) => (None, transport(e)),
             };
-            match self.retry.delay(attempt, wait) {
+            match self.retry.delay(attempt, wait, started.elapsed()) {
                 Some(pause) => {
                     tracing::warn!(attempt, pause_ms = pause.as_millis() as u64, error = %failure, "retrying Discord call");
                     tokio::time::sleep(pause).await;

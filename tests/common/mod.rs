@@ -71,6 +71,7 @@ fn quick_retries() -> Policy {
         base: Duration::from_millis(20),
         max_backoff: Duration::from_millis(100),
         max_wait: Duration::from_secs(5),
+        budget: Duration::from_secs(10),
     }
 }
 
