@@ -61,6 +61,7 @@ async fn functions_under_the_lambda_emulator_complete_a_job() {
         ("DISCORD_API_URL", discord.api_url.as_str()),
         ("KERNELBOT_DATA_DIR", data.path().to_str().unwrap()),
         ("RUST_LOG", "info"),
+        ("SWEEP_MIN_AGE_SECS", "0"),
     ] {
         writeln!(f, "{k}={v}").unwrap();
     }
