@@ -4,7 +4,9 @@
 mod common;
 
 use common::{StoreKind, TestApp, submission};
-use kernelbot_dispatch::devstack::buildkite::{deliver, sample_result, unix_now};
+use kernelbot_dispatch::devstack::buildkite::{
+    StepOutcome, StepRunner, deliver, sample_result, unix_now,
+};
 use kernelbot_dispatch::jobs::JobState;
 use kernelbot_dispatch::payload;
 use reqwest::StatusCode;
@@ -443,6 +445,42 @@ pub async fn huge_report(kind: StoreKind) {
     );
 }
 
+pub async fn webhooks_racing_the_create_answer(kind: StoreKind) {
+    // Buildkite's webhooks for a new build can arrive before its create call has answered:
+    // the job is already recorded, so they move it forward, and submit's first message shows
+    // the state they reached.
+    let app = TestApp::spawn(kind).await;
+    app.buildkite.slow_create(Duration::from_millis(400));
+    let step: StepRunner = std::sync::Arc::new(|_| {
+        std::thread::sleep(Duration::from_millis(600));
+        StepOutcome::passed(sample_result(false))
+    });
+    app.buildkite
+        .autorun(&app.webhook_url, common::SECRET, step);
+
+    let (status, answer) = app.submit(&submission("racy")).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{answer}");
+    assert_eq!(answer["state"], "running", "the webhooks got there first");
+    assert!(
+        app.discord_text().contains("Running on `h100`"),
+        "{}",
+        app.discord_text()
+    );
+
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while app.job("racy").await.state != JobState::Finished {
+        assert!(std::time::Instant::now() < deadline, "job never finished");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(app.discord.messages().len(), 1, "still one message per job");
+    assert!(
+        app.discord_text().contains("✅ success"),
+        "{}",
+        app.discord_text()
+    );
+    assert_eq!(final_edits(&app), 1);
+}
+
 macro_rules! scenarios {
     ($kind:expr) => {
         use super::*;
@@ -505,6 +543,10 @@ macro_rules! scenarios {
         #[tokio::test]
         async fn huge_reports_are_fitted_to_discord_limits() {
             huge_report($kind).await
+        }
+        #[tokio::test]
+        async fn webhooks_that_race_the_create_answer_are_kept() {
+            webhooks_racing_the_create_answer($kind).await
         }
         #[tokio::test]
         async fn buildkite_5xx_on_reads_is_retried() {
