@@ -357,7 +357,22 @@ impl Dispatcher {
 
     async fn sweep_one(&self, job: &Job) -> Result<EventOutcome, DispatchError> {
         let build = match &job.build {
-            Some(b) => self.buildkite.get_build(b.number).await?,
+            Some(b) => match self.buildkite.get_build(b.number).await {
+                Ok(build) => build,
+                // Deleted (or its pipeline was): it will never finish, so the job ends here
+                // rather than being checked on every pass.
+                Err(BuildkiteError::Rejected { status: 404, .. }) => {
+                    let outcome = Outcome {
+                        build_state: "unknown".into(),
+                        verdict: crate::result::Verdict::Failed,
+                        error: Some("the build no longer exists in Buildkite".into()),
+                        result: None,
+                    };
+                    let t = Transition::to(JobState::Finished, now_millis()).with_outcome(outcome);
+                    return self.advance(&job.run_id, &t).await;
+                }
+                Err(e) => return Err(e.into()),
+            },
             None => match self.buildkite.find_build(job.run_id.as_str()).await? {
                 Some(b) => b,
                 None => {

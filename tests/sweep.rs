@@ -8,7 +8,7 @@ use common::{StoreKind, TestApp, submission};
 use kernelbot_dispatch::devstack::buildkite::sample_result;
 use kernelbot_dispatch::dispatch::SweepReport;
 use kernelbot_dispatch::jobs::model::now_millis;
-use kernelbot_dispatch::jobs::{Job, JobState};
+use kernelbot_dispatch::jobs::{BuildRef, Job, JobState};
 use kernelbot_dispatch::result::Verdict;
 
 const NOW: Duration = Duration::ZERO;
@@ -58,6 +58,21 @@ pub async fn follows_running_builds_and_fails_jobs_without_one(kind: StoreKind) 
     let app = TestApp::spawn(kind).await;
     app.submit(&submission("busy")).await;
     app.buildkite.set_state(1, "running");
+    // A job whose build was deleted in Buildkite.
+    let mut vanished = Job::new(
+        "vanished".parse().unwrap(),
+        "H100_BK".into(),
+        "h100".into(),
+        None,
+        None,
+        now_millis() - 2,
+    );
+    vanished.build = Some(BuildRef {
+        id: "gone".into(),
+        number: 99,
+        web_url: "https://buildkite.com/o/p/builds/99".into(),
+    });
+    app.store.create(&vanished).await.unwrap();
     // A job recorded by a submit that stopped before creating its build.
     let orphan = Job::new(
         "orphan".parse().unwrap(),
@@ -73,11 +88,17 @@ pub async fn follows_running_builds_and_fails_jobs_without_one(kind: StoreKind) 
     assert_eq!(
         report,
         SweepReport {
-            checked: 2,
+            checked: 3,
             advanced: 1,
             failed: 1,
+            finished: 1,
             ..Default::default()
         }
+    );
+    let vanished = app.job("vanished").await.outcome.unwrap();
+    assert_eq!(
+        vanished.error.as_deref(),
+        Some("the build no longer exists in Buildkite")
     );
     assert_eq!(app.job("busy").await.state, JobState::Running);
     let orphan = app.job("orphan").await;
