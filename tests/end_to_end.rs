@@ -445,6 +445,27 @@ pub async fn huge_report(kind: StoreKind) {
     );
 }
 
+pub async fn retried_job_result_wins(kind: StoreKind) {
+    // The agent was lost mid-run and Buildkite retried the job: the build has two jobs, each
+    // with a result.json. The latest job's is the one that counts.
+    let app = TestApp::spawn(kind).await;
+    app.submit(&submission("retried")).await;
+    app.buildkite
+        .upload(1, "result.json", sample_result(true), "finished", false);
+    app.buildkite
+        .upload(1, "result.json", b"{partial".to_vec(), "error", true);
+    app.buildkite
+        .upload(1, "result.json", sample_result(false), "finished", false);
+    app.finish(1, "passed", None).await;
+    let outcome = app.job("retried").await.outcome.unwrap();
+    assert_eq!(outcome.verdict, kernelbot_dispatch::result::Verdict::Passed);
+    assert!(
+        app.discord_text().contains("Passed 3/3 tests"),
+        "{}",
+        app.discord_text()
+    );
+}
+
 pub async fn webhooks_racing_the_create_answer(kind: StoreKind) {
     // Buildkite's webhooks for a new build can arrive before its create call has answered:
     // the job is already recorded, so they move it forward, and submit's first message shows
@@ -543,6 +564,10 @@ macro_rules! scenarios {
         #[tokio::test]
         async fn huge_reports_are_fitted_to_discord_limits() {
             huge_report($kind).await
+        }
+        #[tokio::test]
+        async fn the_latest_retried_jobs_result_is_the_one_reported() {
+            retried_job_result_wins($kind).await
         }
         #[tokio::test]
         async fn webhooks_that_race_the_create_answer_are_kept() {
