@@ -169,12 +169,21 @@ impl BuildkiteStandin {
             .with_state(inner.clone());
         let addr = super::spawn(router).await?;
         lock(&inner).base = format!("http://{addr}");
-        Ok(Self {
-            api_url: format!("http://{addr}/v2"),
-            org: org.to_owned(),
-            pipeline: pipeline.to_owned(),
+        Ok(Self::from_shared(inner))
+    }
+
+    /// The handle for a stand-in's state (what its own request handlers hold).
+    fn from_shared(inner: Shared) -> Self {
+        let (api_url, org, pipeline) = {
+            let s = lock(&inner);
+            (format!("{}/v2", s.base), s.org.clone(), s.pipeline.clone())
+        };
+        Self {
+            api_url,
+            org,
+            pipeline,
             inner,
-        })
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -409,13 +418,7 @@ fn create_locked(inner: &Shared, req: &Request, bytes: &[u8]) -> (Response, Opti
 /// The agent's side of a build: webhooks for scheduled and running, the step, the upload,
 /// and build.finished.
 async fn play_agent(inner: Shared, run: AutoRun, number: u64) {
-    let standin = |inner: &Shared| BuildkiteStandin {
-        api_url: String::new(),
-        org: String::new(),
-        pipeline: String::new(),
-        inner: inner.clone(),
-    };
-    let bk = standin(&inner);
+    let bk = BuildkiteStandin::from_shared(inner);
     let send = |event: &'static str| {
         let (bk, run) = (bk.clone(), run.clone());
         async move {
