@@ -38,14 +38,31 @@ pub enum PayloadError {
     Json(#[from] serde_json::Error),
 }
 
+/// zlib, then standard base64: the packing of the payload, and of large stored results.
+pub fn pack(bytes: &[u8]) -> String {
+    let mut encoder = ZlibEncoder::new(Vec::new(), Compression::default());
+    // Writing into a Vec cannot fail.
+    let _ = encoder.write_all(bytes);
+    STANDARD.encode(encoder.finish().unwrap_or_default())
+}
+
+/// Undoes [`pack`], refusing more than [`MAX_DECODED_LEN`] bytes of output.
+pub fn unpack(encoded: &str) -> Result<Vec<u8>, PayloadError> {
+    let compressed = STANDARD.decode(encoded.trim())?;
+    let mut out = Vec::new();
+    ZlibDecoder::new(compressed.as_slice())
+        .take(MAX_DECODED_LEN + 1)
+        .read_to_end(&mut out)
+        .map_err(PayloadError::Zlib)?;
+    if out.len() as u64 > MAX_DECODED_LEN {
+        return Err(PayloadError::DecodedTooLarge);
+    }
+    Ok(out)
+}
+
 /// Encodes a config; refuses one whose encoding would not fit in an environment variable.
 pub fn encode(config: &serde_json::Value) -> Result<String, PayloadError> {
-    let json = serde_json::to_vec(config)?;
-    let mut encoder = ZlibEncoder::new(Vec::new(), Compression::default());
-    // Writing to a Vec cannot fail.
-    encoder.write_all(&json).map_err(PayloadError::Zlib)?;
-    let compressed = encoder.finish().map_err(PayloadError::Zlib)?;
-    let encoded = STANDARD.encode(compressed);
+    let encoded = pack(&serde_json::to_vec(config)?);
     if encoded.len() > MAX_ENCODED_LEN {
         return Err(PayloadError::TooLarge {
             len: encoded.len(),
@@ -57,16 +74,7 @@ pub fn encode(config: &serde_json::Value) -> Result<String, PayloadError> {
 
 /// Decodes a payload back into the config JSON.
 pub fn decode(encoded: &str) -> Result<serde_json::Value, PayloadError> {
-    let compressed = STANDARD.decode(encoded.trim())?;
-    let mut json = Vec::new();
-    ZlibDecoder::new(compressed.as_slice())
-        .take(MAX_DECODED_LEN + 1)
-        .read_to_end(&mut json)
-        .map_err(PayloadError::Zlib)?;
-    if json.len() as u64 > MAX_DECODED_LEN {
-        return Err(PayloadError::DecodedTooLarge);
-    }
-    Ok(serde_json::from_slice(&json)?)
+    Ok(serde_json::from_slice(&unpack(encoded)?)?)
 }
 
 #[cfg(test)]

@@ -3,19 +3,13 @@
 //! The outcome (which holds `result.json`) is kept as JSON text, or zlib-compressed and
 //! base64-encoded when large, so an item stays well under DynamoDB's 400 KB limit.
 
-use std::io::{Read, Write};
-
-use base64::Engine as _;
-use base64::engine::general_purpose::STANDARD;
-use flate2::Compression;
-use flate2::read::ZlibDecoder;
-use flate2::write::ZlibEncoder;
 use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize};
 
 use super::model::{BuildRef, Job, JobState};
 use super::store::StoreError;
 use crate::discord::target::DiscordTarget;
+use crate::payload;
 use crate::result::Outcome;
 
 /// Outcomes larger than this are compressed.
@@ -72,13 +66,6 @@ pub struct EncodedOutcome {
     pub zlib_b64: Option<String>,
 }
 
-fn zlib_b64(bytes: &[u8]) -> String {
-    let mut enc = ZlibEncoder::new(Vec::new(), Compression::default());
-    // Writing into a Vec cannot fail.
-    let _ = enc.write_all(bytes);
-    STANDARD.encode(enc.finish().unwrap_or_default())
-}
-
 pub fn encode_outcome(outcome: &Outcome) -> EncodedOutcome {
     let json = serde_json::to_string(outcome).unwrap_or_default();
     if json.len() <= COMPRESS_ABOVE {
@@ -87,7 +74,7 @@ pub fn encode_outcome(outcome: &Outcome) -> EncodedOutcome {
             zlib_b64: None,
         };
     }
-    let packed = zlib_b64(json.as_bytes());
+    let packed = payload::pack(json.as_bytes());
     if packed.len() <= MAX_STORED_OUTCOME {
         return EncodedOutcome {
             json: None,
@@ -108,7 +95,7 @@ pub fn encode_outcome(outcome: &Outcome) -> EncodedOutcome {
             }
         }
     }
-    let packed = zlib_b64(serde_json::to_string(&slim).unwrap_or_default().as_bytes());
+    let packed = payload::pack(serde_json::to_string(&slim).unwrap_or_default().as_bytes());
     EncodedOutcome {
         json: None,
         zlib_b64: Some(packed),
@@ -120,19 +107,12 @@ fn decode_outcome(
     zlib_b64: Option<&str>,
 ) -> Result<Option<Outcome>, StoreError> {
     let corrupt = |e: &dyn std::fmt::Display| StoreError::Corrupt(format!("outcome: {e}"));
-    let text = match (json, zlib_b64) {
-        (Some(j), _) => j.to_owned(),
-        (None, Some(z)) => {
-            let bytes = STANDARD.decode(z).map_err(|e| corrupt(&e))?;
-            let mut out = String::new();
-            ZlibDecoder::new(bytes.as_slice())
-                .read_to_string(&mut out)
-                .map_err(|e| corrupt(&e))?;
-            out
-        }
+    let bytes = match (json, zlib_b64) {
+        (Some(j), _) => j.as_bytes().to_vec(),
+        (None, Some(z)) => payload::unpack(z).map_err(|e| corrupt(&e))?,
         (None, None) => return Ok(None),
     };
-    serde_json::from_str(&text)
+    serde_json::from_slice(&bytes)
         .map(Some)
         .map_err(|e| corrupt(&e))
 }
