@@ -101,6 +101,13 @@ fn lock(inner: &Shared) -> MutexGuard<'_, Inner> {
 }
 
 impl Inner {
+    fn build_api_url(&self, n: u64) -> String {
+        format!(
+            "{}/v2/organizations/{}/pipelines/{}/builds/{n}",
+            self.base, self.org, self.pipeline
+        )
+    }
+
     fn web_url(&self, n: u64) -> String {
         format!(
             "https://buildkite.com/{}/{}/builds/{n}",
@@ -109,10 +116,7 @@ impl Inner {
     }
 
     fn build_json(&self, b: &StandinBuild, with_jobs: bool) -> Value {
-        let api = format!(
-            "{}/v2/organizations/{}/pipelines/{}/builds/{}",
-            self.base, self.org, self.pipeline, b.number
-        );
+        let api = self.build_api_url(b.number);
         let mut v = json!({
             "id": b.id, "graphql_id": format!("QnVpbGQt{}", b.number), "url": api,
             "web_url": self.web_url(b.number), "number": b.number, "state": b.state,
@@ -478,18 +482,24 @@ fn find(s: &Inner, number: &str) -> Option<usize> {
     s.builds.iter().position(|b| b.number == n)
 }
 
+/// A REST read of build `number`: the gate's answer or a 404 if it does not pass, else the
+/// build's index.
+fn read_build(s: &mut Inner, req: &Request, number: &str) -> Result<usize, Box<Response>> {
+    if let Some(r) = gate(s, req, true) {
+        return Err(Box::new(r));
+    }
+    find(s, number).ok_or_else(|| Box::new(bk_error(StatusCode::NOT_FOUND, "Not Found")))
+}
+
 async fn get_build(
     State(inner): State<Shared>,
     Path((_o, _p, number)): Path<(String, String, String)>,
     req: Request,
 ) -> Response {
     let mut s = lock(&inner);
-    if let Some(r) = gate(&mut s, &req, true) {
-        return r;
-    }
-    match find(&s, &number) {
-        Some(i) => Json(s.build_json(&s.builds[i], true)).into_response(),
-        None => bk_error(StatusCode::NOT_FOUND, "Not Found"),
+    match read_build(&mut s, &req, &number) {
+        Ok(i) => Json(s.build_json(&s.builds[i], true)).into_response(),
+        Err(r) => *r,
     }
 }
 
@@ -499,17 +509,12 @@ async fn list_artifacts(
     req: Request,
 ) -> Response {
     let mut s = lock(&inner);
-    if let Some(r) = gate(&mut s, &req, true) {
-        return r;
-    }
-    let Some(i) = find(&s, &number) else {
-        return bk_error(StatusCode::NOT_FOUND, "Not Found");
+    let i = match read_build(&mut s, &req, &number) {
+        Ok(i) => i,
+        Err(r) => return *r,
     };
     let b = &s.builds[i];
-    let api = format!(
-        "{}/v2/organizations/{}/pipelines/{}/builds/{}",
-        s.base, s.org, s.pipeline, b.number
-    );
+    let api = s.build_api_url(b.number);
     let list: Vec<Value> = b
         .artifacts
         .iter()
@@ -531,16 +536,15 @@ async fn download(
     req: Request,
 ) -> Response {
     let mut s = lock(&inner);
-    if let Some(r) = gate(&mut s, &req, true) {
-        return r;
-    }
-    let found = find(&s, &number).and_then(|i| {
-        s.builds[i]
-            .artifacts
-            .iter()
-            .find(|a| a.id == id && a.job_id == job)
-    });
-    if found.is_none() {
+    let i = match read_build(&mut s, &req, &number) {
+        Ok(i) => i,
+        Err(r) => return *r,
+    };
+    if !s.builds[i]
+        .artifacts
+        .iter()
+        .any(|a| a.id == id && a.job_id == job)
+    {
         return bk_error(StatusCode::NOT_FOUND, "Not Found");
     }
     let url = format!(
