@@ -316,22 +316,26 @@ impl Dispatcher {
     /// Keeps a new message's id, then catches up with anything that happened while it was
     /// being posted (an event that found no message to edit).
     async fn record_message(&self, shown: &Job, id: String) -> Result<(), DiscordError> {
-        match self.store.set_discord_message(&shown.run_id, &id).await {
-            Ok(true) => {}
-            Ok(false) => warn!("job already had a Discord message; a second one was posted"),
+        // The update answers with the job as it is now: no second read needed.
+        let latest = match self.store.set_discord_message(&shown.run_id, &id).await {
+            Ok(Some(latest)) => latest,
+            Ok(None) => {
+                warn!("job already had a Discord message; a second one was posted");
+                return Ok(());
+            }
             Err(e) => {
                 warn!(error = %e, "could not record the Discord message id");
                 return Ok(());
             }
-        }
-        if let Ok(Some(latest)) = self.store.get(&shown.run_id).await
-            && latest.state.rank() > shown.state.rank()
+        };
+        if latest.state.rank() > shown.state.rank()
             && let Some(target) = latest.discord.as_ref()
         {
             return self.discord.edit(target, &id, &render(&latest)).await;
         }
         Ok(())
     }
+
     /// Finishes what webhooks left undone: every unfinished job older than `min_age` is
     /// checked against Buildkite and moved forward as its build is. One job's trouble is
     /// counted and logged; it does not stop the pass.

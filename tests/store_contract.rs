@@ -172,9 +172,19 @@ pub async fn large_results_round_trip(store: Arc<dyn JobStore>) {
 
 pub async fn discord_bookkeeping(store: Arc<dyn JobStore>) {
     store.create(&job("d1", 1_000)).await.unwrap();
-    assert!(store.set_discord_message(&id("d1"), "m-1").await.unwrap());
     assert!(
-        !store.set_discord_message(&id("d1"), "m-2").await.unwrap(),
+        store
+            .set_discord_message(&id("d1"), "m-1")
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert!(
+        store
+            .set_discord_message(&id("d1"), "m-2")
+            .await
+            .unwrap()
+            .is_none(),
         "the first message id is kept"
     );
     store.mark_discord_gone(&id("d1")).await.unwrap();
@@ -184,7 +194,13 @@ pub async fn discord_bookkeeping(store: Arc<dyn JobStore>) {
         (Some("m-1"), true)
     );
     assert_eq!(j.discord.unwrap().thread_id.as_deref(), Some("42"));
-    assert!(!store.set_discord_message(&id("nobody"), "m").await.unwrap());
+    assert!(
+        store
+            .set_discord_message(&id("nobody"), "m")
+            .await
+            .unwrap()
+            .is_none()
+    );
 }
 
 pub async fn open_jobs_are_listed_oldest_first(store: Arc<dyn JobStore>) {

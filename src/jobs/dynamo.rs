@@ -204,13 +204,11 @@ impl JobStore for DynamoStore {
         &self,
         run_id: &RunId,
         message_id: &str,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Option<Job>, StoreError> {
         let mut u = Update::default();
         u.set("discord_message_id", s(message_id));
-        let updated = self
-            .conditional_update(run_id, u, "attribute_not_exists(#discord_message_id)")
-            .await?;
-        Ok(updated.is_some())
+        self.conditional_update(run_id, u, "attribute_not_exists(#discord_message_id)")
+            .await
     }
 
     async fn mark_discord_gone(&self, run_id: &RunId) -> Result<(), StoreError> {

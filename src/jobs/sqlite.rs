@@ -170,17 +170,15 @@ impl JobStore for SqliteStore {
         &self,
         run_id: &RunId,
         message_id: &str,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Option<Job>, StoreError> {
         let message_id = message_id.to_owned();
-        let updated = self
-            .update(run_id, move |mut job| {
-                job.discord_message_id.is_none().then(|| {
-                    job.discord_message_id = Some(message_id);
-                    job
-                })
+        self.update(run_id, move |mut job| {
+            job.discord_message_id.is_none().then(|| {
+                job.discord_message_id = Some(message_id);
+                job
             })
-            .await?;
-        Ok(updated.is_some())
+        })
+        .await
     }
 
     async fn mark_discord_gone(&self, run_id: &RunId) -> Result<(), StoreError> {

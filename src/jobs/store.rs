@@ -38,12 +38,13 @@ pub trait JobStore: Send + Sync {
     /// the job is unknown or already at or past `t.to`.
     async fn advance(&self, run_id: &RunId, t: &Transition) -> Result<Option<Job>, StoreError>;
 
-    /// Records the id of the job's Discord message unless one is recorded already.
+    /// Records the id of the job's Discord message unless one is recorded already; returns
+    /// the job as it is now, or `None` when the id was not recorded.
     async fn set_discord_message(
         &self,
         run_id: &RunId,
         message_id: &str,
-    ) -> Result<bool, StoreError>;
+    ) -> Result<Option<Job>, StoreError>;
 
     /// Records that the job's Discord webhook answered 404 and must not be used again.
     async fn mark_discord_gone(&self, run_id: &RunId) -> Result<(), StoreError>;
