@@ -105,6 +105,9 @@ pub struct Config {
     pub webhook_auth: WebhookAuth,
     /// The sweep leaves younger jobs alone: their webhooks may still come.
     pub sweep_min_age: Duration,
+    /// A job whose build has not been created (or whose evaluation has not started) this
+    /// long after submission is given up.
+    pub queue_timeout: Duration,
 }
 
 impl std::fmt::Debug for WebhookAuth {
@@ -265,6 +268,7 @@ impl Config {
                 allow_token: env.flag("BUILDKITE_WEBHOOK_ALLOW_TOKEN")?,
             },
             sweep_min_age: Duration::from_secs(env.number("SWEEP_MIN_AGE_SECS", 600)?),
+            queue_timeout: Duration::from_secs(env.number("QUEUE_TIMEOUT_SECS", 900)?),
         })
     }
 }

@@ -8,7 +8,7 @@ pub mod buildkite;
 pub mod config;
 pub mod devstack;
 pub mod discord;
-pub mod dispatch;
+pub mod flow;
 pub mod http;
 pub mod jobs;
 pub mod payload;

@@ -85,20 +85,49 @@ pub struct ProfileResult {
 }
 
 impl FullResult {
-    /// Parses `result.json`, capping captured logs so the stored job stays small.
+    /// Parses `result.json`, capping every field the evaluated program could fill, so no
+    /// file (whatever it claims) makes the stored job or the report unbounded.
     pub fn parse(bytes: &[u8]) -> Result<Self, serde_json::Error> {
         let mut parsed: Self = serde_json::from_slice(bytes)?;
-        for eval in parsed.runs.values_mut() {
+        parsed.cap();
+        Ok(parsed)
+    }
+
+    fn cap(&mut self) {
+        cap(&mut self.error, caps::TEXT);
+        self.system.cap();
+        self.runs.retain(|name, _| name.len() <= caps::NAME);
+        if self.runs.len() > caps::RUNS {
+            // Kernelbot's own runs are kept first.
+            let keep: Vec<String> = self
+                .ordered_runs()
+                .into_iter()
+                .take(caps::RUNS)
+                .map(|(name, _)| name.to_owned())
+                .collect();
+            self.runs.retain(|name, _| keep.contains(name));
+        }
+        for eval in self.runs.values_mut() {
+            eval.cap();
+        }
+    }
+
+    /// Drops what is bulky but not needed to report: captured logs and profiler traces.
+    pub fn drop_logs(&mut self) {
+        const DROPPED: &str = "[dropped: too large to store]";
+        for eval in self.runs.values_mut() {
             if let Some(c) = eval.compilation.as_mut() {
-                cap(&mut c.stdout);
-                cap(&mut c.stderr);
+                c.stdout = DROPPED.into();
+                c.stderr.clear();
             }
             if let Some(r) = eval.run.as_mut() {
-                cap(&mut r.stdout);
-                cap(&mut r.stderr);
+                r.stdout = DROPPED.into();
+                r.stderr.clear();
+            }
+            if let Some(p) = eval.profile.as_mut() {
+                p.trace.clear();
             }
         }
-        Ok(parsed)
     }
 
     /// Runs in the order kernelbot performs them, then any others by name.
@@ -133,12 +162,21 @@ impl RunResult {
         })
     }
 
-    /// `(passed, total)` from the test entries, when the run reported any.
-    pub fn test_counts(&self) -> Option<(usize, usize)> {
-        let total: usize = self.value("test-count")?.trim().parse().ok()?;
-        let passed = (0..total)
-            .filter(|i| self.value(&format!("test.{i}.status")).as_deref() == Some("pass"))
-            .count();
+    /// `(passed, total)` from the test entries, when the run reported any. Counts the
+    /// entries present rather than looping to the claimed total, which may be anything.
+    pub fn test_counts(&self) -> Option<(u64, u64)> {
+        let total: u64 = self.value("test-count")?.trim().parse().ok()?;
+        let passed = self
+            .result
+            .iter()
+            .filter(|(k, v)| {
+                k.strip_prefix("test.")
+                    .and_then(|rest| rest.strip_suffix(".status"))
+                    .and_then(|i| i.parse::<u64>().ok())
+                    .is_some_and(|i| i < total)
+                    && v.as_str() == Some("pass")
+            })
+            .count() as u64;
         Some((passed, total))
     }
 
@@ -173,23 +211,133 @@ impl RunResult {
     }
 }
 
-fn cap(s: &mut String) {
-    if s.len() > MAX_LOG_CHARS {
-        let mut end = MAX_LOG_CHARS;
+/// Limits on what a `result.json` may hold, per field (characters of text, entries of maps).
+pub mod caps {
+    /// Captured stdout/stderr, as kernelbot's `_limit_length` does.
+    pub const LOG: usize = super::MAX_LOG_CHARS;
+    /// Commands, error texts, traces' neighbours.
+    pub const TEXT: usize = 4 * 1024;
+    /// Short descriptive strings (GPU name, versions, timestamps).
+    pub const SHORT: usize = 256;
+    /// Run names and `result` keys.
+    pub const NAME: usize = 128;
+    /// One `result` value (a test's message can be long; kernelbot's are a few lines).
+    pub const VALUE: usize = 2 * 1024;
+    /// Entries of one run's `result` map.
+    pub const ENTRIES: usize = 512;
+    /// Runs in one result.
+    pub const RUNS: usize = 32;
+}
+
+impl SystemInfo {
+    fn cap(&mut self) {
+        for s in [
+            &mut self.gpu,
+            &mut self.cpu,
+            &mut self.runtime,
+            &mut self.platform,
+            &mut self.torch,
+            &mut self.hostname,
+        ] {
+            cap(s, caps::SHORT);
+        }
+    }
+}
+
+impl EvalResult {
+    fn cap(&mut self) {
+        for t in [self.start.as_mut(), self.end.as_mut()]
+            .into_iter()
+            .flatten()
+        {
+            cap(t, caps::SHORT);
+        }
+        if let Some(c) = self.compilation.as_mut() {
+            cap(&mut c.nvcc_version, caps::SHORT);
+            cap(&mut c.command, caps::TEXT);
+            cap(&mut c.stdout, caps::LOG);
+            cap(&mut c.stderr, caps::LOG);
+        }
+        if let Some(r) = self.run.as_mut() {
+            cap(&mut r.command, caps::TEXT);
+            cap(&mut r.stdout, caps::LOG);
+            cap(&mut r.stderr, caps::LOG);
+            r.cap_result();
+        }
+        if let Some(p) = self.profile.as_mut() {
+            cap(&mut p.profiler, caps::SHORT);
+            cap(&mut p.trace, caps::LOG);
+            if let Some(u) = p.download_url.as_mut() {
+                cap(u, caps::TEXT);
+            }
+        }
+    }
+}
+
+impl RunResult {
+    /// Keeps at most [`caps::ENTRIES`] entries with short keys; every value becomes text of
+    /// at most [`caps::VALUE`] characters (the pipe protocol only ever carries text).
+    fn cap_result(&mut self) {
+        let entries = std::mem::take(&mut self.result);
+        self.result = entries
+            .into_iter()
+            .filter(|(k, _)| k.len() <= caps::NAME)
+            .take(caps::ENTRIES)
+            .map(|(k, v)| {
+                let mut text = match v {
+                    serde_json::Value::String(s) => s,
+                    other => other.to_string(),
+                };
+                cap(&mut text, caps::VALUE);
+                (k, serde_json::Value::String(text))
+            })
+            .collect();
+    }
+}
+
+const TRUNCATED: &str = "\n[… output truncated]";
+
+/// Cuts `s` to at most `max` bytes (on a character boundary), marking the cut.
+fn cap(s: &mut String, max: usize) {
+    if s.len() > max {
+        let mut end = max.saturating_sub(TRUNCATED.len());
         while !s.is_char_boundary(end) {
             end -= 1;
         }
         s.truncate(end);
-        s.push_str("\n[… output truncated]");
+        s.push_str(TRUNCATED);
     }
 }
 
-/// Whether the submission passed, as users read it.
+/// How a finished job ended, as users read it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Verdict {
     Passed,
+    /// A test, benchmark or compile failed, or the build failed.
     Failed,
+    Canceled,
+    Skipped,
+    /// No agent started the evaluation step in time.
+    QueueTimeout,
+    /// The job outlived its maximum age.
+    Expired,
+    /// No usable result (artifact missing, unreadable, too large).
+    Error,
+}
+
+impl Verdict {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Passed => "passed",
+            Self::Failed => "failed",
+            Self::Canceled => "canceled",
+            Self::Skipped => "skipped",
+            Self::QueueTimeout => "queue_timeout",
+            Self::Expired => "expired",
+            Self::Error => "error",
+        }
+    }
 }
 
 /// How a finished job ended: the build's own final state and what `result.json` said.
@@ -211,8 +359,14 @@ impl Outcome {
         result: Option<FullResult>,
         fetch_error: Option<String>,
     ) -> Self {
-        let passed =
-            build_state == "passed" && result.as_ref().is_some_and(|r| r.success && r.all_passed());
+        let verdict = match (build_state, &result) {
+            ("passed", Some(r)) if r.success && r.all_passed() => Verdict::Passed,
+            ("passed", Some(_)) | ("failed" | "blocked", _) => Verdict::Failed,
+            ("passed", None) => Verdict::Error,
+            ("canceled" | "canceling", _) => Verdict::Canceled,
+            ("skipped" | "not_run", _) => Verdict::Skipped,
+            _ => Verdict::Error,
+        };
         let error = match &result {
             Some(r) if !r.error.is_empty() => Some(r.error.clone()),
             _ if build_state != "passed" => Some(format!("Build {build_state}")),
@@ -222,13 +376,33 @@ impl Outcome {
         };
         Self {
             build_state: build_state.to_owned(),
-            verdict: if passed {
-                Verdict::Passed
-            } else {
-                Verdict::Failed
-            },
+            verdict,
             error,
             result,
+        }
+    }
+
+    /// An ending decided by us rather than by a build's result (deadlines, vanished builds).
+    pub fn decided(build_state: &str, verdict: Verdict, reason: impl Into<String>) -> Self {
+        Self {
+            build_state: build_state.to_owned(),
+            verdict,
+            error: Some(reason.into()),
+            result: None,
+        }
+    }
+
+    /// The same ending without its result, for when the result cannot be stored: the verdict,
+    /// drawn from the whole result, is kept.
+    pub fn without_result(&self, reason: &str) -> Self {
+        Self {
+            build_state: self.build_state.clone(),
+            verdict: self.verdict,
+            error: Some(match &self.error {
+                Some(e) => format!("{e}; {reason}"),
+                None => reason.to_owned(),
+            }),
+            result: None,
         }
     }
 }
@@ -291,11 +465,21 @@ mod tests {
             (Verdict::Failed, Some("Build failed"))
         );
         let canceled = Outcome::judge("canceled", None, None);
-        assert_eq!(canceled.error.as_deref(), Some("Build canceled"));
+        assert_eq!(
+            (canceled.verdict, canceled.error.as_deref()),
+            (Verdict::Canceled, Some("Build canceled"))
+        );
+        for state in ["skipped", "not_run"] {
+            assert_eq!(Outcome::judge(state, None, None).verdict, Verdict::Skipped);
+        }
+        assert_eq!(
+            Outcome::judge("blocked", None, None).verdict,
+            Verdict::Failed
+        );
         let missing = Outcome::judge("passed", None, Some("no result.json artifact".into()));
         assert_eq!(
             (missing.verdict, missing.error.as_deref()),
-            (Verdict::Failed, Some("no result.json artifact"))
+            (Verdict::Error, Some("no result.json artifact"))
         );
         let empty = FullResult {
             success: true,
@@ -305,6 +489,43 @@ mod tests {
             Outcome::judge("passed", Some(empty), None).verdict,
             Verdict::Failed
         );
+    }
+
+    #[test]
+    fn a_claimed_test_count_costs_nothing_to_report() {
+        let mut r: FullResult = serde_json::from_str(PASSING).unwrap();
+        let run = r.runs.get_mut("test").unwrap().run.as_mut().unwrap();
+        run.result
+            .insert("test-count".into(), "1000000000000".into());
+        assert_eq!(run.test_counts(), Some((2, 1_000_000_000_000)));
+    }
+
+    #[test]
+    fn every_field_the_program_fills_is_capped() {
+        let huge = "x".repeat(100_000);
+        let mut result = serde_json::json!({"success": true, "error": huge,
+            "system": {"gpu": huge, "hostname": huge},
+            "runs": {"test": {"start": huge, "run": {"command": huge, "stdout": huge,
+                "result": {"test.0.message": huge, "nested": [1, [2, {"a": huge}]]}},
+                "profile": {"trace": huge, "download_url": huge}}}});
+        for i in 0..100 {
+            result["runs"][format!("extra{i}")] = serde_json::json!({});
+        }
+        result["runs"][huge.clone()] = serde_json::json!({});
+        let r = FullResult::parse(result.to_string().as_bytes()).unwrap();
+        assert!(r.runs.len() <= caps::RUNS);
+        assert!(r.error.len() <= caps::TEXT && r.system.gpu.len() <= caps::SHORT);
+        let eval = &r.runs["test"];
+        let run = eval.run.as_ref().unwrap();
+        assert!(run.command.len() <= caps::TEXT && run.stdout.len() <= caps::LOG);
+        assert!(
+            run.result
+                .values()
+                .all(|v| v.as_str().is_some_and(|s| s.len() <= caps::VALUE))
+        );
+        assert!(eval.start.as_ref().unwrap().len() <= caps::SHORT);
+        assert!(eval.profile.as_ref().unwrap().trace.len() <= caps::LOG);
+        assert!(serde_json::to_vec(&r).unwrap().len() < 200_000);
     }
 
     #[test]

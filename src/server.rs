@@ -6,7 +6,7 @@ use std::sync::Arc;
 use axum::Router;
 
 use crate::config::{Config, Role};
-use crate::dispatch::Dispatcher;
+use crate::flow::Dispatcher;
 
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
 

@@ -69,9 +69,9 @@ async fn a_base64_api_gateway_webhook_is_verified_over_its_raw_bytes() {
         &fixture("function_url_post_submission.json"),
     )
     .await;
-    app.buildkite.set_state(1, "running");
+    app.buildkite.start_eval(1);
 
-    let body = app.buildkite.webhook_body("build.running", 1);
+    let body = app.buildkite.webhook_body("job.started", 1);
     let ts = unix_now().to_string();
     let mut event = fixture("apigw_v2_buildkite_webhook.json");
     event["body"] = base64::engine::general_purpose::STANDARD

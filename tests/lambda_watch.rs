@@ -80,7 +80,11 @@ async fn functions_under_the_lambda_emulator_complete_a_job() {
     .arg("--env-file")
     .arg(&env_file)
     .current_dir(env!("CARGO_MANIFEST_DIR"))
-    .stdout(Stdio::null())
+    .stdout(if std::env::var_os("TEST_LOG").is_some() {
+        Stdio::inherit()
+    } else {
+        Stdio::null()
+    })
     .stderr(if std::env::var_os("TEST_LOG").is_some() {
         Stdio::inherit()
     } else {

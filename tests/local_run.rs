@@ -97,6 +97,33 @@ fn a_function_serves_its_router_on_listen_addr() {
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
 }
 
+fn sweep(dir: &std::path::Path, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_sweep"))
+        .args(args)
+        .env_clear()
+        .env("BUILDKITE_ORG", "o")
+        .env("BUILDKITE_PIPELINE", "p")
+        .env("BUILDKITE_API_TOKEN", "t")
+        .env("KERNELBOT_DATA_DIR", dir)
+        .output()
+        .expect("sweep runs")
+}
+
+#[test]
+fn the_sweep_re_drives_one_run_and_refuses_a_bad_run_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let one = sweep(dir.path(), &["--run-id", "never-seen"]);
+    assert!(
+        one.status.success(),
+        "{}",
+        String::from_utf8_lossy(&one.stderr)
+    );
+    assert!(String::from_utf8_lossy(&one.stdout).starts_with("sweep: checked 0"));
+    let bad = sweep(dir.path(), &["--run-id", "no/slashes"]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--run-id"));
+}
+
 #[test]
 fn the_sweep_makes_one_pass_and_prints_a_summary() {
     let dir = tempfile::tempdir().unwrap();
@@ -116,6 +143,7 @@ fn the_sweep_makes_one_pass_and_prints_a_summary() {
     );
     assert_eq!(
         stdout.trim(),
-        "sweep: checked 0 unfinished jobs: 0 finished, 0 failed, 0 advanced, 0 unchanged, 0 errors"
+        "sweep: checked 0 unfinished jobs: 0 finished, 0 failed, 0 advanced, 0 unchanged, \
+         0 builds created, 0 creates deferred, 0 reports sent, 0 reports pending, 0 errors"
     );
 }

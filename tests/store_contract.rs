@@ -7,7 +7,10 @@ use std::sync::Arc;
 
 use common::{StoreKind, open_store};
 use kernelbot_dispatch::discord::DiscordTarget;
-use kernelbot_dispatch::jobs::{BuildRef, Created, Job, JobState, JobStore, RunId, Transition};
+use kernelbot_dispatch::jobs::{
+    BuildRef, Created, DeliveryStatus, Job, JobState, JobStore, Replaced, RunId, Shard, StoreError,
+    Transition, Updated, update,
+};
 use kernelbot_dispatch::result::{EvalResult, FullResult, Outcome, RunResult};
 
 fn job(id: &str, created_at: i64) -> Job {
@@ -24,6 +27,18 @@ fn job(id: &str, created_at: i64) -> Job {
         Some(discord),
         created_at,
     )
+}
+
+/// A transition through the store's compare-and-swap: the job after it, if it moved.
+async fn advance(
+    store: &dyn JobStore,
+    run_id: &RunId,
+    t: &Transition,
+) -> Result<Option<Job>, StoreError> {
+    Ok(match update(store, run_id, |j| j.apply(t)).await? {
+        Updated::Written(j) => Some(j),
+        _ => None,
+    })
 }
 
 fn id(s: &str) -> RunId {
@@ -53,14 +68,14 @@ pub async fn create_is_idempotent(store: Arc<dyn JobStore>) {
 
 pub async fn advance_moves_forward_only(store: Arc<dyn JobStore>) {
     store.create(&job("a1", 1_000)).await.unwrap();
-    let scheduled = store
-        .advance(
-            &id("a1"),
-            &Transition::to(JobState::Scheduled, 2_000).with_build(build()),
-        )
-        .await
-        .unwrap()
-        .expect("forward");
+    let scheduled = advance(
+        store.as_ref(),
+        &id("a1"),
+        &Transition::to(JobState::Scheduled, 2_000).with_build(build()),
+    )
+    .await
+    .unwrap()
+    .expect("forward");
     assert_eq!(
         (
             scheduled.state,
@@ -70,18 +85,24 @@ pub async fn advance_moves_forward_only(store: Arc<dyn JobStore>) {
         (JobState::Scheduled, Some(build()), 2_000)
     );
     assert!(
-        store
-            .advance(&id("a1"), &Transition::to(JobState::Scheduled, 3_000))
-            .await
-            .unwrap()
-            .is_none()
+        advance(
+            store.as_ref(),
+            &id("a1"),
+            &Transition::to(JobState::Scheduled, 3_000)
+        )
+        .await
+        .unwrap()
+        .is_none()
     );
     assert!(
-        store
-            .advance(&id("a1"), &Transition::to(JobState::Submitted, 3_000))
-            .await
-            .unwrap()
-            .is_none()
+        advance(
+            store.as_ref(),
+            &id("a1"),
+            &Transition::to(JobState::Submitted, 3_000)
+        )
+        .await
+        .unwrap()
+        .is_none()
     );
     let outcome = Outcome::judge(
         "passed",
@@ -91,30 +112,36 @@ pub async fn advance_moves_forward_only(store: Arc<dyn JobStore>) {
         }),
         None,
     );
-    let finished = store
-        .advance(
+    let finished = advance(
+        store.as_ref(),
+        &id("a1"),
+        &Transition::to(JobState::Finished, 4_000).with_outcome(outcome.clone()),
+    )
+    .await
+    .unwrap()
+    .expect("forward");
+    assert_eq!(finished.outcome, Some(outcome));
+    assert!(
+        advance(
+            store.as_ref(),
             &id("a1"),
-            &Transition::to(JobState::Finished, 4_000).with_outcome(outcome.clone()),
+            &Transition::to(JobState::Failed, 5_000)
         )
         .await
         .unwrap()
-        .expect("forward");
-    assert_eq!(finished.outcome, Some(outcome));
-    assert!(
-        store
-            .advance(&id("a1"), &Transition::to(JobState::Failed, 5_000))
-            .await
-            .unwrap()
-            .is_none()
+        .is_none()
     );
     let stored = store.get(&id("a1")).await.unwrap().unwrap();
     assert_eq!(stored, finished);
     assert!(
-        store
-            .advance(&id("nobody"), &Transition::to(JobState::Running, 1))
-            .await
-            .unwrap()
-            .is_none()
+        advance(
+            store.as_ref(),
+            &id("nobody"),
+            &Transition::to(JobState::Running, 1)
+        )
+        .await
+        .unwrap()
+        .is_none()
     );
 }
 
@@ -123,9 +150,12 @@ pub async fn concurrent_advances_have_one_winner(store: Arc<dyn JobStore>) {
     let tries = (0..8).map(|i| {
         let store = store.clone();
         tokio::spawn(async move {
-            store
-                .advance(&id("race"), &Transition::to(JobState::Finished, 2_000 + i))
-                .await
+            advance(
+                store.as_ref(),
+                &id("race"),
+                &Transition::to(JobState::Finished, 2_000 + i),
+            )
+            .await
         })
     });
     let mut winners = 0;
@@ -157,50 +187,64 @@ pub async fn large_results_round_trip(store: Arc<dyn JobStore>) {
         );
     }
     let outcome = Outcome::judge("passed", Some(result), None);
-    store
-        .advance(
-            &id("big"),
-            &Transition::to(JobState::Finished, 2_000).with_outcome(outcome.clone()),
-        )
-        .await
-        .unwrap();
+    advance(
+        store.as_ref(),
+        &id("big"),
+        &Transition::to(JobState::Finished, 2_000).with_outcome(outcome.clone()),
+    )
+    .await
+    .unwrap();
     assert_eq!(
         store.get(&id("big")).await.unwrap().unwrap().outcome,
         Some(outcome)
     );
 }
 
-pub async fn discord_bookkeeping(store: Arc<dyn JobStore>) {
+pub async fn versions_and_write_ids(store: Arc<dyn JobStore>) {
     store.create(&job("d1", 1_000)).await.unwrap();
-    assert!(
-        store
-            .set_discord_message(&id("d1"), "m-1")
-            .await
-            .unwrap()
-            .is_some()
-    );
-    assert!(
-        store
-            .set_discord_message(&id("d1"), "m-2")
-            .await
-            .unwrap()
-            .is_none(),
-        "the first message id is kept"
-    );
-    store.mark_discord_gone(&id("d1")).await.unwrap();
-    let j = store.get(&id("d1")).await.unwrap().unwrap();
+    let stored = store.get(&id("d1")).await.unwrap().unwrap();
+    let mut next = stored.clone();
+    next.version = stored.version + 1;
+    next.discord.as_mut().unwrap().message_id = Some("m-1".into());
     assert_eq!(
-        (j.discord_message_id.as_deref(), j.discord_gone),
-        (Some("m-1"), true)
+        store.replace(&next, "w-1").await.unwrap(),
+        Replaced::Written
     );
-    assert_eq!(j.discord.unwrap().thread_id.as_deref(), Some("42"));
-    assert!(
-        store
-            .set_discord_message(&id("nobody"), "m")
-            .await
-            .unwrap()
-            .is_none()
+    // The same write again (an SDK retry whose first answer was lost) is recognised as ours.
+    assert_eq!(
+        store.replace(&next, "w-1").await.unwrap(),
+        Replaced::Written
     );
+    // Another writer computing from the old version loses, and learns the job as it is.
+    let mut stale = stored.clone();
+    stale.version = stored.version + 1;
+    stale.discord.as_mut().unwrap().status = DeliveryStatus::Gone;
+    match store.replace(&stale, "w-2").await.unwrap() {
+        Replaced::Conflict(Some(now)) => assert_eq!(*now, next),
+        other => panic!("a stale write must not win: {other:?}"),
+    }
+    let j = store.get(&id("d1")).await.unwrap().unwrap();
+    assert_eq!(j, next);
+    let outbox = j.discord.unwrap();
+    assert_eq!(outbox.target.unwrap().thread_id.as_deref(), Some("42"));
+    let mut ghost = job("nobody", 1);
+    ghost.version = 1;
+    assert_eq!(
+        store.replace(&ghost, "w-3").await.unwrap(),
+        Replaced::Conflict(None)
+    );
+}
+
+pub async fn oversize_records_refused(store: Arc<dyn JobStore>) {
+    store.create(&job("huge", 1_000)).await.unwrap();
+    let mut big = store.get(&id("huge")).await.unwrap().unwrap();
+    big.version += 1;
+    // A failure reason is not slimmed by the record: 500 KB of it cannot be stored.
+    big.failure = Some("x".repeat(500 * 1024));
+    assert!(matches!(
+        store.replace(&big, "w").await,
+        Err(StoreError::TooLarge)
+    ));
 }
 
 pub async fn open_jobs_are_listed_oldest_first(store: Arc<dyn JobStore>) {
@@ -213,23 +257,38 @@ pub async fn open_jobs_are_listed_oldest_first(store: Arc<dyn JobStore>) {
     ] {
         store.create(&job(name, at)).await.unwrap();
     }
-    store
-        .advance(&id("o2"), &Transition::to(JobState::Running, 4_000))
-        .await
-        .unwrap();
-    store
-        .advance(&id("done"), &Transition::to(JobState::Finished, 4_000))
-        .await
-        .unwrap();
+    advance(
+        store.as_ref(),
+        &id("o2"),
+        &Transition::to(JobState::Running, 4_000),
+    )
+    .await
+    .unwrap();
+    advance(
+        store.as_ref(),
+        &id("done"),
+        &Transition::to(JobState::Finished, 4_000),
+    )
+    .await
+    .unwrap();
     let open: Vec<String> = store
-        .list_open(5_000, 10)
+        .list(Shard::Open, 5_000, 10)
         .await
         .unwrap()
         .iter()
         .map(|j| j.run_id.to_string())
         .collect();
     assert_eq!(open, ["o1", "o2", "o3"]);
-    assert_eq!(store.list_open(5_000, 2).await.unwrap().len(), 2);
+    assert_eq!(store.list(Shard::Open, 5_000, 2).await.unwrap().len(), 2);
+    // The finished job still owes its report: it waits in the outbox partition.
+    let owing: Vec<String> = store
+        .list(Shard::Outbox, i64::MAX, 10)
+        .await
+        .unwrap()
+        .iter()
+        .map(|j| j.run_id.to_string())
+        .collect();
+    assert_eq!(owing, ["done"]);
 }
 
 macro_rules! contract {
@@ -256,9 +315,14 @@ macro_rules! contract {
             large_results_round_trip(s).await
         }
         #[tokio::test]
-        async fn discord_message_ids_are_set_once() {
+        async fn stale_writes_lose_and_retried_writes_are_recognised() {
             let (s, _d) = open_store($kind).await;
-            discord_bookkeeping(s).await
+            versions_and_write_ids(s).await
+        }
+        #[tokio::test]
+        async fn oversize_records_are_refused_for_good() {
+            let (s, _d) = open_store($kind).await;
+            oversize_records_refused(s).await
         }
         #[tokio::test]
         async fn only_unfinished_jobs_are_listed_for_the_sweep() {
@@ -279,7 +343,7 @@ mod sqlite {
         let b = kernelbot_dispatch::jobs::sqlite::SqliteStore::open(dir.path()).unwrap();
         a.create(&job("shared", 1)).await.unwrap();
         assert!(
-            b.advance(&id("shared"), &Transition::to(JobState::Running, 2))
+            advance(&b, &id("shared"), &Transition::to(JobState::Running, 2))
                 .await
                 .unwrap()
                 .is_some()

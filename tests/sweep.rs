@@ -6,21 +6,22 @@ use std::time::Duration;
 
 use common::{StoreKind, TestApp, submission};
 use kernelbot_dispatch::devstack::buildkite::sample_result;
-use kernelbot_dispatch::dispatch::SweepReport;
+use kernelbot_dispatch::flow::SweepReport;
 use kernelbot_dispatch::jobs::model::now_millis;
 use kernelbot_dispatch::jobs::{BuildRef, Job, JobState};
 use kernelbot_dispatch::result::Verdict;
 
-const NOW: Duration = Duration::ZERO;
+/// The sweep checks every open job, whatever its age.
+const ANY_AGE: &[(&str, &str)] = &[("SWEEP_MIN_AGE_SECS", "0")];
 
 pub async fn finishes_a_job_whose_webhook_never_came(kind: StoreKind) {
-    let app = TestApp::spawn(kind).await;
+    let app = TestApp::spawn_with(kind, ANY_AGE).await;
     app.submit(&submission("lost")).await;
     app.buildkite
         .upload(1, "result.json", sample_result(false), "finished", false);
     app.buildkite.set_state(1, "passed");
 
-    let report = app.sweeper.sweep(NOW).await.unwrap();
+    let report = app.sweep().await;
     assert_eq!(
         report,
         SweepReport {
@@ -39,7 +40,7 @@ pub async fn finishes_a_job_whose_webhook_never_came(kind: StoreKind) {
     );
 
     // A second pass finds nothing left to do, and a late webhook changes nothing.
-    assert_eq!(app.sweeper.sweep(NOW).await.unwrap().checked, 0);
+    assert_eq!(app.sweep().await.checked, 0);
     let calls = app.discord_calls().len();
     app.event("build.finished", 1).await;
     assert_eq!(app.discord_calls().len(), calls);
@@ -49,15 +50,15 @@ pub async fn leaves_young_jobs_alone(kind: StoreKind) {
     let app = TestApp::spawn(kind).await;
     app.submit(&submission("young")).await;
     app.buildkite.set_state(1, "passed");
-    let report = app.sweeper.sweep(Duration::from_secs(3600)).await.unwrap();
+    let report = app.sweep().await;
     assert_eq!(report.checked, 0);
     assert_eq!(app.job("young").await.state, JobState::Scheduled);
 }
 
 pub async fn follows_running_builds_and_fails_jobs_without_one(kind: StoreKind) {
-    let app = TestApp::spawn(kind).await;
+    let app = TestApp::spawn_with(kind, ANY_AGE).await;
     app.submit(&submission("busy")).await;
-    app.buildkite.set_state(1, "running");
+    app.buildkite.start_eval(1);
     // A job whose build was deleted in Buildkite.
     let mut vanished = Job::new(
         "vanished".parse().unwrap(),
@@ -84,11 +85,11 @@ pub async fn follows_running_builds_and_fails_jobs_without_one(kind: StoreKind) 
     );
     app.store.create(&orphan).await.unwrap();
 
-    let report = app.sweeper.sweep(NOW).await.unwrap();
+    let report = app.sweep().await;
     assert_eq!(
         report,
         SweepReport {
-            checked: 3,
+            checked: 2,
             advanced: 1,
             failed: 1,
             finished: 1,
@@ -105,7 +106,7 @@ pub async fn follows_running_builds_and_fails_jobs_without_one(kind: StoreKind) 
     assert_eq!(orphan.state, JobState::Failed);
     assert!(orphan.failure.unwrap().contains("no Buildkite build"));
 
-    let again = app.sweeper.sweep(NOW).await.unwrap();
+    let again = app.sweep().await;
     assert_eq!(
         again,
         SweepReport {
@@ -117,7 +118,7 @@ pub async fn follows_running_builds_and_fails_jobs_without_one(kind: StoreKind) 
 }
 
 pub async fn unreachable_build(kind: StoreKind) {
-    let app = TestApp::spawn(kind).await;
+    let app = TestApp::spawn_with(kind, ANY_AGE).await;
     app.submit(&submission("first")).await;
     tokio::time::sleep(Duration::from_millis(5)).await;
     app.submit(&submission("second")).await;
@@ -125,7 +126,7 @@ pub async fn unreachable_build(kind: StoreKind) {
     app.buildkite.set_state(2, "canceled");
     // Every retry of the oldest job's read fails.
     app.buildkite.fail_reads(&[500, 500, 500, 500]);
-    let report = app.sweeper.sweep(NOW).await.unwrap();
+    let report = app.sweep().await;
     assert_eq!(
         report,
         SweepReport {

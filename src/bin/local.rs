@@ -12,7 +12,7 @@ use kernelbot_dispatch::config::{Config, Role};
 use kernelbot_dispatch::devstack::agent::{RUNNER_COMMAND, local_agent};
 use kernelbot_dispatch::devstack::buildkite::BuildkiteStandin;
 use kernelbot_dispatch::devstack::discord::{DiscordStandin, render_for_terminal};
-use kernelbot_dispatch::dispatch::Dispatcher;
+use kernelbot_dispatch::flow::Dispatcher;
 use kernelbot_dispatch::{http, jobs, telemetry};
 use serde_json::{Value, json};
 

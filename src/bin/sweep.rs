@@ -1,29 +1,50 @@
-//! The sweep function: finishes jobs whose webhooks never came. Under Lambda it runs on an
-//! EventBridge schedule; elsewhere it makes one pass, prints a one-line summary and exits.
+//! The sweep function: sends pending reports, creates deferred builds, finishes jobs whose
+//! webhooks never came. Under Lambda it runs on an EventBridge schedule; elsewhere it makes one
+//! pass (or, with `--run-id <id>`, re-drives one run), prints a one-line summary and exits,
+//! non-zero on a pipeline- or store-level error.
 
 use kernelbot_dispatch::config::Role;
+use kernelbot_dispatch::jobs::RunId;
+use kernelbot_dispatch::retry::{Deadline, LOCAL_BUDGET};
 use kernelbot_dispatch::{server, telemetry};
 use lambda_http::{LambdaEvent, service_fn};
+
+fn run_id_arg() -> Result<Option<RunId>, server::Error> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.as_slice() {
+        [] => Ok(None),
+        [flag, id] if flag == "--run-id" => Ok(Some(
+            id.parse().map_err(|e| format!("--run-id {id:?}: {e}"))?,
+        )),
+        _ => Err("usage: sweep [--run-id <run id>]".into()),
+    }
+}
 
 #[tokio::main]
 async fn main() -> Result<(), server::Error> {
     telemetry::init();
+    let run_id = run_id_arg()?;
     let dispatcher = server::dispatcher(Role::Sweep)
         .await
         .inspect_err(|e| tracing::error!(error = %e, "start-up failed"))?;
-    let min_age = dispatcher.config.sweep_min_age;
     if telemetry::is_lambda() {
-        let handler = service_fn(move |_: LambdaEvent<serde_json::Value>| {
+        let handler = service_fn(move |event: LambdaEvent<serde_json::Value>| {
             let dispatcher = dispatcher.clone();
             async move {
-                let report = dispatcher.sweep(min_age).await?;
+                let deadline = Deadline::at_unix_millis(event.context.deadline);
+                let report = dispatcher.sweep(deadline).await?;
                 tracing::info!(%report, "sweep done");
                 Ok::<_, server::Error>(report)
             }
         });
         return lambda_http::lambda_runtime::run(handler).await;
     }
-    let report = dispatcher.sweep(min_age).await?;
+    let deadline = Deadline::after(LOCAL_BUDGET);
+    let report = match &run_id {
+        Some(id) => dispatcher.sweep_run(id, deadline).await,
+        None => dispatcher.sweep(deadline).await,
+    }
+    .inspect_err(|e| tracing::error!(error = %e, "sweep failed"))?;
     println!("{report}");
     Ok(())
 }

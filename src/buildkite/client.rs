@@ -1,7 +1,9 @@
-//! The Buildkite REST client: create a build, get a build, list its artifacts, download one.
+//! The Buildkite REST client: create, find, get and cancel builds, list and download artifacts.
 //!
-//! Every call has a timeout. Reads are retried on 429 (waiting `RateLimit-Reset`) and 5xx;
-//! creating a build is retried only on 429, since a 5xx may have created it after all.
+//! Every call is bounded by the invocation's [`Deadline`] and goes through the one retry
+//! driver. Reads are retried on 429 (waiting `RateLimit-Reset`) and 5xx; creating a build is
+//! retried only when it surely did not reach Buildkite (a refused connection, a 429): after a
+//! timeout or a 5xx it is [`BuildkiteError::Unconfirmed`], for the caller to look up.
 
 use std::time::Duration;
 
@@ -12,7 +14,7 @@ use url::Url;
 
 use super::model::{Artifact, Build, NewBuild};
 use crate::config::BuildkiteConfig;
-use crate::retry::{self, Policy};
+use crate::retry::{self, Again, Deadline, Policy, Transient};
 
 /// Largest `result.json` we accept.
 pub const MAX_ARTIFACT_BYTES: u64 = 8 * 1024 * 1024;
@@ -24,14 +26,41 @@ const MAX_ARTIFACT_PAGES: u32 = 10;
 pub enum BuildkiteError {
     #[error("Buildkite refused the request ({status}): {message}")]
     Rejected { status: u16, message: String },
+    /// 429; `reset` is when the window resets, if Buildkite said.
     #[error("Buildkite rate limit exceeded")]
-    RateLimited,
+    RateLimited { reset: Option<Duration> },
     #[error("Buildkite unavailable: {0}")]
     Unavailable(String),
+    /// A create call whose answer was lost (timeout, 5xx): the build may exist.
+    #[error("Buildkite did not confirm the build: {0}")]
+    Unconfirmed(String),
     #[error("unexpected response from Buildkite: {0}")]
     Protocol(String),
     #[error("artifact is larger than {MAX_ARTIFACT_BYTES} bytes")]
     TooLarge,
+}
+
+impl BuildkiteError {
+    /// Whether the error says the pipeline (token, org or slug) is wrong rather than one build.
+    pub fn is_misconfiguration(&self) -> bool {
+        matches!(
+            self,
+            Self::Rejected {
+                status: 401 | 403,
+                ..
+            }
+        )
+    }
+}
+
+impl Transient for BuildkiteError {
+    fn again(&self) -> Again {
+        match self {
+            Self::RateLimited { reset } => Again::After(*reset),
+            Self::Unavailable(_) => Again::After(None),
+            _ => Again::Never,
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -70,14 +99,37 @@ fn rate_limit_reset(resp: &Response) -> Option<Duration> {
     let h = resp.headers();
     ["ratelimit-reset", "ratelimit-user-reset", "retry-after"]
         .iter()
-        .find_map(|name| h.get(*name)?.to_str().ok()?.trim().parse::<u64>().ok())
+        .filter_map(|name| h.get(*name)?.to_str().ok()?.trim().parse::<u64>().ok())
+        .max()
         .map(Duration::from_secs)
+}
+
+/// Turns an answer into the response or the error it stands for.
+async fn classify(resp: Response, idempotent: bool) -> Result<Response, BuildkiteError> {
+    let status = resp.status();
+    if status == StatusCode::TOO_MANY_REQUESTS {
+        return Err(BuildkiteError::RateLimited {
+            reset: rate_limit_reset(&resp),
+        });
+    }
+    if status.is_success() || status.is_redirection() {
+        return Ok(resp);
+    }
+    let body = resp.text().await.unwrap_or_default();
+    let message = format!("HTTP {status}: {}", error_message(&body));
+    Err(match status {
+        s if s.is_server_error() && idempotent => BuildkiteError::Unavailable(message),
+        s if s.is_server_error() => BuildkiteError::Unconfirmed(message),
+        s => BuildkiteError::Rejected {
+            status: s.as_u16(),
+            message: error_message(&body),
+        },
+    })
 }
 
 impl BuildkiteClient {
     pub fn new(config: &BuildkiteConfig) -> Result<Self, BuildkiteError> {
         let api = reqwest::Client::builder()
-            .timeout(API_TIMEOUT)
             .connect_timeout(Duration::from_secs(5))
             // The artifact download answers 302 to storage; we follow it ourselves so the
             // Authorization header is never sent there.
@@ -86,7 +138,6 @@ impl BuildkiteClient {
             .build()
             .map_err(transport)?;
         let storage = reqwest::Client::builder()
-            .timeout(STORAGE_TIMEOUT)
             .connect_timeout(Duration::from_secs(5))
             .redirect(reqwest::redirect::Policy::limited(3))
             .build()
@@ -114,76 +165,53 @@ impl BuildkiteClient {
         self
     }
 
-    fn url(&self, path: &str) -> String {
+    fn pipeline_url(&self) -> String {
         format!(
-            "{}/organizations/{}/pipelines/{}/{path}",
+            "{}/organizations/{}/pipelines/{}",
             self.base.as_str().trim_end_matches('/'),
             self.org,
             self.pipeline
         )
     }
 
-    fn request(&self, method: Method, url: &str) -> RequestBuilder {
-        self.api
-            .request(method, url)
-            .timeout(self.timeout)
-            .bearer_auth(self.token.expose_secret())
+    fn url(&self, path: &str) -> String {
+        format!("{}/{path}", self.pipeline_url())
     }
 
-    /// Sends a request, retrying rate limits always and server errors only if `idempotent`.
-    async fn send(
+    /// One try of a REST call, bounded by the deadline.
+    async fn attempt(
         &self,
-        make: impl Fn() -> RequestBuilder,
+        method: Method,
+        url: &str,
+        body: Option<&NewBuild>,
         idempotent: bool,
+        deadline: Deadline,
     ) -> Result<Response, BuildkiteError> {
-        let mut attempt = 0;
-        let started = std::time::Instant::now();
-        loop {
-            attempt += 1;
-            let outcome = make().send().await;
-            let (wait, failure) = match outcome {
-                Ok(resp) if resp.status() == StatusCode::TOO_MANY_REQUESTS => (
-                    rate_limit_reset(&resp).or(Some(Duration::ZERO)),
-                    BuildkiteError::RateLimited,
-                ),
-                Ok(resp) if resp.status().is_server_error() && idempotent => (
-                    None,
-                    BuildkiteError::Unavailable(format!("HTTP {}", resp.status())),
-                ),
-                Ok(resp) if resp.status().is_success() || resp.status().is_redirection() => {
-                    return Ok(resp);
-                }
-                Ok(resp) => {
-                    let status = resp.status();
-                    let body = resp.text().await.unwrap_or_default();
-                    return Err(if status.is_server_error() {
-                        BuildkiteError::Unavailable(format!(
-                            "HTTP {status}: {}",
-                            error_message(&body)
-                        ))
-                    } else {
-                        BuildkiteError::Rejected {
-                            status: status.as_u16(),
-                            message: error_message(&body),
-                        }
-                    });
-                }
-                // A request that may have reached Buildkite is not repeated unless idempotent.
-                Err(e) if idempotent || e.is_connect() => (None, transport(e)),
-                Err(e) => return Err(transport(e)),
-            };
-            let wait = match wait {
-                Some(w) if w.is_zero() => None,
-                w => w,
-            };
-            match self.retry.delay(attempt, wait, started.elapsed()) {
-                Some(pause) => {
-                    tracing::warn!(attempt, pause_ms = pause.as_millis() as u64, error = %failure, "retrying Buildkite call");
-                    tokio::time::sleep(pause).await;
-                }
-                None => return Err(failure),
-            }
+        let timeout = deadline
+            .call_timeout(self.timeout)
+            .ok_or_else(|| BuildkiteError::Unavailable("no time left for the call".into()))?;
+        let mut req: RequestBuilder = self
+            .api
+            .request(method, url)
+            .timeout(timeout)
+            .bearer_auth(self.token.expose_secret());
+        if let Some(b) = body {
+            req = req.json(b);
         }
+        match req.send().await {
+            Ok(resp) => classify(resp, idempotent).await,
+            // A request that may have reached Buildkite is not repeated unless idempotent.
+            Err(e) if idempotent || e.is_connect() => Err(transport(e)),
+            Err(e) => Err(BuildkiteError::Unconfirmed(e.without_url().to_string())),
+        }
+    }
+
+    async fn read(&self, url: &str, deadline: Deadline) -> Result<Response, BuildkiteError> {
+        self.retry
+            .run(deadline, "Buildkite", || {
+                self.attempt(Method::GET, url, None, true, deadline)
+            })
+            .await
     }
 
     async fn json<T: DeserializeOwned>(resp: Response) -> Result<T, BuildkiteError> {
@@ -191,41 +219,61 @@ impl BuildkiteClient {
         serde_json::from_slice(&body).map_err(|e| BuildkiteError::Protocol(e.to_string()))
     }
 
-    pub async fn create_build(&self, build: &NewBuild) -> Result<Build, BuildkiteError> {
+    pub async fn create_build(
+        &self,
+        build: &NewBuild,
+        deadline: Deadline,
+    ) -> Result<Build, BuildkiteError> {
         let url = self.url("builds");
         let resp = self
-            .send(|| self.request(Method::POST, &url).json(build), false)
+            .retry
+            .run(deadline, "Buildkite", || {
+                self.attempt(Method::POST, &url, Some(build), false, deadline)
+            })
             .await?;
         Self::json(resp).await
     }
 
+    /// Checks that the configured pipeline exists and the token may read it.
+    pub async fn check_pipeline(&self, deadline: Deadline) -> Result<(), BuildkiteError> {
+        self.read(&self.pipeline_url(), deadline).await.map(drop)
+    }
+
     /// The build we created for `run_id`, found by its meta-data. Used when a create call
     /// failed in a way that leaves open whether the build exists (timeout, 5xx).
-    pub async fn find_build(&self, run_id: &str) -> Result<Option<Build>, BuildkiteError> {
+    pub async fn find_build(
+        &self,
+        run_id: &str,
+        deadline: Deadline,
+    ) -> Result<Option<Build>, BuildkiteError> {
         let mut url =
             Url::parse(&self.url("builds")).map_err(|e| BuildkiteError::Protocol(e.to_string()))?;
         url.query_pairs_mut()
             .append_pair("meta_data[run_id]", run_id)
             .append_pair("per_page", "2");
-        let resp = self
-            .send(|| self.request(Method::GET, url.as_str()), true)
-            .await?;
-        let builds: Vec<Build> = Self::json(resp).await?;
+        let builds: Vec<Build> = Self::json(self.read(url.as_str(), deadline).await?).await?;
         Ok(builds.into_iter().find(|b| b.run_id() == Some(run_id)))
     }
 
-    pub async fn get_build(&self, number: u64) -> Result<Build, BuildkiteError> {
+    pub async fn get_build(
+        &self,
+        number: u64,
+        deadline: Deadline,
+    ) -> Result<Build, BuildkiteError> {
         let url = self.url(&format!("builds/{number}?include_retried_jobs=true"));
-        let resp = self.send(|| self.request(Method::GET, &url), true).await?;
-        Self::json(resp).await
+        Self::json(self.read(&url, deadline).await?).await
     }
 
     /// Every artifact of a build, following the `Link: rel="next"` pages.
-    pub async fn list_artifacts(&self, number: u64) -> Result<Vec<Artifact>, BuildkiteError> {
+    pub async fn list_artifacts(
+        &self,
+        number: u64,
+        deadline: Deadline,
+    ) -> Result<Vec<Artifact>, BuildkiteError> {
         let mut url = self.url(&format!("builds/{number}/artifacts?per_page=100"));
         let mut all = Vec::new();
         for _ in 0..MAX_ARTIFACT_PAGES {
-            let resp = self.send(|| self.request(Method::GET, &url), true).await?;
+            let resp = self.read(&url, deadline).await?;
             let next = next_link(resp.headers());
             all.extend(Self::json::<Vec<Artifact>>(resp).await?);
             match next {
@@ -238,11 +286,13 @@ impl BuildkiteClient {
     }
 
     /// Downloads an artifact: the API answers 302 with a short-lived storage URL, which is
-    /// fetched with a client that has no credentials.
+    /// fetched with a client that has no credentials. A retry asks the API anew, since the
+    /// storage URL is only valid for about a minute.
     pub async fn download_artifact(
         &self,
         build_number: u64,
         artifact: &Artifact,
+        deadline: Deadline,
     ) -> Result<Vec<u8>, BuildkiteError> {
         if artifact.file_size.is_some_and(|s| s > MAX_ARTIFACT_BYTES) {
             return Err(BuildkiteError::TooLarge);
@@ -251,44 +301,44 @@ impl BuildkiteClient {
             "builds/{build_number}/jobs/{}/artifacts/{}/download",
             artifact.job_id, artifact.id
         ));
-        let mut attempt = 0;
-        let started = std::time::Instant::now();
-        loop {
-            attempt += 1;
-            let resp = self.send(|| self.request(Method::GET, &url), true).await?;
-            let result = if resp.status().is_redirection() {
-                let location = resp
-                    .headers()
-                    .get(header::LOCATION)
-                    .and_then(|l| l.to_str().ok())
-                    .ok_or_else(|| {
-                        BuildkiteError::Protocol("artifact redirect without Location".into())
-                    })?;
-                let target = Url::parse(&url)
-                    .and_then(|u| u.join(location))
-                    .map_err(|e| BuildkiteError::Protocol(format!("artifact Location: {e}")))?;
-                self.fetch_storage(target).await
-            } else {
-                read_capped(resp).await
-            };
-            match result {
-                // The storage URL is valid for about a minute: a retry asks the API anew.
-                Err(BuildkiteError::Unavailable(e)) => {
-                    match self.retry.delay(attempt, None, started.elapsed()) {
-                        Some(pause) => {
-                            tracing::warn!(attempt, error = %e, "retrying artifact download");
-                            tokio::time::sleep(pause).await;
-                        }
-                        None => return Err(BuildkiteError::Unavailable(e)),
-                    }
-                }
-                other => return other,
-            }
-        }
+        self.retry
+            .run(deadline, "Buildkite artifacts", || {
+                self.download_once(&url, deadline)
+            })
+            .await
     }
 
-    async fn fetch_storage(&self, url: Url) -> Result<Vec<u8>, BuildkiteError> {
-        let resp = self.storage.get(url).send().await.map_err(transport)?;
+    async fn download_once(
+        &self,
+        url: &str,
+        deadline: Deadline,
+    ) -> Result<Vec<u8>, BuildkiteError> {
+        let resp = self.attempt(Method::GET, url, None, true, deadline).await?;
+        if !resp.status().is_redirection() {
+            return read_capped(resp).await;
+        }
+        let location = resp
+            .headers()
+            .get(header::LOCATION)
+            .and_then(|l| l.to_str().ok())
+            .ok_or_else(|| BuildkiteError::Protocol("artifact redirect without Location".into()))?;
+        let target = Url::parse(url)
+            .and_then(|u| u.join(location))
+            .map_err(|e| BuildkiteError::Protocol(format!("artifact Location: {e}")))?;
+        self.fetch_storage(target, deadline).await
+    }
+
+    async fn fetch_storage(&self, url: Url, deadline: Deadline) -> Result<Vec<u8>, BuildkiteError> {
+        let timeout = deadline
+            .call_timeout(STORAGE_TIMEOUT)
+            .ok_or_else(|| BuildkiteError::Unavailable("no time left for the download".into()))?;
+        let resp = self
+            .storage
+            .get(url)
+            .timeout(timeout)
+            .send()
+            .await
+            .map_err(transport)?;
         let status = resp.status();
         if retry::is_transient(status) {
             return Err(BuildkiteError::Unavailable(format!(

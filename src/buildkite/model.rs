@@ -38,6 +38,11 @@ pub struct BuildJob {
     pub kind: String,
     #[serde(default)]
     pub state: Option<String>,
+    /// The step's `key` in the pipeline (`evaluate` for the evaluation step).
+    #[serde(default)]
+    pub step_key: Option<String>,
+    #[serde(default)]
+    pub started_at: Option<String>,
 }
 
 /// Build states after which nothing more happens.

@@ -13,7 +13,7 @@ use serde::Deserialize;
 use sha2::Sha256;
 use subtle::ConstantTimeEq;
 
-use super::model::Build;
+use super::model::{Build, BuildJob};
 
 /// How far the signature's timestamp may be from our clock, either way.
 pub const TOLERANCE_SECS: i64 = 300;
@@ -129,8 +129,12 @@ impl WebhookAuth {
 /// The part of a webhook body we read. Everything else is ignored.
 #[derive(Debug, Deserialize)]
 pub struct WebhookEvent {
-    pub event: Option<String>,
+    /// The event's name. The signed body decides: the `X-Buildkite-Event` header is not signed.
+    #[serde(default)]
+    pub event: String,
     pub build: Option<Build>,
+    /// The job of a `job.*` event.
+    pub job: Option<BuildJob>,
 }
 
 #[cfg(test)]

@@ -39,6 +39,8 @@ pub struct StandinBuild {
     pub env: BTreeMap<String, String>,
     pub meta_data: BTreeMap<String, String>,
     pub jobs: Vec<String>,
+    /// The evaluation step (`key: evaluate`) has started on an agent.
+    pub eval_started: bool,
     pub artifacts: Vec<StandinArtifact>,
 }
 
@@ -77,6 +79,11 @@ struct Inner {
     pipeline: String,
     builds: Vec<StandinBuild>,
     create_failure: Option<(u16, Value)>,
+    /// The next creates answer these statuses, having created the build first when `true`
+    /// (an answer lost after the work was done).
+    create_faults: VecDeque<(u16, bool)>,
+    /// `RateLimit-Reset` on a 429 to a create.
+    create_reset_secs: u64,
     create_delay: Option<Duration>,
     read_failures: VecDeque<u16>,
     storage_auth_rejections: usize,
@@ -132,7 +139,9 @@ impl Inner {
                 .iter()
                 .map(|j| {
                     json!({"id": j, "type": "script", "name": ":rocket: Kernel Evaluation",
-                    "state": b.state, "artifacts_url": format!("{api}/jobs/{j}/artifacts")})
+                    "step_key": "evaluate", "state": b.state,
+                    "started_at": b.eval_started.then_some("2026-11-21T10:00:02.000Z"),
+                    "artifacts_url": format!("{api}/jobs/{j}/artifacts")})
                 })
                 .collect();
         }
@@ -153,6 +162,8 @@ impl BuildkiteStandin {
             pipeline: pipeline.to_owned(),
             builds: Vec::new(),
             create_failure: None,
+            create_faults: VecDeque::new(),
+            create_reset_secs: 30,
             create_delay: None,
             read_failures: VecDeque::new(),
             storage_auth_rejections: 0,
@@ -168,6 +179,10 @@ impl BuildkiteStandin {
             .route(
                 &format!("{p}/{{number}}/jobs/{{job}}/artifacts/{{id}}/download"),
                 get(download),
+            )
+            .route(
+                "/v2/organizations/{org}/pipelines/{pipeline}",
+                get(get_pipeline),
             )
             .route("/storage/{id}", get(storage))
             .with_state(inner.clone());
@@ -222,6 +237,27 @@ impl BuildkiteStandin {
         self.lock().create_delay = Some(delay);
     }
 
+    /// The next creates answer `status`; with `created`, after creating the build (its answer
+    /// lost), else without. A 429 carries `RateLimit-Reset: reset_secs`.
+    pub fn fail_creates(&self, faults: &[(u16, bool)], reset_secs: u64) {
+        let mut s = self.lock();
+        s.create_faults.extend(faults);
+        s.create_reset_secs = reset_secs;
+    }
+
+    /// The pipeline is renamed: every call to the configured one answers 404.
+    pub fn rename_pipeline(&self, new_slug: &str) {
+        self.lock().pipeline = new_slug.to_owned();
+    }
+
+    /// The evaluation step starts on an agent: the build runs.
+    pub fn start_eval(&self, number: u64) {
+        if let Some(b) = self.lock().builds.iter_mut().find(|b| b.number == number) {
+            b.state = "running".into();
+            b.eval_started = true;
+        }
+    }
+
     /// The next REST reads answer these statuses.
     pub fn fail_reads(&self, statuses: &[u16]) {
         self.lock().read_failures.extend(statuses);
@@ -273,8 +309,14 @@ impl BuildkiteStandin {
             .iter()
             .find(|b| b.number == number)
             .map(|b| s.build_json(b, false));
-        let body = json!({"event": event, "build": build, "pipeline": {"slug": s.pipeline, "name": s.pipeline},
+        let mut body = json!({"event": event, "build": build, "pipeline": {"slug": s.pipeline, "name": s.pipeline},
             "sender": {"id": "u1", "name": "Buildkite"}});
+        if event.starts_with("job.")
+            && let Some(b) = s.builds.iter().find(|b| b.number == number)
+        {
+            body["job"] = json!({"id": b.jobs.last(), "type": "script", "step_key": "evaluate",
+                "state": "running", "started_at": "2026-11-21T10:00:02.000Z"});
+        }
         serde_json::to_vec(&body).unwrap_or_default()
     }
 
@@ -330,6 +372,11 @@ fn gate(s: &mut Inner, req: &Request, read: bool) -> Option<Response> {
             "No valid API token provided",
         ));
     }
+    let pipeline = format!("/v2/organizations/{}/pipelines/{}", s.org, s.pipeline);
+    let path = req.uri().path();
+    if path != pipeline && !path.starts_with(&format!("{pipeline}/")) {
+        return Some(bk_error(StatusCode::NOT_FOUND, "Not Found"));
+    }
     if read && let Some(code) = s.read_failures.pop_front() {
         let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         if code == 429 {
@@ -361,6 +408,10 @@ fn create_locked(inner: &Shared, req: &Request, bytes: &[u8]) -> (Response, Opti
     let mut s = lock(inner);
     if let Some(r) = gate(&mut s, req, false) {
         return (r, None);
+    }
+    let fault = s.create_faults.pop_front();
+    if let Some((code, false)) = fault {
+        return (create_fault(code, s.create_reset_secs), None);
     }
     if let Some((code, body)) = s.create_failure.clone() {
         let status = StatusCode::from_u16(code).unwrap_or(StatusCode::UNPROCESSABLE_ENTITY);
@@ -406,6 +457,7 @@ fn create_locked(inner: &Shared, req: &Request, bytes: &[u8]) -> (Response, Opti
         env: map("env"),
         meta_data: map("meta_data"),
         jobs: vec![uuid::Uuid::new_v4().to_string()],
+        eval_started: false,
         artifacts: Vec::new(),
     };
     let body = s.build_json(&build, true);
@@ -413,10 +465,41 @@ fn create_locked(inner: &Shared, req: &Request, bytes: &[u8]) -> (Response, Opti
     if let Some(run) = s.autorun.clone() {
         tokio::spawn(play_agent(inner.clone(), run, number));
     }
+    if let Some((code, true)) = fault {
+        return (create_fault(code, s.create_reset_secs), None);
+    }
     (
         (StatusCode::CREATED, Json(body)).into_response(),
         s.create_delay,
     )
+}
+
+/// A failed create's answer, as Buildkite words it.
+fn create_fault(code: u16, reset_secs: u64) -> Response {
+    let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    if code == 429 {
+        let body = json!({"message": format!("You have exceeded your API rate limit. Please wait {reset_secs} seconds before making more requests."),
+            "scope": "rest", "limit": 200, "current": 201, "reset": reset_secs});
+        return (
+            status,
+            [
+                ("ratelimit-reset", reset_secs.to_string()),
+                ("ratelimit-remaining", "0".into()),
+            ],
+            Json(body),
+        )
+            .into_response();
+    }
+    bk_error(status, "Internal Server Error")
+}
+
+/// `GET .../pipelines/{slug}`: the pipeline, if the token may read it.
+async fn get_pipeline(State(inner): State<Shared>, req: Request) -> Response {
+    let mut s = lock(&inner);
+    if let Some(r) = gate(&mut s, &req, true) {
+        return r;
+    }
+    Json(json!({"slug": s.pipeline, "name": s.pipeline})).into_response()
 }
 
 /// The agent's side of a build: webhooks for scheduled and running, the step, the upload,
@@ -436,6 +519,8 @@ async fn play_agent(inner: Shared, run: AutoRun, number: u64) {
     send("build.scheduled").await;
     bk.set_state(number, "running");
     send("build.running").await;
+    bk.start_eval(number);
+    send("job.started").await;
     let env = bk.build(number).map(|b| b.env).unwrap_or_default();
     let step = run.step.clone();
     let outcome = tokio::task::spawn_blocking(move || step(&env))

@@ -150,6 +150,11 @@ impl DiscordStandin {
         self.lock().gone.insert(webhook_id.to_owned());
     }
 
+    /// A moderator deletes message `id`: editing it answers 404 `10008 Unknown Message`.
+    pub fn delete_message(&self, id: &str) {
+        self.lock().messages.remove(id);
+    }
+
     /// Every answer waits this long first.
     pub fn set_delay(&self, delay: Option<Duration>) {
         self.lock().delay = delay;

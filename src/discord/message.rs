@@ -179,13 +179,30 @@ pub fn render(job: &Job) -> Message {
     .fit()
 }
 
+/// The one sentence Discord shows for each verdict. Fixed texts: nothing a third party wrote
+/// reaches the channel through them.
+pub fn verdict_sentence(verdict: Verdict, queue: &str) -> String {
+    match verdict {
+        Verdict::Passed => "✅ Passed: every run succeeded.".into(),
+        Verdict::Failed => {
+            "❌ Failed: a test, benchmark or compile step failed, or the build failed.".into()
+        }
+        Verdict::Canceled => "❌ Canceled: the build was canceled.".into(),
+        Verdict::Skipped => "❌ Skipped: Buildkite skipped the build.".into(),
+        Verdict::QueueTimeout => {
+            format!("❌ Timed out in the queue: no agent on queue `{queue}` started it in time.")
+        }
+        Verdict::Expired => "❌ Expired: the job ran past its maximum age and was stopped.".into(),
+        Verdict::Error => "❌ Error: the build left no usable result.".into(),
+    }
+}
+
 fn final_report(job: &Job, head: &str, outcome: &Outcome) -> (String, Vec<Embed>) {
-    let verdict = match outcome.verdict {
-        Verdict::Passed => "✅ success",
-        Verdict::Failed => "❌ failure",
-    };
+    let passed = outcome.verdict == Verdict::Passed;
     let content = format!(
-        "{head} {verdict}\n> {} ({})",
+        "{head} {}\n> {}\n> {} ({})",
+        if passed { "✅ success" } else { "❌ failure" },
+        verdict_sentence(outcome.verdict, &job.queue),
         capitalised(&build_link(job)),
         outcome.build_state
     );
@@ -208,11 +225,7 @@ fn final_report(job: &Job, head: &str, outcome: &Outcome) -> (String, Vec<Embed>
         title: Some(format!("Report for {}", job.run_id)),
         url: job.build.as_ref().map(|b| b.web_url.clone()),
         description: Some(lines.join("\n")),
-        color: Some(if outcome.verdict == Verdict::Passed {
-            GREEN
-        } else {
-            RED
-        }),
+        color: Some(if passed { GREEN } else { RED }),
         fields,
     };
     (content, vec![embed])

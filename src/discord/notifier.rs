@@ -1,9 +1,9 @@
 //! Posts and edits webhook messages.
 //!
 //! 429 answers are retried after the `retry_after` Discord asks for (body, else the
-//! `Retry-After` header); 5xx with backoff. A 404 means the webhook was deleted: Discord
-//! asks clients to stop using such a webhook, so it surfaces as [`DiscordError::Gone`].
-//! Error texts never include the URL: its path carries the webhook token.
+//! `Retry-After` header); 5xx with backoff; both through the one retry driver, within the
+//! invocation's deadline. 4xx answers are read by their JSON error code: see
+//! [`DiscordError`]. Error texts never include the URL: its path carries the webhook token.
 
 use std::time::Duration;
 
@@ -13,19 +13,59 @@ use url::Url;
 
 use super::message::Message;
 use super::target::DiscordTarget;
-use crate::retry::Policy;
+use crate::retry::{Again, Deadline, Policy, Transient};
 
 /// Discord answers in well under a second; a slow answer must not hold a function long.
 const TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Discord's JSON error codes we act on.
+pub mod codes {
+    pub const UNKNOWN_MESSAGE: u64 = 10008;
+    pub const UNKNOWN_WEBHOOK: u64 = 10015;
+    pub const EDIT_LIMIT: u64 = 30046;
+    pub const INVALID_WEBHOOK_TOKEN: u64 = 50027;
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum DiscordError {
-    #[error("Discord webhook is gone (404)")]
-    Gone,
-    #[error("Discord refused the message ({status}): {message}")]
-    Rejected { status: u16, message: String },
-    #[error("Discord unavailable: {0}")]
-    Unavailable(String),
+    /// The webhook was deleted or its token revoked (10015, 50027, or a 404 with no or another
+    /// code): nothing more can be sent there.
+    #[error("Discord webhook is gone ({status}, code {code:?})")]
+    Gone { status: u16, code: Option<u64> },
+    /// The message was deleted (10008) or can no longer be edited (30046): post a new one.
+    #[error("Discord message can no longer be edited (code {code})")]
+    MessageGone { code: u64 },
+    /// Refused for good (any other 4xx): this render will not be accepted.
+    #[error("Discord refused the message ({status}, code {code:?}): {message}")]
+    Rejected {
+        status: u16,
+        code: Option<u64>,
+        message: String,
+    },
+    /// Worth trying later: 5xx, 429, a timeout, no answer.
+    #[error("Discord unavailable: {message}")]
+    Unavailable {
+        message: String,
+        retry_after: Option<Duration>,
+    },
+}
+
+impl DiscordError {
+    fn unavailable(message: impl Into<String>) -> Self {
+        Self::Unavailable {
+            message: message.into(),
+            retry_after: None,
+        }
+    }
+}
+
+impl Transient for DiscordError {
+    fn again(&self) -> Again {
+        match self {
+            Self::Unavailable { retry_after, .. } => Again::After(*retry_after),
+            _ => Again::Never,
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -41,33 +81,63 @@ struct Posted {
     id: String,
 }
 
-#[derive(Deserialize)]
-struct RateLimited {
-    retry_after: f64,
-}
-
-/// How long Discord asked us to wait.
-async fn retry_after(resp: Response) -> Option<Duration> {
-    let header = resp
-        .headers()
-        .get("retry-after")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<f64>().ok());
-    let body = resp.json::<RateLimited>().await.ok().map(|r| r.retry_after);
-    body.or(header)
-        .filter(|s| s.is_finite() && *s >= 0.0)
-        .map(Duration::from_secs_f64)
+#[derive(Deserialize, Default)]
+struct ErrorBody {
+    #[serde(default)]
+    code: Option<u64>,
+    #[serde(default)]
+    message: String,
+    #[serde(default)]
+    retry_after: Option<f64>,
 }
 
 fn transport(e: reqwest::Error) -> DiscordError {
     // `without_url`: the URL holds the webhook token.
-    DiscordError::Unavailable(e.without_url().to_string())
+    DiscordError::unavailable(e.without_url().to_string())
+}
+
+/// What a non-success answer means, read from its status, headers and JSON error body.
+async fn classify(resp: Response) -> DiscordError {
+    let status = resp.status();
+    let header_wait = resp
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<f64>().ok());
+    let body: ErrorBody = resp.json().await.unwrap_or_default();
+    let code = body.code.filter(|c| *c != 0);
+    match (status, code) {
+        (StatusCode::TOO_MANY_REQUESTS, _) => {
+            let wait = body
+                .retry_after
+                .or(header_wait)
+                .filter(|s| s.is_finite() && *s >= 0.0)
+                .map_or(Duration::from_secs(1), Duration::from_secs_f64);
+            DiscordError::Unavailable {
+                message: format!("rate limited for {wait:?}"),
+                retry_after: Some(wait),
+            }
+        }
+        (s, _) if s.is_server_error() => DiscordError::unavailable(format!("HTTP {s}")),
+        (_, Some(c @ (codes::UNKNOWN_MESSAGE | codes::EDIT_LIMIT))) => {
+            DiscordError::MessageGone { code: c }
+        }
+        (_, Some(codes::UNKNOWN_WEBHOOK | codes::INVALID_WEBHOOK_TOKEN))
+        | (StatusCode::NOT_FOUND, _) => DiscordError::Gone {
+            status: status.as_u16(),
+            code,
+        },
+        (s, code) => DiscordError::Rejected {
+            status: s.as_u16(),
+            code,
+            message: super::message::truncate(body.message.trim(), 300),
+        },
+    }
 }
 
 impl Notifier {
     pub fn new(base: Url) -> Result<Self, DiscordError> {
         let http = reqwest::Client::builder()
-            .timeout(TIMEOUT)
             .connect_timeout(Duration::from_secs(5))
             .user_agent(concat!(
                 "DiscordBot (https://github.com/gpu-mode/kernelbot, ",
@@ -79,10 +149,7 @@ impl Notifier {
         Ok(Self {
             http,
             base,
-            retry: Policy {
-                budget: Duration::from_secs(10),
-                ..Policy::default()
-            },
+            retry: Policy::default(),
             timeout: TIMEOUT,
         })
     }
@@ -92,10 +159,15 @@ impl Notifier {
         self
     }
 
-    /// Sets the time limit of each call (default 10 s).
+    /// Sets the time limit of each call (default 5 s).
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
+    }
+
+    /// The time limit of one call: how much of a deadline one Discord attempt needs.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
     }
 
     fn url(&self, target: &DiscordTarget, suffix: &str, wait: bool) -> Result<Url, DiscordError> {
@@ -104,8 +176,8 @@ impl Notifier {
             self.base.as_str().trim_end_matches('/'),
             target.path()
         );
-        let mut url = Url::parse(&raw)
-            .map_err(|_| DiscordError::Unavailable("invalid Discord URL".into()))?;
+        let mut url =
+            Url::parse(&raw).map_err(|_| DiscordError::unavailable("invalid Discord URL"))?;
         {
             let mut q = url.query_pairs_mut();
             if wait {
@@ -121,55 +193,43 @@ impl Notifier {
         Ok(url)
     }
 
+    async fn attempt(
+        &self,
+        method: Method,
+        url: &Url,
+        message: &Message,
+        deadline: Deadline,
+    ) -> Result<Response, DiscordError> {
+        let timeout = deadline
+            .call_timeout(self.timeout)
+            .ok_or_else(|| DiscordError::unavailable("no time left for the call"))?;
+        let resp = self
+            .http
+            .request(method, url.clone())
+            .timeout(timeout)
+            .json(message)
+            .send()
+            .await
+            .map_err(transport)?;
+        if resp.status().is_success() {
+            Ok(resp)
+        } else {
+            Err(classify(resp).await)
+        }
+    }
+
     async fn send(
         &self,
         method: Method,
         url: Url,
         message: &Message,
+        deadline: Deadline,
     ) -> Result<Response, DiscordError> {
-        let mut attempt = 0;
-        let started = std::time::Instant::now();
-        loop {
-            attempt += 1;
-            let resp = self
-                .http
-                .request(method.clone(), url.clone())
-                .timeout(self.timeout)
-                .json(message)
-                .send()
-                .await;
-            let (wait, failure) = match resp {
-                Ok(r) if r.status().is_success() => return Ok(r),
-                Ok(r) if r.status() == StatusCode::NOT_FOUND => return Err(DiscordError::Gone),
-                Ok(r) if r.status() == StatusCode::TOO_MANY_REQUESTS => {
-                    let wait = retry_after(r).await.unwrap_or(Duration::from_secs(1));
-                    (
-                        Some(wait),
-                        DiscordError::Unavailable(format!("rate limited for {wait:?}")),
-                    )
-                }
-                Ok(r) if r.status().is_server_error() => (
-                    None,
-                    DiscordError::Unavailable(format!("HTTP {}", r.status())),
-                ),
-                Ok(r) => {
-                    let status = r.status().as_u16();
-                    let body = r.text().await.unwrap_or_default();
-                    return Err(DiscordError::Rejected {
-                        status,
-                        message: super::message::truncate(body.trim(), 300),
-                    });
-                }
-                Err(e) => (None, transport(e)),
-            };
-            match self.retry.delay(attempt, wait, started.elapsed()) {
-                Some(pause) => {
-                    tracing::warn!(attempt, pause_ms = pause.as_millis() as u64, error = %failure, "retrying Discord call");
-                    tokio::time::sleep(pause).await;
-                }
-                None => return Err(failure),
-            }
-        }
+        self.retry
+            .run(deadline, "Discord", || {
+                self.attempt(method.clone(), &url, message, deadline)
+            })
+            .await
     }
 
     /// Posts a new message and returns its id (`?wait=true`, so Discord confirms it).
@@ -177,12 +237,13 @@ impl Notifier {
         &self,
         target: &DiscordTarget,
         message: &Message,
+        deadline: Deadline,
     ) -> Result<String, DiscordError> {
         let resp = self
-            .send(Method::POST, self.url(target, "", true)?, message)
+            .send(Method::POST, self.url(target, "", true)?, message, deadline)
             .await?;
         let posted: Posted = resp.json().await.map_err(|e| {
-            DiscordError::Unavailable(format!(
+            DiscordError::unavailable(format!(
                 "message id missing from answer: {}",
                 e.without_url()
             ))
@@ -196,8 +257,11 @@ impl Notifier {
         target: &DiscordTarget,
         message_id: &str,
         message: &Message,
+        deadline: Deadline,
     ) -> Result<(), DiscordError> {
         let url = self.url(target, &format!("/messages/{message_id}"), false)?;
-        self.send(Method::PATCH, url, message).await.map(drop)
+        self.send(Method::PATCH, url, message, deadline)
+            .await
+            .map(drop)
     }
 }

@@ -6,7 +6,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
-use crate::dispatch::DispatchError;
+use crate::flow::DispatchError;
 use crate::submission::Invalid;
 
 #[derive(Debug, thiserror::Error)]

@@ -4,9 +4,25 @@ pub mod error;
 pub mod submit;
 pub mod webhook;
 
+use std::time::Duration;
+
 use axum::body::{Body, Bytes};
+use axum::http::Extensions;
 
 pub use error::ApiError;
+
+use crate::retry::{Deadline, LOCAL_BUDGET};
+
+/// Kept back from the Lambda deadline to write the answer.
+const ANSWER_RESERVE: Duration = Duration::from_millis(500);
+
+/// The invocation's one deadline: the Lambda context's when there is one, else a fixed span.
+pub fn deadline_of(extensions: &Extensions) -> Deadline {
+    match extensions.get::<lambda_http::Context>() {
+        Some(ctx) => Deadline::at_unix_millis(ctx.deadline).less(ANSWER_RESERVE),
+        None => Deadline::after(LOCAL_BUDGET),
+    }
+}
 
 /// Reads a request body up to `limit` bytes; more is a 413 with a JSON body.
 pub async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {

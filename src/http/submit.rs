@@ -11,8 +11,8 @@ use secrecy::ExposeSecret;
 use serde_json::{Value, json};
 use subtle::ConstantTimeEq;
 
-use super::{ApiError, healthz, read_body};
-use crate::dispatch::{Dispatcher, Submitted};
+use super::{ApiError, deadline_of, healthz, read_body};
+use crate::flow::{Dispatcher, Submitted};
 use crate::jobs::{Job, RunId};
 use crate::submission;
 
@@ -60,6 +60,35 @@ fn build_json(job: &Job) -> Value {
     )
 }
 
+fn rank_name(rank: u8) -> &'static str {
+    match rank {
+        0 => "submitted",
+        1 => "scheduled",
+        2 => "running",
+        _ => "final",
+    }
+}
+
+/// Where the job's Discord status stands, for operators (never the webhook token).
+fn delivery_json(job: &Job) -> Value {
+    let Some(o) = &job.discord else {
+        return json!({"discord": null});
+    };
+    let status = if o.owes(job.state) {
+        "pending"
+    } else {
+        o.status.as_str()
+    };
+    json!({"discord": {
+        "status": status,
+        "shown": o.shown.map(rank_name),
+        "message_id": o.message_id,
+        "attempts": o.attempts,
+        "pending_since": o.pending_since.map(millis_rfc3339),
+        "last_error": o.last_error,
+    }})
+}
+
 /// The job as `GET /submissions/{run_id}` shows it.
 pub fn job_view(job: &Job) -> Value {
     json!({
@@ -72,19 +101,22 @@ pub fn job_view(job: &Job) -> Value {
         "failure": job.failure,
         "created_at": millis_rfc3339(job.created_at),
         "updated_at": millis_rfc3339(job.updated_at),
+        "verdict": job.outcome.as_ref().map(|o| o.verdict),
         "result": job.outcome,
+        "delivery": delivery_json(job),
     })
 }
 
 async fn create(State(d): State<Arc<Dispatcher>>, request: Request) -> Result<Response, ApiError> {
     authorize(&d, request.headers())?;
+    let deadline = deadline_of(request.extensions());
     let body = read_body(request.into_body(), MAX_BODY).await?;
     let sub = submission::parse(
         &body,
         &d.config.queues,
         d.config.discord.default_target.as_ref(),
     )?;
-    let (status, job) = match d.submit(sub).await? {
+    let (status, job) = match d.submit(sub, deadline).await? {
         Submitted::New(job) => (StatusCode::ACCEPTED, job),
         Submitted::Existing(job) => (StatusCode::OK, job),
     };

@@ -7,9 +7,9 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{Value, json};
 
-use super::{ApiError, healthz, read_body};
+use super::{ApiError, deadline_of, healthz, read_body};
 use crate::buildkite::webhook::{EVENT_HEADER, SIGNATURE_HEADER, TOKEN_HEADER, WebhookEvent};
-use crate::dispatch::{Dispatcher, EventOutcome};
+use crate::flow::{Dispatcher, EventOutcome};
 
 /// Buildkite build payloads are a few KiB; anything near this is not one.
 pub const MAX_BODY: usize = 1024 * 1024;
@@ -29,6 +29,7 @@ async fn receive(
     State(d): State<Arc<Dispatcher>>,
     request: Request,
 ) -> Result<Json<Value>, ApiError> {
+    let deadline = deadline_of(request.extensions());
     let (parts, body) = request.into_parts();
     let header = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok());
     let body = read_body(body, MAX_BODY).await?;
@@ -45,20 +46,23 @@ async fn receive(
             tracing::warn!(reason = %e, "webhook rejected");
             ApiError::Unauthorized
         })?;
-    let payload: WebhookEvent =
-        serde_json::from_slice(&body).map_err(|e| ApiError::BadRequest {
-            code: "invalid_json",
-            message: format!("webhook body is not a Buildkite event: {e}"),
-        })?;
-    let event = header(EVENT_HEADER)
-        .or(payload.event.as_deref())
-        .unwrap_or_default();
-    let outcome = match (&payload.build, event) {
-        (Some(build), e) if e.starts_with("build.") => d.on_build_event(e, build).await?,
-        (_, "ping") => EventOutcome::Ignored("ping"),
-        _ => EventOutcome::Ignored("event not handled"),
-    };
-    let body = match outcome {
+    let event: WebhookEvent = serde_json::from_slice(&body).map_err(|e| ApiError::BadRequest {
+        code: "invalid_json",
+        message: format!("webhook body is not a Buildkite event: {e}"),
+    })?;
+    // The signed body decides; an unsigned header that disagrees is someone's replay.
+    if let Some(claimed) = header(EVENT_HEADER).filter(|h| *h != event.event) {
+        tracing::warn!(header = claimed, body = %event.event, "event header disagrees with the signed body");
+        return Err(ApiError::BadRequest {
+            code: "event_mismatch",
+            message: format!(
+                "X-Buildkite-Event {:?} does not match the signed body's event {:?}",
+                claimed.chars().take(64).collect::<String>(),
+                event.event.chars().take(64).collect::<String>()
+            ),
+        });
+    }
+    let body = match d.on_event(&event, deadline).await? {
         EventOutcome::Advanced(state) => json!({"ok": true, "state": state}),
         EventOutcome::Ignored(reason) => json!({"ok": true, "ignored": reason}),
     };

@@ -1,19 +1,30 @@
 //! The DynamoDB store. The table is defined in `template.yaml` (and only there): partition
 //! key `run_id`, TTL on `expires_at`, and the sparse index [`OPEN_JOBS_INDEX`] on
-//! (`sweep_shard`, `created_at`), which holds only unfinished jobs.
+//! (`sweep_shard`, `created_at`), which holds only jobs the sweep still has work for.
+//!
+//! Writes are conditional and ask for the item as it was when the condition failed
+//! (`ReturnValuesOnConditionCheckFailure`): the SDK retries a write whose answer was lost, and
+//! a failed condition whose item carries our own `write_id` is that write having landed.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use async_trait::async_trait;
+use aws_config::timeout::TimeoutConfig;
 use aws_sdk_dynamodb::Client;
-use aws_sdk_dynamodb::error::DisplayErrorContext;
-use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue};
+use aws_sdk_dynamodb::error::{DisplayErrorContext, ProvideErrorMetadata};
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure};
 
-use super::model::{Job, Millis, RunId, Transition};
-use super::record::{JobRecord, OPEN, encode_outcome};
-use super::store::{Created, JobStore, StoreError};
+use super::model::{Job, Millis, RunId};
+use super::record::JobRecord;
+use super::store::{Created, JobStore, Replaced, Shard, StoreError};
 
 pub const OPEN_JOBS_INDEX: &str = "open-jobs";
+
+/// One DynamoDB call, retries included, never takes longer than this: a function must keep
+/// time for its answer and for Discord.
+const OPERATION_TIMEOUT: Duration = Duration::from_secs(5);
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
 
 #[derive(Clone, Debug)]
 pub struct DynamoStore {
@@ -21,14 +32,29 @@ pub struct DynamoStore {
     table: String,
 }
 
+type Item = HashMap<String, AttributeValue>;
+
 fn unavailable(e: impl std::error::Error) -> StoreError {
     StoreError::Unavailable(DisplayErrorContext(e).to_string())
 }
 
-fn job_from_item(item: HashMap<String, AttributeValue>) -> Result<Job, StoreError> {
-    serde_dynamo::from_item::<_, JobRecord>(item)
-        .map_err(|e| StoreError::Corrupt(e.to_string()))?
-        .into_job()
+/// A write's error: an oversize item is permanent, anything else may pass on a later try.
+fn write_error(e: impl std::error::Error + ProvideErrorMetadata) -> StoreError {
+    let oversize = e.code() == Some("ValidationException")
+        && e.message().is_some_and(|m| m.contains("Item size"));
+    if oversize {
+        StoreError::TooLarge
+    } else {
+        unavailable(e)
+    }
+}
+
+fn record_from_item(item: Item) -> Result<JobRecord, StoreError> {
+    serde_dynamo::from_item(item).map_err(|e| StoreError::Corrupt(e.to_string()))
+}
+
+fn item_from_record(record: &JobRecord) -> Result<Item, StoreError> {
+    serde_dynamo::to_item(record).map_err(|e| StoreError::Corrupt(e.to_string()))
 }
 
 fn s(v: impl Into<String>) -> AttributeValue {
@@ -39,87 +65,53 @@ fn n(v: impl ToString) -> AttributeValue {
     AttributeValue::N(v.to_string())
 }
 
-/// An `UpdateItem` expression with every attribute name escaped, so no attribute can clash
-/// with one of DynamoDB's reserved words.
-#[derive(Default)]
-struct Update {
-    sets: Vec<String>,
-    removes: Vec<String>,
-    names: HashMap<String, String>,
-    values: HashMap<String, AttributeValue>,
-}
-
-impl Update {
-    fn name(&mut self, attr: &str) -> String {
-        let key = format!("#{attr}");
-        self.names.insert(key.clone(), attr.to_owned());
-        key
-    }
-
-    fn value(&mut self, attr: &str, v: AttributeValue) -> String {
-        let key = format!(":{attr}");
-        self.values.insert(key.clone(), v);
-        key
-    }
-
-    fn set(&mut self, attr: &str, v: AttributeValue) -> &mut Self {
-        let (name, value) = (self.name(attr), self.value(attr, v));
-        self.sets.push(format!("{name} = {value}"));
-        self
-    }
-
-    fn remove(&mut self, attr: &str) -> &mut Self {
-        let name = self.name(attr);
-        self.removes.push(name);
-        self
-    }
-
-    fn expression(&self) -> String {
-        let mut expr = format!("SET {}", self.sets.join(", "));
-        if !self.removes.is_empty() {
-            expr.push_str(&format!(" REMOVE {}", self.removes.join(", ")));
-        }
-        expr
-    }
-}
-
 impl DynamoStore {
     pub fn new(client: Client, table: String) -> Self {
         Self { client, table }
     }
 
-    /// Uses the standard AWS configuration chain (`AWS_ENDPOINT_URL_DYNAMODB` included).
+    /// Uses the standard AWS configuration chain (`AWS_ENDPOINT_URL_DYNAMODB` included), with
+    /// an operation timeout so a slow DynamoDB cannot hold a function past its own deadline.
     pub async fn from_env(table: String) -> Self {
-        let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+        let timeouts = TimeoutConfig::builder()
+            .operation_timeout(OPERATION_TIMEOUT)
+            .operation_attempt_timeout(ATTEMPT_TIMEOUT)
+            .build();
+        let config = aws_config::defaults(aws_config::BehaviorVersion::latest())
+            .timeout_config(timeouts)
+            .load()
+            .await;
         Self::new(Client::new(&config), table)
     }
 
-    /// Runs `update` on the job only if `condition` (over the same names and values) holds;
-    /// returns the job after it, or `None` when the condition failed.
-    async fn conditional_update(
+    /// A conditional put; on a failed condition, the item as it is.
+    async fn put_if(
         &self,
-        run_id: &RunId,
-        mut update: Update,
+        item: Item,
         condition: &str,
-    ) -> Result<Option<Job>, StoreError> {
-        update.name("run_id");
-        let result = self
+        names: &[(&str, &str)],
+        values: &[(&str, AttributeValue)],
+    ) -> Result<Result<(), Option<Item>>, StoreError> {
+        let mut req = self
             .client
-            .update_item()
+            .put_item()
             .table_name(&self.table)
-            .key("run_id", s(run_id.as_str()))
-            .update_expression(update.expression())
-            .condition_expression(format!("attribute_exists(#run_id) AND ({condition})"))
-            .set_expression_attribute_names(Some(update.names))
-            .set_expression_attribute_values(Some(update.values))
-            .return_values(ReturnValue::AllNew)
-            .send()
-            .await;
-        match result {
-            Ok(out) => out.attributes.map(job_from_item).transpose(),
+            .set_item(Some(item))
+            .condition_expression(condition)
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
+        for (k, v) in names {
+            req = req.expression_attribute_names(*k, *v);
+        }
+        for (k, v) in values {
+            req = req.expression_attribute_values(*k, v.clone());
+        }
+        match req.send().await {
+            Ok(_) => Ok(Ok(())),
             Err(e) => match e.into_service_error() {
-                e if e.is_conditional_check_failed_exception() => Ok(None),
-                e => Err(unavailable(e)),
+                aws_sdk_dynamodb::operation::put_item::PutItemError::ConditionalCheckFailedException(c) => {
+                    Ok(Err(c.item))
+                }
+                e => Err(write_error(e)),
             },
         }
     }
@@ -128,34 +120,102 @@ impl DynamoStore {
 #[async_trait]
 impl JobStore for DynamoStore {
     async fn create(&self, job: &Job) -> Result<Created, StoreError> {
-        let item = serde_dynamo::to_item(JobRecord::from_job(job))
-            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        let result = self
-            .client
-            .put_item()
-            .table_name(&self.table)
-            .set_item(Some(item))
-            .condition_expression("attribute_not_exists(run_id)")
-            .send()
-            .await;
-        match result {
-            Ok(_) => Ok(Created::New),
-            Err(e) => match e.into_service_error() {
-                e if e.is_conditional_check_failed_exception() => {
-                    match self.get(&job.run_id).await? {
-                        Some(existing) => Ok(Created::Existing(Box::new(existing))),
-                        None => Err(StoreError::Unavailable(format!(
-                            "job {} vanished while being created",
-                            job.run_id
-                        ))),
-                    }
-                }
-                e => Err(unavailable(e)),
-            },
+        let write_id = uuid::Uuid::new_v4().simple().to_string();
+        let item = item_from_record(&JobRecord::from_job(job, &write_id))?;
+        let existing = match self
+            .put_if(item, "attribute_not_exists(run_id)", &[], &[])
+            .await?
+        {
+            Ok(()) => return Ok(Created::New),
+            Err(Some(item)) => record_from_item(item)?,
+            Err(None) => self
+                .get_record(&job.run_id)
+                .await?
+                .ok_or_else(|| StoreError::Unavailable("job vanished while created".into()))?,
+        };
+        if existing.write_id == write_id {
+            // Our own first try landed and its answer was lost.
+            return Ok(Created::New);
         }
+        Ok(Created::Existing(Box::new(existing.into_job()?)))
     }
 
     async fn get(&self, run_id: &RunId) -> Result<Option<Job>, StoreError> {
+        self.get_record(run_id)
+            .await?
+            .map(JobRecord::into_job)
+            .transpose()
+    }
+
+    async fn replace(&self, job: &Job, write_id: &str) -> Result<Replaced, StoreError> {
+        let item = item_from_record(&JobRecord::from_job(job, write_id))?;
+        let expected = job.version.saturating_sub(1);
+        // Records from before versioning have none: they are version 0.
+        let condition = if expected == 0 {
+            "attribute_exists(run_id) AND (attribute_not_exists(#v) OR #v = :v)"
+        } else {
+            "#v = :v"
+        };
+        let outcome = self
+            .put_if(
+                item,
+                condition,
+                &[("#v", "version")],
+                &[(":v", n(expected))],
+            )
+            .await?;
+        let current = match outcome {
+            Ok(()) => return Ok(Replaced::Written),
+            Err(Some(item)) => record_from_item(item)?,
+            Err(None) => match self.get_record(&job.run_id).await? {
+                Some(record) => record,
+                None => return Ok(Replaced::Conflict(None)),
+            },
+        };
+        if current.write_id == write_id {
+            return Ok(Replaced::Written);
+        }
+        Ok(Replaced::Conflict(Some(Box::new(current.into_job()?))))
+    }
+
+    async fn list(
+        &self,
+        shard: Shard,
+        created_before: Millis,
+        limit: usize,
+    ) -> Result<Vec<Job>, StoreError> {
+        let mut jobs = Vec::new();
+        let mut start: Option<Item> = None;
+        // Pages end at 1 MB of items: follow them until `limit` jobs are read.
+        loop {
+            let out = self
+                .client
+                .query()
+                .table_name(&self.table)
+                .index_name(OPEN_JOBS_INDEX)
+                .key_condition_expression("#shard = :shard AND #created < :before")
+                .expression_attribute_names("#shard", "sweep_shard")
+                .expression_attribute_names("#created", "created_at")
+                .expression_attribute_values(":shard", s(shard.key()))
+                .expression_attribute_values(":before", n(created_before))
+                .limit((limit - jobs.len()).clamp(1, 1000) as i32)
+                .set_exclusive_start_key(start.take())
+                .send()
+                .await
+                .map_err(|e| unavailable(e.into_service_error()))?;
+            for item in out.items.unwrap_or_default() {
+                jobs.push(record_from_item(item)?.into_job()?);
+            }
+            match out.last_evaluated_key {
+                Some(key) if jobs.len() < limit => start = Some(key),
+                _ => return Ok(jobs),
+            }
+        }
+    }
+}
+
+impl DynamoStore {
+    async fn get_record(&self, run_id: &RunId) -> Result<Option<JobRecord>, StoreError> {
         let out = self
             .client
             .get_item()
@@ -165,83 +225,6 @@ impl JobStore for DynamoStore {
             .send()
             .await
             .map_err(|e| unavailable(e.into_service_error()))?;
-        out.item.map(job_from_item).transpose()
-    }
-
-    async fn advance(&self, run_id: &RunId, t: &Transition) -> Result<Option<Job>, StoreError> {
-        let mut u = Update::default();
-        u.set("state", s(t.to.as_str()))
-            .set("state_rank", n(t.to.rank()))
-            .set("updated_at", n(t.at));
-        if let Some(b) = &t.build {
-            u.set("build_id", s(&b.id))
-                .set("build_number", n(b.number))
-                .set("build_url", s(&b.web_url));
-        }
-        if let Some(f) = &t.failure {
-            u.set("failure", s(f));
-        }
-        if let Some(o) = &t.outcome {
-            match encode_outcome(o) {
-                super::record::EncodedOutcome { json: Some(j), .. } => {
-                    u.set("outcome", s(j)).remove("outcome_z")
-                }
-                super::record::EncodedOutcome {
-                    zlib_b64: Some(z), ..
-                } => u.set("outcome_z", s(z)).remove("outcome"),
-                _ => &mut u,
-            };
-        }
-        if t.to.is_terminal() {
-            // Leaving the sparse index is what keeps the sweep's query cheap.
-            u.remove("sweep_shard");
-        }
-        self.conditional_update(run_id, u, "#state_rank < :state_rank")
-            .await
-    }
-
-    async fn set_discord_message(
-        &self,
-        run_id: &RunId,
-        message_id: &str,
-    ) -> Result<Option<Job>, StoreError> {
-        let mut u = Update::default();
-        u.set("discord_message_id", s(message_id));
-        self.conditional_update(run_id, u, "attribute_not_exists(#discord_message_id)")
-            .await
-    }
-
-    async fn mark_discord_gone(&self, run_id: &RunId) -> Result<(), StoreError> {
-        let mut u = Update::default();
-        u.set("discord_gone", AttributeValue::Bool(true));
-        self.conditional_update(run_id, u, "attribute_exists(#run_id)")
-            .await
-            .map(drop)
-    }
-
-    async fn list_open(
-        &self,
-        created_before: Millis,
-        limit: usize,
-    ) -> Result<Vec<Job>, StoreError> {
-        let out = self
-            .client
-            .query()
-            .table_name(&self.table)
-            .index_name(OPEN_JOBS_INDEX)
-            .key_condition_expression("#shard = :open AND #created < :before")
-            .expression_attribute_names("#shard", "sweep_shard")
-            .expression_attribute_names("#created", "created_at")
-            .expression_attribute_values(":open", s(OPEN))
-            .expression_attribute_values(":before", n(created_before))
-            .limit(limit.clamp(1, 1000) as i32)
-            .send()
-            .await
-            .map_err(|e| unavailable(e.into_service_error()))?;
-        out.items
-            .unwrap_or_default()
-            .into_iter()
-            .map(job_from_item)
-            .collect()
+        out.item.map(record_from_item).transpose()
     }
 }

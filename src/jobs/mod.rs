@@ -6,5 +6,5 @@ pub mod record;
 pub mod sqlite;
 pub mod store;
 
-pub use model::{BuildRef, Job, JobState, RunId, Transition};
-pub use store::{Created, JobStore, StoreError};
+pub use model::{BuildRef, Creation, DeliveryStatus, Job, JobState, Outbox, RunId, Transition};
+pub use store::{Created, JobStore, Replaced, Shard, StoreError, Updated, update};

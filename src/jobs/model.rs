@@ -143,6 +143,109 @@ pub fn now_millis() -> Millis {
 /// How long a job is kept before the table's TTL removes it.
 pub const RETENTION_SECS: i64 = 90 * 24 * 3600;
 
+/// Where a job's Discord delivery stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeliveryStatus {
+    /// Renders may still be owed (see [`Outbox::owes`]).
+    Active,
+    /// Discord accepted the final report; nothing more is ever sent.
+    Delivered,
+    /// The webhook was deleted or its token revoked; nothing more can be sent.
+    Gone,
+    /// The final report could not be delivered (24 h of failures, or refused for good).
+    GivenUp,
+}
+
+impl DeliveryStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Active => "active",
+            Self::Delivered => "delivered",
+            Self::Gone => "gone",
+            Self::GivenUp => "given_up",
+        }
+    }
+}
+
+impl FromStr for DeliveryStatus {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(match s {
+            "active" => Self::Active,
+            "delivered" => Self::Delivered,
+            "gone" => Self::Gone,
+            "given_up" => Self::GivenUp,
+            other => return Err(format!("unknown delivery status {other:?}")),
+        })
+    }
+}
+
+/// A sender's exclusive hold on a job's Discord message: one sender at a time, so an older
+/// render can never land after a newer one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lease {
+    pub owner: String,
+    pub until: Millis,
+}
+
+/// The job's Discord outbox: the one status message and what it still owes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Outbox {
+    /// `None` once nothing more will be sent: the webhook token is not kept longer than needed.
+    pub target: Option<DiscordTarget>,
+    pub message_id: Option<String>,
+    /// Rank of the newest job state whose render Discord accepted.
+    pub shown: Option<u8>,
+    pub status: DeliveryStatus,
+    /// Failed tries of the render now owed.
+    pub attempts: u32,
+    /// When the render now owed first failed (the 24 h give-up clock).
+    pub pending_since: Option<Millis>,
+    pub last_error: Option<String>,
+    /// Discord refused the render of this rank for good (a 4xx): not retried until the job
+    /// moves on.
+    pub refused: Option<u8>,
+    pub lease: Option<Lease>,
+}
+
+impl Outbox {
+    pub fn new(target: DiscordTarget) -> Self {
+        Self {
+            target: Some(target),
+            message_id: None,
+            shown: None,
+            status: DeliveryStatus::Active,
+            attempts: 0,
+            pending_since: None,
+            last_error: None,
+            refused: None,
+            lease: None,
+        }
+    }
+
+    /// Whether a render of a job in `state` is still owed.
+    pub fn owes(&self, state: JobState) -> bool {
+        let rank = state.rank();
+        self.status == DeliveryStatus::Active
+            && self.target.is_some()
+            && self.shown.is_none_or(|s| s < rank)
+            && self.refused != Some(rank)
+    }
+}
+
+/// A build still to be created: the payload waits in the job until its build exists.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Creation {
+    /// `KERNELBOT_PAYLOAD` for the build.
+    pub payload: String,
+    /// No one tries before this: a create in flight (or a rate limit) holds it until then.
+    pub after: Millis,
+    /// An earlier create may have landed without an answer: look the build up before
+    /// creating one, so a run never gets two builds.
+    pub look_up_first: bool,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct Job {
     pub run_id: RunId,
@@ -150,17 +253,19 @@ pub struct Job {
     pub gpu: String,
     pub queue: String,
     pub title: Option<String>,
-    pub discord: Option<DiscordTarget>,
-    pub discord_message_id: Option<String>,
-    /// Discord answered 404 for the webhook: it is deleted and must not be used again.
-    pub discord_gone: bool,
+    /// Where status is shown; `None` when the job reports to no Discord webhook.
+    pub discord: Option<Outbox>,
     pub build: Option<BuildRef>,
+    /// The build still to be created (`submitted` jobs without a build only).
+    pub creation: Option<Creation>,
     /// Why a submission failed (`failed` only).
     pub failure: Option<String>,
     /// The build's end and what its `result.json` said (`finished` only).
     pub outcome: Option<Outcome>,
     pub created_at: Millis,
     pub updated_at: Millis,
+    /// Bumped by every write: a write applies only to the version it was computed from.
+    pub version: u64,
 }
 
 impl Job {
@@ -178,20 +283,25 @@ impl Job {
             gpu,
             queue,
             title,
-            discord,
-            discord_message_id: None,
-            discord_gone: false,
+            discord: discord.map(Outbox::new),
             build: None,
+            creation: None,
             failure: None,
             outcome: None,
             created_at: now,
             updated_at: now,
+            version: 0,
         }
     }
 
     /// Seconds since the epoch at which the store may forget the job.
     pub fn expires_at(&self) -> i64 {
         self.created_at / 1000 + RETENTION_SECS
+    }
+
+    /// Whether a Discord render is owed for the job as it is now.
+    pub fn owes_discord(&self) -> bool {
+        self.discord.as_ref().is_some_and(|o| o.owes(self.state))
     }
 
     /// The job after `t`, or `None` when `t` would not move it forward (a duplicate or a
@@ -205,6 +315,10 @@ impl Job {
         next.updated_at = t.at;
         if t.build.is_some() {
             next.build.clone_from(&t.build);
+        }
+        if next.build.is_some() || next.state.is_terminal() {
+            // The build exists (or never will): nothing is left to create.
+            next.creation = None;
         }
         if t.failure.is_some() {
             next.failure.clone_from(&t.failure);

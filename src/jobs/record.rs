@@ -1,12 +1,12 @@
 //! The flat form a job takes in a store, shared by both implementations.
 //!
 //! The outcome (which holds `result.json`) is kept as JSON text, or zlib-compressed and
-//! base64-encoded when large, so an item stays well under DynamoDB's 400 KB limit.
+//! base64-encoded when large, and slimmed until the whole item fits DynamoDB's 400 KB limit.
 
 use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize};
 
-use super::model::{BuildRef, Job, JobState};
+use super::model::{BuildRef, Creation, DeliveryStatus, Job, JobState, Lease, Outbox};
 use super::store::StoreError;
 use crate::discord::target::DiscordTarget;
 use crate::payload;
@@ -14,10 +14,12 @@ use crate::result::Outcome;
 
 /// Outcomes larger than this are compressed.
 pub const COMPRESS_ABOVE: usize = 32 * 1024;
-/// Above this (after compression) the run logs are dropped: the item must stay < 400 KB.
+/// The largest stored outcome: the rest of an item is a few KB, DynamoDB's limit 400 KB.
 pub const MAX_STORED_OUTCOME: usize = 300 * 1024;
-/// Value of the sparse-index key while a job is unfinished.
+/// Sparse-index key while a job is unfinished.
 pub const OPEN: &str = "open";
+/// Sparse-index key while a finished job still owes its final report.
+pub const OUTBOX: &str = "outbox";
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct JobRecord {
@@ -36,14 +38,39 @@ pub struct JobRecord {
     pub discord_thread_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub discord_message_id: Option<String>,
-    #[serde(default)]
+    /// Written by records from before the outbox: a 404 had been seen.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub discord_gone: bool,
+    /// Absent on records from before the outbox, which count as delivered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discord_status: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discord_shown: Option<u8>,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub discord_attempts: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discord_pending_since: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discord_error: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discord_refused: Option<u8>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discord_lease_owner: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discord_lease_until: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub build_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub build_number: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub build_url: Option<String>,
+    /// The payload of a build still to be created (see [`Creation`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub create_payload: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub create_after: Option<i64>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub create_look_up: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -54,9 +81,19 @@ pub struct JobRecord {
     pub updated_at: i64,
     /// TTL attribute (Unix seconds).
     pub expires_at: i64,
-    /// Sparse-index key: present only while the job is unfinished.
+    /// Sparse-index key: [`OPEN`] while unfinished, [`OUTBOX`] while a report is owed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sweep_shard: Option<String>,
+    /// Optimistic-concurrency counter (absent, i.e. 0, on records from before it).
+    #[serde(default)]
+    pub version: u64,
+    /// Unique per write: a retried write whose first try landed recognises itself by it.
+    #[serde(default)]
+    pub write_id: String,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// An outcome in its stored form: exactly one of the two is set.
@@ -66,7 +103,7 @@ pub struct EncodedOutcome {
     pub zlib_b64: Option<String>,
 }
 
-pub fn encode_outcome(outcome: &Outcome) -> EncodedOutcome {
+fn encode_exact(outcome: &Outcome) -> EncodedOutcome {
     let json = serde_json::to_string(outcome).unwrap_or_default();
     if json.len() <= COMPRESS_ABOVE {
         return EncodedOutcome {
@@ -74,94 +111,163 @@ pub fn encode_outcome(outcome: &Outcome) -> EncodedOutcome {
             zlib_b64: None,
         };
     }
-    let packed = payload::pack(json.as_bytes());
-    if packed.len() <= MAX_STORED_OUTCOME {
-        return EncodedOutcome {
-            json: None,
-            zlib_b64: Some(packed),
-        };
-    }
-    // Still too big: keep the verdict and the parsed values, drop the captured logs.
-    let mut slim = outcome.clone();
-    if let Some(result) = slim.result.as_mut() {
-        for eval in result.runs.values_mut() {
-            if let Some(c) = eval.compilation.as_mut() {
-                c.stdout = "[dropped: too large to store]".into();
-                c.stderr.clear();
-            }
-            if let Some(r) = eval.run.as_mut() {
-                r.stdout = "[dropped: too large to store]".into();
-                r.stderr.clear();
-            }
-        }
-    }
-    let packed = payload::pack(serde_json::to_string(&slim).unwrap_or_default().as_bytes());
     EncodedOutcome {
         json: None,
-        zlib_b64: Some(packed),
+        zlib_b64: Some(payload::pack(json.as_bytes())),
     }
+}
+
+impl EncodedOutcome {
+    fn len(&self) -> usize {
+        self.json
+            .as_ref()
+            .or(self.zlib_b64.as_ref())
+            .map_or(0, String::len)
+    }
+}
+
+/// Encodes an outcome within [`MAX_STORED_OUTCOME`]: whole if it fits, else without its logs,
+/// else without its result (the verdict, drawn from the whole result, always survives).
+pub fn encode_outcome(outcome: &Outcome) -> EncodedOutcome {
+    let whole = encode_exact(outcome);
+    if whole.len() <= MAX_STORED_OUTCOME {
+        return whole;
+    }
+    let mut slim = outcome.clone();
+    if let Some(result) = slim.result.as_mut() {
+        result.drop_logs();
+    }
+    let slim = encode_exact(&slim);
+    if slim.len() <= MAX_STORED_OUTCOME {
+        return slim;
+    }
+    encode_exact(&outcome.without_result("the result was too large to store"))
 }
 
 fn decode_outcome(
     json: Option<&str>,
     zlib_b64: Option<&str>,
 ) -> Result<Option<Outcome>, StoreError> {
-    let corrupt = |e: &dyn std::fmt::Display| StoreError::Corrupt(format!("outcome: {e}"));
     let bytes = match (json, zlib_b64) {
         (Some(j), _) => j.as_bytes().to_vec(),
-        (None, Some(z)) => payload::unpack(z).map_err(|e| corrupt(&e))?,
+        (None, Some(z)) => {
+            payload::unpack(z).map_err(|e| StoreError::Corrupt(format!("outcome: {e}")))?
+        }
         (None, None) => return Ok(None),
     };
     serde_json::from_slice(&bytes)
         .map(Some)
-        .map_err(|e| corrupt(&e))
+        .map_err(|e| StoreError::Corrupt(format!("outcome: {e}")))
+}
+
+/// Which sweep partition a job belongs to, if any.
+fn shard(job: &Job) -> Option<String> {
+    if !job.state.is_terminal() {
+        Some(OPEN.to_owned())
+    } else if job.owes_discord() {
+        Some(OUTBOX.to_owned())
+    } else {
+        None
+    }
 }
 
 impl JobRecord {
-    pub fn from_job(job: &Job) -> Self {
+    /// The record of `job`, written by the write `write_id`.
+    pub fn from_job(job: &Job, write_id: &str) -> Self {
         let encoded = job.outcome.as_ref().map(encode_outcome).unwrap_or_default();
-        Self {
+        let mut record = Self {
             run_id: job.run_id.to_string(),
             state: job.state.as_str().to_owned(),
             state_rank: job.state.rank(),
             gpu: job.gpu.clone(),
             queue: job.queue.clone(),
             title: job.title.clone(),
-            discord_webhook_id: job.discord.as_ref().map(|d| d.webhook_id.clone()),
-            discord_token: job
-                .discord
-                .as_ref()
-                .map(|d| d.token.expose_secret().to_owned()),
-            discord_thread_id: job.discord.as_ref().and_then(|d| d.thread_id.clone()),
-            discord_message_id: job.discord_message_id.clone(),
-            discord_gone: job.discord_gone,
             build_id: job.build.as_ref().map(|b| b.id.clone()),
             build_number: job.build.as_ref().map(|b| b.number),
             build_url: job.build.as_ref().map(|b| b.web_url.clone()),
+            create_payload: job.creation.as_ref().map(|c| c.payload.clone()),
+            create_after: job.creation.as_ref().map(|c| c.after),
+            create_look_up: job.creation.as_ref().is_some_and(|c| c.look_up_first),
             failure: job.failure.clone(),
             outcome: encoded.json,
             outcome_z: encoded.zlib_b64,
             created_at: job.created_at,
             updated_at: job.updated_at,
             expires_at: job.expires_at(),
-            sweep_shard: (!job.state.is_terminal()).then(|| OPEN.to_owned()),
+            sweep_shard: shard(job),
+            version: job.version,
+            write_id: write_id.to_owned(),
+            ..Self::default()
+        };
+        if let Some(o) = &job.discord {
+            record.set_outbox(o);
         }
+        record
     }
 
-    pub fn into_job(self) -> Result<Job, StoreError> {
+    fn set_outbox(&mut self, o: &Outbox) {
+        if let Some(t) = &o.target {
+            self.discord_webhook_id = Some(t.webhook_id.clone());
+            self.discord_token = Some(t.token.expose_secret().to_owned());
+            self.discord_thread_id.clone_from(&t.thread_id);
+        }
+        self.discord_message_id.clone_from(&o.message_id);
+        self.discord_status = Some(o.status.as_str().to_owned());
+        self.discord_shown = o.shown;
+        self.discord_attempts = o.attempts;
+        self.discord_pending_since = o.pending_since;
+        self.discord_error.clone_from(&o.last_error);
+        self.discord_refused = o.refused;
+        self.discord_lease_owner = o.lease.as_ref().map(|l| l.owner.clone());
+        self.discord_lease_until = o.lease.as_ref().map(|l| l.until);
+    }
+
+    /// The job's outbox. Records from before the outbox count as delivered: the first deploy
+    /// must not re-send every past report.
+    fn outbox(&mut self, state: JobState) -> Result<Option<Outbox>, StoreError> {
+        let target = match (self.discord_webhook_id.take(), self.discord_token.take()) {
+            (Some(webhook_id), Some(token)) => Some(DiscordTarget {
+                webhook_id,
+                token: SecretString::from(token),
+                thread_id: self.discord_thread_id.take(),
+            }),
+            _ => None,
+        };
+        let status = match self.discord_status.as_deref() {
+            Some(s) => s.parse().map_err(StoreError::Corrupt)?,
+            None if target.is_none() => return Ok(None),
+            None if self.discord_gone => DeliveryStatus::Gone,
+            None => DeliveryStatus::Delivered,
+        };
+        let legacy = self.discord_status.is_none();
+        Ok(Some(Outbox {
+            target,
+            message_id: self.discord_message_id.take(),
+            shown: if legacy {
+                Some(state.rank())
+            } else {
+                self.discord_shown
+            },
+            status,
+            attempts: self.discord_attempts,
+            pending_since: self.discord_pending_since,
+            last_error: self.discord_error.take(),
+            refused: self.discord_refused,
+            lease: self
+                .discord_lease_owner
+                .take()
+                .zip(self.discord_lease_until)
+                .map(|(owner, until)| Lease { owner, until }),
+        }))
+    }
+
+    pub fn into_job(mut self) -> Result<Job, StoreError> {
         let run_id = self
             .run_id
             .parse()
             .map_err(|_| StoreError::Corrupt(format!("run_id {:?}", self.run_id)))?;
         let state: JobState = self.state.parse().map_err(StoreError::Corrupt)?;
-        let discord = match (self.discord_webhook_id, self.discord_token) {
-            (Some(webhook_id), Some(token)) => Some(DiscordTarget {
-                webhook_id,
-                token: SecretString::from(token),
-                thread_id: self.discord_thread_id,
-            }),
-            _ => None,
-        };
+        let discord = self.outbox(state)?;
         let build = match (self.build_id, self.build_number, self.build_url) {
             (Some(id), Some(number), web_url) => Some(BuildRef {
                 id,
@@ -177,13 +283,17 @@ impl JobRecord {
             queue: self.queue,
             title: self.title,
             discord,
-            discord_message_id: self.discord_message_id,
-            discord_gone: self.discord_gone,
             build,
+            creation: self.create_payload.map(|payload| Creation {
+                payload,
+                after: self.create_after.unwrap_or(0),
+                look_up_first: self.create_look_up,
+            }),
             failure: self.failure,
             outcome: decode_outcome(self.outcome.as_deref(), self.outcome_z.as_deref())?,
             created_at: self.created_at,
             updated_at: self.updated_at,
+            version: self.version,
         })
     }
 }
@@ -244,9 +354,10 @@ mod tests {
     fn incompressible_outcomes_drop_logs_to_fit() {
         let o = outcome_with_log(60_000, true);
         let enc = encode_outcome(&o);
-        let z = enc.zlib_b64.as_deref().expect("compressed");
-        assert!(z.len() <= MAX_STORED_OUTCOME);
-        let back = decode_outcome(None, Some(z)).unwrap().unwrap();
+        assert!(enc.len() <= MAX_STORED_OUTCOME);
+        let back = decode_outcome(enc.json.as_deref(), enc.zlib_b64.as_deref())
+            .unwrap()
+            .unwrap();
         assert_eq!(back.verdict, o.verdict);
         assert!(
             back.result.unwrap().runs["test"]
@@ -259,19 +370,82 @@ mod tests {
     }
 
     #[test]
-    fn the_sweep_index_key_exists_only_while_unfinished() {
+    fn results_too_large_even_without_logs_keep_their_verdict() {
+        let mut o = outcome_with_log(10, false);
+        let run = o.result.as_mut().unwrap().runs.get_mut("test").unwrap();
+        let mut rng = fastrand::Rng::with_seed(3);
+        let entries = run.run.as_mut().unwrap();
+        for i in 0..400 {
+            let noise: String = (0..2000).map(|_| rng.alphanumeric()).collect();
+            entries
+                .result
+                .insert(format!("test.{i}.message"), noise.into());
+        }
+        let enc = encode_outcome(&o);
+        assert!(enc.len() <= MAX_STORED_OUTCOME, "{}", enc.len());
+        let back = decode_outcome(enc.json.as_deref(), enc.zlib_b64.as_deref())
+            .unwrap()
+            .unwrap();
+        assert_eq!(back.verdict, o.verdict);
+        assert!(back.result.is_none());
+        assert!(back.error.unwrap().contains("too large to store"));
+    }
+
+    fn job(state: JobState) -> Job {
+        let target = DiscordTarget::parse("https://discord.com/api/webhooks/1/tok", None).unwrap();
         let mut job = Job::new(
             "r".parse().unwrap(),
             "g".into(),
             "q".into(),
             None,
-            None,
+            Some(target),
             5_000,
         );
-        assert_eq!(JobRecord::from_job(&job).sweep_shard.as_deref(), Some(OPEN));
-        job.state = JobState::Finished;
-        let record = JobRecord::from_job(&job);
+        job.state = state;
+        job
+    }
+
+    #[test]
+    fn the_sweep_index_key_follows_what_the_job_still_needs() {
+        let open = job(JobState::Running);
+        assert_eq!(
+            JobRecord::from_job(&open, "w").sweep_shard.as_deref(),
+            Some(OPEN)
+        );
+        let owing = job(JobState::Finished);
+        assert_eq!(
+            JobRecord::from_job(&owing, "w").sweep_shard.as_deref(),
+            Some(OUTBOX)
+        );
+        let mut done = job(JobState::Finished);
+        let outbox = done.discord.as_mut().unwrap();
+        outbox.status = DeliveryStatus::Delivered;
+        outbox.target = None;
+        let record = JobRecord::from_job(&done, "w");
         assert_eq!(record.sweep_shard, None);
-        assert_eq!(record.clone().into_job().unwrap(), job);
+        assert_eq!(record.discord_token, None);
+        assert_eq!(record.clone().into_job().unwrap(), done);
+        assert_eq!(JobRecord::from_job(&owing, "w").into_job().unwrap(), owing);
+    }
+
+    #[test]
+    fn records_from_before_the_outbox_count_as_delivered() {
+        let legacy = r#"{"run_id":"old","state":"running","state_rank":2,"gpu":"g","queue":"q",
+            "discord_webhook_id":"1","discord_token":"tok","discord_message_id":"9",
+            "created_at":1,"updated_at":2,"expires_at":3}"#;
+        let job = serde_json::from_str::<JobRecord>(legacy)
+            .unwrap()
+            .into_job()
+            .unwrap();
+        let outbox = job.discord.as_ref().unwrap();
+        assert_eq!(outbox.status, DeliveryStatus::Delivered);
+        assert!(!job.owes_discord());
+        assert_eq!(job.version, 0);
+        let gone = legacy.replace(r#""created_at""#, r#""discord_gone":true,"created_at""#);
+        let job = serde_json::from_str::<JobRecord>(&gone)
+            .unwrap()
+            .into_job()
+            .unwrap();
+        assert_eq!(job.discord.unwrap().status, DeliveryStatus::Gone);
     }
 }

@@ -2,8 +2,8 @@
 //!
 //! `cargo lambda watch` and the local stack run each function as its own process, so the
 //! store must be a file both can open; WAL mode and a busy timeout let them write side by
-//! side. Conditional updates run inside `BEGIN IMMEDIATE` transactions, which SQLite
-//! serialises, so the forward-only rule holds across processes.
+//! side. A replace runs inside a `BEGIN IMMEDIATE` transaction, which SQLite serialises, so
+//! the version check and the write are one step across processes.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -12,9 +12,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
-use super::model::{Job, Millis, RunId, Transition};
+use super::model::{Job, Millis, RunId};
 use super::record::JobRecord;
-use super::store::{Created, JobStore, StoreError};
+use super::store::{Created, JobStore, MAX_ITEM_BYTES, Replaced, Shard, StoreError};
 
 pub const FILE_NAME: &str = "jobs.sqlite3";
 
@@ -27,14 +27,55 @@ fn unavailable(e: impl std::fmt::Display) -> StoreError {
     StoreError::Unavailable(e.to_string())
 }
 
-fn to_json(job: &Job) -> Result<String, StoreError> {
-    serde_json::to_string(&JobRecord::from_job(job)).map_err(|e| StoreError::Corrupt(e.to_string()))
+/// The record's text, refused over the item limit as DynamoDB would.
+fn to_json(record: &JobRecord) -> Result<String, StoreError> {
+    let text = serde_json::to_string(record).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    if text.len() > MAX_ITEM_BYTES {
+        return Err(StoreError::TooLarge);
+    }
+    Ok(text)
 }
 
-fn from_json(text: &str) -> Result<Job, StoreError> {
-    serde_json::from_str::<JobRecord>(text)
-        .map_err(|e| StoreError::Corrupt(e.to_string()))?
-        .into_job()
+fn parse(text: &str) -> Result<JobRecord, StoreError> {
+    serde_json::from_str(text).map_err(|e| StoreError::Corrupt(e.to_string()))
+}
+
+fn read(conn: &Connection, run_id: &str) -> Result<Option<JobRecord>, StoreError> {
+    conn.query_row("SELECT record FROM jobs WHERE run_id = ?1", [run_id], |r| {
+        r.get::<_, String>(0)
+    })
+    .optional()
+    .map_err(unavailable)?
+    .map(|t| parse(&t))
+    .transpose()
+}
+
+/// Files written before the outbox had an `open` flag instead of a shard: carry their jobs
+/// over once (records keep their own fields; missing ones read as delivered).
+fn migrate_v1(conn: &Connection) -> Result<(), StoreError> {
+    let old: bool = conn
+        .query_row(
+            "SELECT COUNT(*) FROM pragma_table_info('jobs') WHERE name = 'open'",
+            [],
+            |r| r.get::<_, i64>(0),
+        )
+        .map_err(unavailable)?
+        > 0;
+    if old {
+        conn.execute_batch(
+            "BEGIN IMMEDIATE;
+             ALTER TABLE jobs RENAME TO jobs_v1;
+             DROP INDEX IF EXISTS jobs_open;
+             CREATE TABLE jobs (run_id TEXT PRIMARY KEY, shard TEXT,
+                                created_at INTEGER NOT NULL, record TEXT NOT NULL);
+             INSERT INTO jobs SELECT run_id, CASE WHEN open = 1 THEN 'open' END, created_at, record
+                              FROM jobs_v1;
+             DROP TABLE jobs_v1;
+             COMMIT;",
+        )
+        .map_err(unavailable)?;
+    }
+    Ok(())
 }
 
 impl SqliteStore {
@@ -44,16 +85,16 @@ impl SqliteStore {
         let conn = Connection::open(dir.join(FILE_NAME)).map_err(unavailable)?;
         conn.busy_timeout(Duration::from_secs(5))
             .map_err(unavailable)?;
+        migrate_v1(&conn)?;
         conn.execute_batch(
             "PRAGMA journal_mode = WAL;
              CREATE TABLE IF NOT EXISTS jobs (
                  run_id     TEXT PRIMARY KEY,
-                 state_rank INTEGER NOT NULL,
-                 open       INTEGER NOT NULL,
+                 shard      TEXT,
                  created_at INTEGER NOT NULL,
                  record     TEXT NOT NULL
              );
-             CREATE INDEX IF NOT EXISTS jobs_open ON jobs (open, created_at);",
+             CREATE INDEX IF NOT EXISTS jobs_shard ON jobs (shard, created_at);",
         )
         .map_err(unavailable)?;
         Ok(Self {
@@ -76,139 +117,92 @@ impl SqliteStore {
         .await
         .map_err(unavailable)?
     }
-
-    /// Reads, changes and writes one job inside an immediate transaction.
-    async fn update(
-        &self,
-        run_id: &RunId,
-        change: impl FnOnce(Job) -> Option<Job> + Send + 'static,
-    ) -> Result<Option<Job>, StoreError> {
-        let id = run_id.to_string();
-        self.with(move |conn| {
-            let tx = conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(unavailable)?;
-            let current: Option<String> = tx
-                .query_row("SELECT record FROM jobs WHERE run_id = ?1", [&id], |r| {
-                    r.get(0)
-                })
-                .optional()
-                .map_err(unavailable)?;
-            let Some(next) = current.map(|t| from_json(&t)).transpose()?.and_then(change) else {
-                return Ok(None);
-            };
-            tx.execute(
-                "UPDATE jobs SET state_rank = ?2, open = ?3, record = ?4 WHERE run_id = ?1",
-                params![
-                    id,
-                    next.state.rank(),
-                    !next.state.is_terminal(),
-                    to_json(&next)?
-                ],
-            )
-            .map_err(unavailable)?;
-            tx.commit().map_err(unavailable)?;
-            Ok(Some(next))
-        })
-        .await
-    }
 }
 
 #[async_trait]
 impl JobStore for SqliteStore {
     async fn create(&self, job: &Job) -> Result<Created, StoreError> {
-        let job = job.clone();
+        let record = JobRecord::from_job(job, "create");
         self.with(move |conn| {
             let inserted = conn
                 .execute(
-                    "INSERT INTO jobs (run_id, state_rank, open, created_at, record)
-                     VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (run_id) DO NOTHING",
+                    "INSERT INTO jobs (run_id, shard, created_at, record)
+                     VALUES (?1, ?2, ?3, ?4) ON CONFLICT (run_id) DO NOTHING",
                     params![
-                        job.run_id.as_str(),
-                        job.state.rank(),
-                        !job.state.is_terminal(),
-                        job.created_at,
-                        to_json(&job)?
+                        record.run_id,
+                        record.sweep_shard,
+                        record.created_at,
+                        to_json(&record)?
                     ],
                 )
                 .map_err(unavailable)?;
             if inserted == 1 {
                 return Ok(Created::New);
             }
-            let text: String = conn
-                .query_row(
-                    "SELECT record FROM jobs WHERE run_id = ?1",
-                    [job.run_id.as_str()],
-                    |r| r.get(0),
-                )
-                .map_err(unavailable)?;
-            Ok(Created::Existing(Box::new(from_json(&text)?)))
+            let existing = read(conn, &record.run_id)?
+                .ok_or_else(|| unavailable("job vanished while being created"))?;
+            Ok(Created::Existing(Box::new(existing.into_job()?)))
         })
         .await
     }
 
     async fn get(&self, run_id: &RunId) -> Result<Option<Job>, StoreError> {
         let id = run_id.to_string();
+        self.with(move |conn| read(conn, &id)?.map(JobRecord::into_job).transpose())
+            .await
+    }
+
+    async fn replace(&self, job: &Job, write_id: &str) -> Result<Replaced, StoreError> {
+        let record = JobRecord::from_job(job, write_id);
         self.with(move |conn| {
-            conn.query_row("SELECT record FROM jobs WHERE run_id = ?1", [&id], |r| {
-                r.get::<_, String>(0)
-            })
-            .optional()
-            .map_err(unavailable)?
-            .map(|t| from_json(&t))
-            .transpose()
+            let text = to_json(&record)?;
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(unavailable)?;
+            let Some(current) = read(&tx, &record.run_id)? else {
+                return Ok(Replaced::Conflict(None));
+            };
+            if current.write_id == record.write_id {
+                return Ok(Replaced::Written);
+            }
+            if current.version + 1 != record.version {
+                return Ok(Replaced::Conflict(Some(Box::new(current.into_job()?))));
+            }
+            tx.execute(
+                "UPDATE jobs SET shard = ?2, record = ?3 WHERE run_id = ?1",
+                params![record.run_id, record.sweep_shard, text],
+            )
+            .map_err(unavailable)?;
+            tx.commit().map_err(unavailable)?;
+            Ok(Replaced::Written)
         })
         .await
     }
 
-    async fn advance(&self, run_id: &RunId, t: &Transition) -> Result<Option<Job>, StoreError> {
-        let t = t.clone();
-        self.update(run_id, move |job| job.apply(&t)).await
-    }
-
-    async fn set_discord_message(
+    async fn list(
         &self,
-        run_id: &RunId,
-        message_id: &str,
-    ) -> Result<Option<Job>, StoreError> {
-        let message_id = message_id.to_owned();
-        self.update(run_id, move |mut job| {
-            job.discord_message_id.is_none().then(|| {
-                job.discord_message_id = Some(message_id);
-                job
-            })
-        })
-        .await
-    }
-
-    async fn mark_discord_gone(&self, run_id: &RunId) -> Result<(), StoreError> {
-        self.update(run_id, |mut job| {
-            job.discord_gone = true;
-            Some(job)
-        })
-        .await
-        .map(drop)
-    }
-
-    async fn list_open(
-        &self,
+        shard: Shard,
         created_before: Millis,
         limit: usize,
     ) -> Result<Vec<Job>, StoreError> {
         self.with(move |conn| {
             let mut stmt = conn
                 .prepare(
-                    "SELECT record FROM jobs WHERE open = 1 AND created_at < ?1
-                     ORDER BY created_at LIMIT ?2",
+                    "SELECT record FROM jobs WHERE shard = ?1 AND created_at < ?2
+                     ORDER BY created_at LIMIT ?3",
                 )
                 .map_err(unavailable)?;
             let rows = stmt
-                .query_map(params![created_before, limit as i64], |r| {
+                .query_map(params![shard.key(), created_before, limit as i64], |r| {
                     r.get::<_, String>(0)
                 })
                 .map_err(unavailable)?;
-            rows.map(|r| r.map_err(unavailable).and_then(|t| from_json(&t)))
-                .collect()
+            rows.map(|r| {
+                r.map_err(unavailable)
+                    .and_then(|t| parse(&t))
+                    .and_then(JobRecord::into_job)
+            })
+            .collect()
         })
         .await
     }

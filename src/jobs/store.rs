@@ -1,14 +1,15 @@
 //! The job store: a small trait with two real implementations, DynamoDB in production and
 //! an embedded SQLite file for local runs. One contract test suite runs against both.
 //!
-//! Every change is a conditional write in the store itself, never a read followed by a
-//! write, so concurrent or repeated webhooks cannot both win.
+//! Every change is a compare-and-swap on the job's `version`: read, decide (pure), write if
+//! nobody wrote in between, else decide again on what they wrote. Concurrent or repeated
+//! webhooks therefore cannot both win, and no rule lives in a store.
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use super::model::{Job, Millis, RunId, Transition};
+use super::model::{Job, Millis, RunId};
 use crate::config::StoreConfig;
 
 #[derive(Debug, thiserror::Error)]
@@ -17,7 +18,14 @@ pub enum StoreError {
     Unavailable(String),
     #[error("stored job is unreadable: {0}")]
     Corrupt(String),
+    /// The record is over the store's item size limit: retrying the same write cannot help.
+    #[error("job record exceeds the store's item size limit")]
+    TooLarge,
 }
+
+/// Largest record either store accepts (DynamoDB's item limit); the embedded store enforces
+/// it too, so both fail alike.
+pub const MAX_ITEM_BYTES: usize = 400 * 1024;
 
 /// What [`JobStore::create`] did.
 #[derive(Debug, PartialEq)]
@@ -27,6 +35,32 @@ pub enum Created {
     Existing(Box<Job>),
 }
 
+/// What [`JobStore::replace`] did.
+#[derive(Debug, PartialEq)]
+pub enum Replaced {
+    Written,
+    /// Someone else wrote first: the job as it is now (`None` if it does not exist).
+    Conflict(Option<Box<Job>>),
+}
+
+/// The sweep's partitions of the store (a sparse index in DynamoDB).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shard {
+    /// Jobs not yet finished.
+    Open,
+    /// Finished jobs whose final report is still owed.
+    Outbox,
+}
+
+impl Shard {
+    pub fn key(self) -> &'static str {
+        match self {
+            Self::Open => super::record::OPEN,
+            Self::Outbox => super::record::OUTBOX,
+        }
+    }
+}
+
 #[async_trait]
 pub trait JobStore: Send + Sync {
     /// Records `job` unless its run id is taken.
@@ -34,24 +68,68 @@ pub trait JobStore: Send + Sync {
 
     async fn get(&self, run_id: &RunId) -> Result<Option<Job>, StoreError>;
 
-    /// Applies `t` when it moves the job forward and returns the job after it; `None` when
-    /// the job is unknown or already at or past `t.to`.
-    async fn advance(&self, run_id: &RunId, t: &Transition) -> Result<Option<Job>, StoreError>;
+    /// Writes `job` if the stored job is still at version `job.version - 1`. `write_id` is
+    /// unique to this write: a retry of a write that landed is recognised as written.
+    async fn replace(&self, job: &Job, write_id: &str) -> Result<Replaced, StoreError>;
 
-    /// Records the id of the job's Discord message unless one is recorded already; returns
-    /// the job as it is now, or `None` when the id was not recorded.
-    async fn set_discord_message(
+    /// Up to `limit` jobs of `shard` created before `created_before`, oldest first.
+    async fn list(
         &self,
-        run_id: &RunId,
-        message_id: &str,
-    ) -> Result<Option<Job>, StoreError>;
+        shard: Shard,
+        created_before: Millis,
+        limit: usize,
+    ) -> Result<Vec<Job>, StoreError>;
+}
 
-    /// Records that the job's Discord webhook answered 404 and must not be used again.
-    async fn mark_discord_gone(&self, run_id: &RunId) -> Result<(), StoreError>;
+/// What [`update`] did.
+#[derive(Debug, PartialEq)]
+pub enum Updated {
+    /// The change was written; the job as written.
+    Written(Job),
+    /// The change declined (nothing to do); the job as it is.
+    Unchanged(Job),
+    Missing,
+}
 
-    /// Unfinished jobs created before `created_before`, oldest first.
-    async fn list_open(&self, created_before: Millis, limit: usize)
-    -> Result<Vec<Job>, StoreError>;
+impl Updated {
+    /// The job as it is after the update, whichever way it went.
+    pub fn job(self) -> Option<Job> {
+        match self {
+            Self::Written(j) | Self::Unchanged(j) => Some(j),
+            Self::Missing => None,
+        }
+    }
+}
+
+/// Concurrent writers to one job are a handful of webhooks and a sweep; this many rounds
+/// means something is wrong.
+const MAX_ROUNDS: usize = 16;
+
+/// Applies `change` (a pure decision: the next job, or `None` for no change) to the job as
+/// stored, deciding again whenever another writer got there first.
+pub async fn update(
+    store: &dyn JobStore,
+    run_id: &RunId,
+    mut change: impl FnMut(&Job) -> Option<Job> + Send,
+) -> Result<Updated, StoreError> {
+    let mut current = store.get(run_id).await?;
+    for _ in 0..MAX_ROUNDS {
+        let Some(job) = current else {
+            return Ok(Updated::Missing);
+        };
+        let Some(mut next) = change(&job) else {
+            return Ok(Updated::Unchanged(job));
+        };
+        next.version = job.version + 1;
+        let write_id = uuid::Uuid::new_v4().simple().to_string();
+        match store.replace(&next, &write_id).await? {
+            Replaced::Written => return Ok(Updated::Written(next)),
+            Replaced::Conflict(latest) => current = latest.map(|j| *j),
+        }
+    }
+    Err(StoreError::Unavailable(format!(
+        "job {run_id} kept changing under {MAX_ROUNDS} tries"
+    )))
 }
 
 /// Opens the store the configuration names.

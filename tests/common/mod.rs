@@ -11,12 +11,12 @@ use std::time::Duration;
 use kernelbot_dispatch::config::{Config, Role};
 use kernelbot_dispatch::devstack::buildkite::{BuildkiteStandin, deliver, unix_now};
 use kernelbot_dispatch::devstack::discord::{DiscordCall, DiscordStandin};
-use kernelbot_dispatch::dispatch::Dispatcher;
+use kernelbot_dispatch::flow::Dispatcher;
 use kernelbot_dispatch::http;
 use kernelbot_dispatch::jobs::dynamo::DynamoStore;
 use kernelbot_dispatch::jobs::sqlite::SqliteStore;
 use kernelbot_dispatch::jobs::{Job, JobStore, RunId};
-use kernelbot_dispatch::retry::Policy;
+use kernelbot_dispatch::retry::{Deadline, Policy};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -62,6 +62,8 @@ pub struct TestApp {
     pub submit_router: axum::Router,
     pub webhook_router: axum::Router,
     pub client: reqwest::Client,
+    /// The clock all three functions share.
+    pub clock: kernelbot_dispatch::flow::Clock,
     _dir: Option<tempfile::TempDir>,
 }
 
@@ -71,7 +73,6 @@ fn quick_retries() -> Policy {
         base: Duration::from_millis(20),
         max_backoff: Duration::from_millis(100),
         max_wait: Duration::from_secs(5),
-        budget: Duration::from_secs(10),
     }
 }
 
@@ -117,9 +118,11 @@ impl TestApp {
         for (k, v) in vars {
             env.insert((*k).into(), (*v).into());
         }
+        let clock = kernelbot_dispatch::flow::Clock::default();
         let dispatcher = |role| {
             let config = Config::from_lookup(role, &|k| env.get(k).cloned()).expect("config");
             let mut d = Dispatcher::new(Arc::new(config), store.clone()).expect("dispatcher");
+            d.clock = clock.clone();
             d.buildkite = d
                 .buildkite
                 .clone()
@@ -147,6 +150,7 @@ impl TestApp {
             submit_router,
             webhook_router,
             client: reqwest::Client::new(),
+            clock,
             _dir: dir,
         }
     }
@@ -207,6 +211,19 @@ impl TestApp {
         }
         self.buildkite.set_state(number, state);
         self.event("build.finished", number).await
+    }
+
+    /// One pass of the sweep function, as its schedule would run it.
+    pub async fn sweep(&self) -> kernelbot_dispatch::flow::SweepReport {
+        self.sweeper
+            .sweep(Deadline::after(Duration::from_secs(30)))
+            .await
+            .expect("sweep pass")
+    }
+
+    /// Moves every function's clock forward (deadlines and give-ups without waiting).
+    pub fn advance_clock(&self, by: Duration) {
+        self.clock.advance(by);
     }
 
     pub fn discord_calls(&self) -> Vec<DiscordCall> {

@@ -1,0 +1,98 @@
+//! The outbox: sending a job's Discord status until nothing is owed.
+//!
+//! A sender first takes the job's message (a lease, by compare-and-swap), renders the job as
+//! it is then, sends, and records what Discord said. Only one sender holds a message at a
+//! time, so a render of an older state can never land after a newer one; a state that
+//! arrives while a render is in flight is owed afterwards, and the holder sends it next.
+//! Whatever is left (no time, Discord down, the holder died) the sweep sends later.
+
+use tracing::{info, warn};
+
+use super::Dispatcher;
+use super::rules::{self, LEASE_SLACK_MS, Sent};
+use crate::discord::{DiscordError, render};
+use crate::jobs::{Job, RunId, StoreError, update};
+use crate::retry::Deadline;
+
+/// Renders one sender sends in one go at most (each state once, and a repost).
+const MAX_SENDS: usize = 6;
+
+fn sent_of(result: Result<Option<String>, DiscordError>) -> Sent {
+    match result {
+        Ok(posted) => Sent::Accepted { posted },
+        Err(DiscordError::MessageGone { .. }) => Sent::MessageGone,
+        Err(e @ DiscordError::Gone { .. }) => Sent::TargetGone(e.to_string()),
+        Err(e @ DiscordError::Rejected { .. }) => Sent::Refused(e.to_string()),
+        Err(e @ DiscordError::Unavailable { .. }) => Sent::Transient(e.to_string()),
+    }
+}
+
+impl Dispatcher {
+    /// Drives the job's Discord outbox within `deadline`; returns the job as last seen.
+    pub async fn deliver(
+        &self,
+        run_id: &RunId,
+        deadline: Deadline,
+    ) -> Result<Option<Job>, StoreError> {
+        let owner = uuid::Uuid::new_v4().simple().to_string();
+        let mut last = None;
+        for _ in 0..MAX_SENDS {
+            if deadline.call_timeout(self.discord.timeout()).is_none() {
+                info!(%run_id, "no time left for Discord; the sweep will send");
+                break;
+            }
+            let now = self.clock.now();
+            let until = now + deadline.remaining().as_millis() as i64 + LEASE_SLACK_MS;
+            let claimed = update(self.store.as_ref(), run_id, |j| {
+                rules::claim(j, &owner, now, until)
+            })
+            .await?;
+            let job = match claimed {
+                crate::jobs::Updated::Written(job) => job,
+                // Nothing owed, or another sender holds the message (and sends what is owed).
+                other => return Ok(other.job().or(last)),
+            };
+            let sent = self.send_render(&job, deadline).await;
+            if let Sent::Transient(e) | Sent::Refused(e) | Sent::TargetGone(e) = &sent {
+                warn!(%run_id, state = %job.state, error = %e, "Discord did not take the status");
+            }
+            let rendered = job.state;
+            let after = update(self.store.as_ref(), run_id, |j| {
+                rules::record(j, &owner, rendered, &sent, self.clock.now())
+            })
+            .await?
+            .job();
+            let again = after.as_ref().is_some_and(Job::owes_discord)
+                && matches!(sent, Sent::Accepted { .. } | Sent::MessageGone);
+            last = after;
+            if !again {
+                break;
+            }
+        }
+        Ok(last)
+    }
+
+    /// Posts the job's status message, or edits it if it exists.
+    async fn send_render(&self, job: &Job, deadline: Deadline) -> Sent {
+        let Some(outbox) = job.discord.as_ref() else {
+            return Sent::Refused("no Discord target".into());
+        };
+        let Some(target) = outbox.target.as_ref() else {
+            return Sent::Refused("no Discord target".into());
+        };
+        let message = render(job);
+        let result = match &outbox.message_id {
+            Some(id) => self
+                .discord
+                .edit(target, id, &message, deadline)
+                .await
+                .map(|()| None),
+            None => self
+                .discord
+                .post(target, &message, deadline)
+                .await
+                .map(Some),
+        };
+        sent_of(result)
+    }
+}

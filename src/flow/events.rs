@@ -1,0 +1,167 @@
+//! Signed event → transition → outcome.
+
+use tracing::{Instrument, info, warn};
+
+use super::rules::{self, Signal};
+use super::submit::build_ref;
+use super::{DispatchError, Dispatcher};
+use crate::buildkite::BuildkiteError;
+use crate::buildkite::model::{Build, pick_result};
+use crate::buildkite::webhook::WebhookEvent;
+use crate::jobs::{JobState, RunId, StoreError, Transition, Updated, update};
+use crate::result::{FullResult, Outcome};
+use crate::retry::Deadline;
+
+/// What a webhook event did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum EventOutcome {
+    Advanced(JobState),
+    Ignored(&'static str),
+}
+
+#[derive(Debug, thiserror::Error)]
+enum FetchError {
+    #[error("build has no finished result.json artifact")]
+    Missing,
+    #[error("result.json could not be read: {0}")]
+    Unreadable(String),
+    #[error("result.json could not be downloaded: {0}")]
+    Buildkite(#[from] BuildkiteError),
+}
+
+impl Dispatcher {
+    /// Handles a verified Buildkite webhook event.
+    pub async fn on_event(
+        &self,
+        event: &WebhookEvent,
+        deadline: Deadline,
+    ) -> Result<EventOutcome, DispatchError> {
+        let signal = rules::signal_of(&event.event, event.job.as_ref());
+        let target = match signal {
+            Signal::Ignore(why) => return Ok(EventOutcome::Ignored(why)),
+            Signal::Scheduled => JobState::Scheduled,
+            Signal::Running => JobState::Running,
+            Signal::Finished => JobState::Finished,
+        };
+        let Some(build) = &event.build else {
+            return Ok(EventOutcome::Ignored("no build in the event"));
+        };
+        let Some(run_id) = build.run_id().and_then(|r| r.parse::<RunId>().ok()) else {
+            return Ok(EventOutcome::Ignored("build is not ours"));
+        };
+        let span =
+            tracing::info_span!("webhook", %run_id, event = %event.event, build = build.number);
+        self.on_build_signal(&run_id, target, build, deadline)
+            .instrument(span)
+            .await
+    }
+
+    async fn on_build_signal(
+        &self,
+        run_id: &RunId,
+        target: JobState,
+        build: &Build,
+        deadline: Deadline,
+    ) -> Result<EventOutcome, DispatchError> {
+        let Some(job) = self.store.get(run_id).await? else {
+            info!("no job for this run id");
+            return Ok(EventOutcome::Ignored("unknown job"));
+        };
+        if job.build.as_ref().is_some_and(|b| b.id != build.id) {
+            return Ok(EventOutcome::Ignored("event for another build of this run"));
+        }
+        // Cheap early exit for duplicates; the conditional write is what decides.
+        if target.rank() <= job.state.rank() {
+            if job.owes_discord() {
+                self.deliver(run_id, deadline).await?;
+            }
+            return Ok(EventOutcome::Ignored("duplicate or out of order"));
+        }
+        let mut t = Transition::to(target, self.clock.now()).with_build(build_ref(build));
+        if target == JobState::Finished {
+            // Webhook payloads can lag the build; the API's view decides, and only a
+            // terminal state finishes a job.
+            let current = self.buildkite.get_build(build.number, deadline).await?;
+            if rules::progress_of(&current) != JobState::Finished {
+                return Ok(EventOutcome::Ignored("build has not finished"));
+            }
+            t = t.with_outcome(self.outcome_of(&current, deadline).await?);
+        }
+        self.advance(run_id, t, deadline).await
+    }
+
+    /// Moves a job forward and delivers what that owes. An outcome too large for the store
+    /// is stored without its result (the verdict stands), never retried as it is.
+    pub(crate) async fn advance(
+        &self,
+        run_id: &RunId,
+        t: Transition,
+        deadline: Deadline,
+    ) -> Result<EventOutcome, DispatchError> {
+        let written = match update(self.store.as_ref(), run_id, |j| j.apply(&t)).await {
+            Err(StoreError::TooLarge) if t.outcome.is_some() => {
+                warn!("outcome too large for the store; keeping the verdict only");
+                let mut slim = t.clone();
+                slim.outcome = t
+                    .outcome
+                    .as_ref()
+                    .map(|o| o.without_result("the result was too large to store"));
+                update(self.store.as_ref(), run_id, |j| j.apply(&slim)).await?
+            }
+            other => other?,
+        };
+        match written {
+            Updated::Written(job) => {
+                info!(state = %job.state, "job moved forward");
+                self.deliver(run_id, deadline).await?;
+                Ok(EventOutcome::Advanced(job.state))
+            }
+            Updated::Unchanged(job) => {
+                if job.owes_discord() {
+                    self.deliver(run_id, deadline).await?;
+                }
+                Ok(EventOutcome::Ignored("duplicate or out of order"))
+            }
+            Updated::Missing => Ok(EventOutcome::Ignored("unknown job")),
+        }
+    }
+
+    /// The outcome of a finished build as the REST API shows it (with its jobs). Only
+    /// Buildkite being unreachable is an error (so the sweep can try again later); a missing
+    /// or unreadable result is part of the outcome.
+    pub(crate) async fn outcome_of(
+        &self,
+        build: &Build,
+        deadline: Deadline,
+    ) -> Result<Outcome, DispatchError> {
+        let state = build.final_state().to_owned();
+        let (result, error) = match self.fetch_result(build, deadline).await {
+            Ok(r) => (Some(r), None),
+            Err(FetchError::Buildkite(
+                e @ (BuildkiteError::Unavailable(_) | BuildkiteError::RateLimited { .. }),
+            )) => return Err(e.into()),
+            Err(e) => {
+                info!(error = %e, "no usable result.json");
+                (None, Some(e.to_string()))
+            }
+        };
+        Ok(Outcome::judge(&state, result, error))
+    }
+
+    async fn fetch_result(
+        &self,
+        build: &Build,
+        deadline: Deadline,
+    ) -> Result<FullResult, FetchError> {
+        let artifacts = self
+            .buildkite
+            .list_artifacts(build.number, deadline)
+            .await?;
+        let artifact = pick_result(build, &artifacts).ok_or(FetchError::Missing)?;
+        let bytes = self
+            .buildkite
+            .download_artifact(build.number, artifact, deadline)
+            .await?;
+        FullResult::parse(&bytes).map_err(|e| FetchError::Unreadable(e.to_string()))
+    }
+}
