@@ -358,3 +358,43 @@ mod sqlite {
 mod dynamodb {
     contract!(StoreKind::Dynamo);
 }
+
+/// The DynamoDB calls each function makes (every write a conditional put) are granted to it
+/// in `template.yaml`, and nothing it no longer calls.
+#[test]
+fn the_template_grants_each_function_the_calls_the_store_makes() {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/template.yaml"))
+        .expect("template.yaml");
+    let template: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).expect("parses");
+    for (function, needs) in [
+        (
+            "SubmitFunction",
+            &["dynamodb:GetItem", "dynamodb:PutItem"][..],
+        ),
+        ("WebhookFunction", &["dynamodb:GetItem", "dynamodb:PutItem"]),
+        (
+            "SweepFunction",
+            &["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query"],
+        ),
+    ] {
+        let policies = &template["Resources"][function]["Properties"]["Policies"];
+        let granted: Vec<String> = policies
+            .as_sequence()
+            .into_iter()
+            .flatten()
+            .flat_map(|p| p["Statement"].as_sequence().cloned().unwrap_or_default())
+            .flat_map(|s| s["Action"].as_sequence().cloned().unwrap_or_default())
+            .filter_map(|a| a.as_str().map(str::to_owned))
+            .collect();
+        for action in needs {
+            assert!(
+                granted.iter().any(|g| g == action),
+                "{function} lacks {action}"
+            );
+        }
+        assert!(
+            !granted.iter().any(|g| g == "dynamodb:UpdateItem"),
+            "{function} is granted a call it never makes"
+        );
+    }
+}

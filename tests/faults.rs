@@ -1,0 +1,395 @@
+//! The fault suite: each everyday failure of Buildkite, Discord or the network, injected
+//! through the stand-ins' documented wire formats, and what the user then sees: the Discord
+//! message's final text, the job's state, the builds and calls made. Every scenario runs on
+//! both stores.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{SECRET, StoreKind, TestApp, submission};
+use kernelbot_dispatch::devstack::buildkite::{deliver, sample_result, unix_now};
+use kernelbot_dispatch::flow::DispatchError;
+use kernelbot_dispatch::jobs::{DeliveryStatus, JobState, RunId};
+use kernelbot_dispatch::result::Verdict;
+use kernelbot_dispatch::retry::Deadline;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+/// Discord calls that Discord accepted and that show a final report.
+fn final_reports(app: &TestApp) -> usize {
+    app.discord_calls()
+        .iter()
+        .filter(|c| c.status == 200)
+        .filter(|c| {
+            c.body["content"]
+                .as_str()
+                .is_some_and(|t| t.contains("✅ success") || t.contains("❌ failure"))
+        })
+        .count()
+}
+
+fn delivery(view: &Value) -> &str {
+    view["delivery"]["discord"]["status"].as_str().unwrap_or("")
+}
+
+/// Discord answers 5xx on every try while `build.finished` is handled: the job is finished,
+/// its report pending, and the next sweep (or `sweep --run-id`) delivers it, once.
+pub async fn discord_down_while_finishing(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    app.submit(&submission("dc-down")).await;
+    app.discord.fail_next(&[500, 502, 503, 500]);
+    assert_eq!(
+        app.finish(1, "passed", Some(sample_result(false))).await,
+        StatusCode::OK
+    );
+    let job = app.job("dc-down").await;
+    assert_eq!(job.state, JobState::Finished);
+    assert!(
+        !app.discord_text().contains("✅ success"),
+        "{}",
+        app.discord_text()
+    );
+    let (_, view) = app.status("dc-down").await;
+    assert_eq!(delivery(&view), "pending", "{view}");
+    assert_eq!(view["delivery"]["discord"]["attempts"], 1);
+
+    let run_id: RunId = "dc-down".parse().unwrap();
+    let report = app
+        .sweeper
+        .sweep_run(&run_id, Deadline::after(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    assert_eq!(report.reports_sent, 1, "{report}");
+    assert!(
+        app.discord_text().contains("✅ success"),
+        "{}",
+        app.discord_text()
+    );
+    let (_, view) = app.status("dc-down").await;
+    assert_eq!(delivery(&view), "delivered", "{view}");
+
+    let calls = app.discord_calls().len();
+    let again = app.sweep().await;
+    assert_eq!((again.reports_sent, again.reports_pending), (0, 0));
+    assert_eq!(app.discord_calls().len(), calls, "nothing is sent twice");
+    assert_eq!(final_reports(&app), 1);
+    // The webhook token is not kept once nothing more will be sent.
+    assert!(app.job("dc-down").await.discord.unwrap().target.is_none());
+}
+
+/// A `running` edit held back by a 429 while the build finishes: the message still ends on
+/// the final report.
+pub async fn held_back_running_edit(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    app.submit(&submission("held")).await;
+    app.discord.rate_limit_next(1, 1.0);
+    app.buildkite.start_eval(1);
+    let body = app.buildkite.webhook_body("job.started", 1);
+    let url = app.webhook_url.clone();
+    let running = tokio::spawn(async move {
+        deliver(&url, SECRET, "job.started", body, unix_now())
+            .await
+            .map(|r| r.status())
+    });
+    // The running render is now waiting out its 429.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        app.finish(1, "passed", Some(sample_result(false))).await,
+        StatusCode::OK
+    );
+    assert_eq!(running.await.unwrap().unwrap(), StatusCode::OK);
+    assert!(
+        app.discord_calls().iter().any(|c| c.status == 429),
+        "the running render was held back"
+    );
+
+    let accepted: Vec<String> = app
+        .discord_calls()
+        .iter()
+        .filter(|c| c.status == 200)
+        .map(|c| c.body["content"].as_str().unwrap_or("").to_owned())
+        .collect();
+    let last = accepted.last().expect("some call was accepted");
+    assert!(last.contains("✅ success"), "last accepted render: {last}");
+    assert!(
+        app.discord_text().contains("✅ success"),
+        "{}",
+        app.discord_text()
+    );
+    assert_eq!(app.discord.messages().len(), 1);
+    let outbox = app.job("held").await.discord.unwrap();
+    assert_eq!(outbox.status, DeliveryStatus::Delivered);
+}
+
+/// A moderator deleted the status message: the final report is posted as a new message.
+pub async fn deleted_status_message(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    app.submit(&submission("deleted")).await;
+    let first = app
+        .job("deleted")
+        .await
+        .discord
+        .unwrap()
+        .message_id
+        .unwrap();
+    app.discord.delete_message(&first);
+    app.finish(1, "passed", Some(sample_result(false))).await;
+
+    let outbox = app.job("deleted").await.discord.unwrap();
+    assert_eq!(outbox.status, DeliveryStatus::Delivered);
+    let second = outbox.message_id.unwrap();
+    assert_ne!(second, first);
+    let messages = app.discord.messages();
+    assert_eq!(messages.len(), 1);
+    assert!(
+        messages[&second]["content"]
+            .as_str()
+            .unwrap()
+            .contains("✅ success")
+    );
+    let edits_of_deleted = app
+        .discord_calls()
+        .iter()
+        .filter(|c| c.message_id.as_deref() == Some(&first) && c.status == 404)
+        .count();
+    assert_eq!(edits_of_deleted, 1, "the deleted message is tried once");
+}
+
+/// `test-count: 1000000000000` is reported at once, not counted to.
+pub async fn absurd_test_count(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    app.submit(&submission("count")).await;
+    let mut result: Value = serde_json::from_slice(&sample_result(false)).unwrap();
+    result["runs"]["test"]["run"]["result"]["test-count"] = json!("1000000000000");
+    let finished = tokio::time::timeout(
+        Duration::from_secs(30),
+        app.finish(1, "passed", Some(serde_json::to_vec(&result).unwrap())),
+    )
+    .await
+    .expect("rendering is bounded");
+    assert_eq!(finished, StatusCode::OK);
+    let text = app.discord_text();
+    assert!(text.contains("Passed 3/1000000000000 tests"), "{text}");
+    assert_eq!(app.job("count").await.state, JobState::Finished);
+}
+
+fn noise(len: usize, seed: u64) -> String {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    (0..len).map(|_| rng.alphanumeric()).collect()
+}
+
+/// An incompressible ~2 MB `result.json`: stored (slimmed to fit an item), reported, and
+/// never downloaded again.
+pub async fn incompressible_result(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    app.submit(&submission("verbose")).await;
+    let mut result: Value = serde_json::from_slice(&sample_result(false)).unwrap();
+    let entries = &mut result["runs"]["test"]["run"]["result"];
+    for i in 0..3 {
+        entries[format!("test.{i}.message")] = json!(noise(700_000, i));
+    }
+    result["runs"]["test"]["run"]["stdout"] = json!(noise(100_000, 9));
+    let bytes = serde_json::to_vec(&result).unwrap();
+    assert!(bytes.len() > 2_000_000);
+    assert_eq!(app.finish(1, "passed", Some(bytes)).await, StatusCode::OK);
+
+    let job = app.job("verbose").await;
+    assert_eq!(job.state, JobState::Finished);
+    assert_eq!(job.outcome.unwrap().verdict, Verdict::Passed);
+    assert!(
+        app.discord_text().contains("✅ success"),
+        "{}",
+        app.discord_text()
+    );
+    let (status, view) = app.status("verbose").await;
+    assert_eq!(
+        (status, view["verdict"].as_str()),
+        (StatusCode::OK, Some("passed"))
+    );
+    app.sweep().await;
+    assert_eq!(app.buildkite.storage_downloads(), 1);
+}
+
+/// A signed `build.running` replayed with the header `build.finished`: refused, nothing moves.
+pub async fn forged_event_header(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    app.submit(&submission("forged")).await;
+    app.buildkite.start_eval(1);
+    app.event("job.started", 1).await;
+    let before = app.job("forged").await;
+    let reads = app.buildkite.api_calls().len();
+    let body = app.buildkite.webhook_body("build.running", 1);
+    let resp = deliver(&app.webhook_url, SECRET, "build.finished", body, unix_now())
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    let err: Value = resp.json().await.unwrap();
+    assert_eq!(err["error"], "event_mismatch");
+    assert_eq!(app.job("forged").await, before);
+    assert_eq!(app.buildkite.api_calls().len(), reads);
+}
+
+/// Buildkite answers 429 to the create call: the submission is accepted and deferred, and
+/// the first sweep after the reset creates exactly one build.
+pub async fn rate_limited_create(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    app.buildkite.fail_creates(&[(429, false)], 30);
+    let (status, answer) = app.submit(&submission("later")).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{answer}");
+    assert_eq!(
+        (answer["state"].as_str(), &answer["build"]),
+        (Some("submitted"), &Value::Null)
+    );
+    assert!(
+        app.discord_text().contains("Submitting"),
+        "{}",
+        app.discord_text()
+    );
+
+    app.sweep().await;
+    assert_eq!(app.buildkite.builds().len(), 0, "not before the reset");
+    app.advance_clock(Duration::from_secs(31));
+    let report = app.sweep().await;
+    assert_eq!(report.created, 1, "{report}");
+    assert_eq!(app.buildkite.builds().len(), 1);
+    let job = app.job("later").await;
+    assert_eq!(job.state, JobState::Scheduled);
+    assert!(
+        job.creation.is_none(),
+        "the payload is not kept once the build exists"
+    );
+    assert!(
+        app.discord_text().contains("Queued on `h100`"),
+        "{}",
+        app.discord_text()
+    );
+    app.advance_clock(Duration::from_secs(120));
+    app.sweep().await;
+    assert_eq!(app.buildkite.builds().len(), 1, "never two builds");
+}
+
+/// A create whose answer is lost (5xx) is looked up, never repeated blindly: found at once
+/// when Buildkite did create it, else created once by a sweep a minute later.
+pub async fn unconfirmed_creates(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    app.buildkite.fail_creates(&[(502, true)], 30);
+    let (status, answer) = app.submit(&submission("made")).await;
+    assert_eq!(
+        (status, answer["build"]["number"].as_u64()),
+        (StatusCode::ACCEPTED, Some(1))
+    );
+
+    app.buildkite.fail_creates(&[(503, false)], 30);
+    let (status, answer) = app.submit(&submission("lost")).await;
+    assert_eq!(
+        (status, &answer["build"]),
+        (StatusCode::ACCEPTED, &Value::Null)
+    );
+    assert_eq!(app.buildkite.builds().len(), 1);
+    app.sweep().await;
+    assert_eq!(
+        app.buildkite.builds().len(),
+        1,
+        "not before a minute has passed"
+    );
+    app.advance_clock(Duration::from_secs(61));
+    app.sweep().await;
+    app.advance_clock(Duration::from_secs(120));
+    app.sweep().await;
+    let builds = app.buildkite.builds();
+    assert_eq!(builds.len(), 2, "one build per run");
+    assert_eq!(builds[1].meta_data["run_id"], "lost");
+    assert_eq!(app.job("lost").await.state, JobState::Scheduled);
+}
+
+/// The pipeline was renamed (every call 404): the sweep changes nothing and fails the pass.
+pub async fn renamed_pipeline(kind: StoreKind) {
+    let app = TestApp::spawn_with(kind, &[("SWEEP_MIN_AGE_SECS", "0")]).await;
+    app.submit(&submission("a")).await;
+    app.submit(&submission("b")).await;
+    let calls = app.discord_calls().len();
+    app.buildkite.rename_pipeline("renamed");
+    let err = app
+        .sweeper
+        .sweep(Deadline::after(Duration::from_secs(30)))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, DispatchError::Pipeline(_)), "{err}");
+    assert!(err.to_string().contains("BUILDKITE_PIPELINE"), "{err}");
+    for id in ["a", "b"] {
+        assert_eq!(app.job(id).await.state, JobState::Scheduled);
+    }
+    assert_eq!(app.discord_calls().len(), calls, "no reports sent");
+}
+
+/// A report Discord refuses for a whole day is given up, shown so, and not tried again.
+pub async fn report_given_up_after_a_day(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    app.submit(&submission("never")).await;
+    app.discord.fail_next(&[503; 4]);
+    app.finish(1, "passed", Some(sample_result(false))).await;
+    app.advance_clock(Duration::from_secs(25 * 3600));
+    app.discord.fail_next(&[503; 4]);
+    let report = app.sweep().await;
+    assert_eq!(report.reports_pending, 0, "{report}");
+    let (_, view) = app.status("never").await;
+    assert_eq!(delivery(&view), "given_up", "{view}");
+    let calls = app.discord_calls().len();
+    app.sweep().await;
+    assert_eq!(app.discord_calls().len(), calls);
+}
+
+macro_rules! faults {
+    ($kind:expr) => {
+        use super::*;
+        #[tokio::test]
+        async fn discord_5xx_while_finishing_is_delivered_by_the_sweep() {
+            discord_down_while_finishing($kind).await
+        }
+        #[tokio::test]
+        async fn a_running_edit_held_back_by_429_never_replaces_the_final_report() {
+            held_back_running_edit($kind).await
+        }
+        #[tokio::test]
+        async fn a_deleted_status_message_gets_the_final_report_in_a_new_one() {
+            deleted_status_message($kind).await
+        }
+        #[tokio::test]
+        async fn an_absurd_test_count_is_reported_at_once() {
+            absurd_test_count($kind).await
+        }
+        #[tokio::test]
+        async fn an_incompressible_2mb_result_is_stored_reported_and_read_once() {
+            incompressible_result($kind).await
+        }
+        #[tokio::test]
+        async fn an_event_header_that_disagrees_with_the_signed_body_is_refused() {
+            forged_event_header($kind).await
+        }
+        #[tokio::test]
+        async fn a_rate_limited_create_is_deferred_and_created_once() {
+            rate_limited_create($kind).await
+        }
+        #[tokio::test]
+        async fn unconfirmed_creates_are_looked_up_never_built_twice() {
+            unconfirmed_creates($kind).await
+        }
+        #[tokio::test]
+        async fn a_renamed_pipeline_changes_nothing_and_fails_the_pass() {
+            renamed_pipeline($kind).await
+        }
+        #[tokio::test]
+        async fn a_report_refused_for_a_day_is_given_up() {
+            report_given_up_after_a_day($kind).await
+        }
+    };
+}
+
+mod sqlite {
+    faults!(StoreKind::Sqlite);
+}
+
+mod dynamodb {
+    faults!(StoreKind::Dynamo);
+}
