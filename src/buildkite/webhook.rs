@@ -104,7 +104,7 @@ impl WebhookAuth {
             if !matched {
                 return Err(VerifyError::Mismatch);
             }
-            if (now - ts_value).abs() > TOLERANCE_SECS {
+            if now.abs_diff(ts_value) > TOLERANCE_SECS as u64 {
                 return Err(VerifyError::Stale);
             }
             return Ok(());
