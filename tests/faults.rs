@@ -340,6 +340,46 @@ pub async fn report_given_up_after_a_day(kind: StoreKind) {
     assert_eq!(app.discord_calls().len(), calls);
 }
 
+/// A create in doubt past the queue timeout is looked up before the job is given up: the
+/// build Buildkite did make is kept, not abandoned on a GPU.
+pub async fn doubtful_create_past_the_queue_timeout(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    app.buildkite.fail_creates(&[(502, true)], 30);
+    // The immediate lookup fails too: submit cannot tell whether the build exists.
+    app.buildkite.fail_reads(&[500, 500, 500, 500]);
+    let (status, answer) = app.submit(&submission("doubt")).await;
+    assert_eq!(
+        (status, &answer["build"]),
+        (StatusCode::ACCEPTED, &Value::Null)
+    );
+    app.advance_clock(Duration::from_secs(901));
+    app.sweep().await;
+    let job = app.job("doubt").await;
+    assert_eq!(job.state, JobState::Scheduled, "{:?}", job.failure);
+    assert_eq!(job.build.unwrap().number, 1);
+    assert_eq!(app.buildkite.builds().len(), 1);
+}
+
+/// A deferred create that Buildkite then refuses for the pipeline's sake (403: a token
+/// without `write_builds`) fails the pass and no job.
+pub async fn misconfigured_deferred_create(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    app.buildkite.fail_creates(&[(429, false)], 30);
+    app.submit(&submission("waiting")).await;
+    app.buildkite.fail_create(
+        403,
+        json!({"message": "Forbidden: missing scope write_builds"}),
+    );
+    app.advance_clock(Duration::from_secs(31));
+    let err = app
+        .sweeper
+        .sweep(Deadline::after(Duration::from_secs(30)))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, DispatchError::Pipeline(_)), "{err}");
+    assert_eq!(app.job("waiting").await.state, JobState::Submitted);
+}
+
 macro_rules! faults {
     ($kind:expr) => {
         use super::*;
@@ -378,6 +418,14 @@ macro_rules! faults {
         #[tokio::test]
         async fn a_renamed_pipeline_changes_nothing_and_fails_the_pass() {
             renamed_pipeline($kind).await
+        }
+        #[tokio::test]
+        async fn a_create_in_doubt_past_the_queue_timeout_is_looked_up_not_failed() {
+            doubtful_create_past_the_queue_timeout($kind).await
+        }
+        #[tokio::test]
+        async fn a_misconfigured_deferred_create_fails_the_pass_not_the_job() {
+            misconfigured_deferred_create($kind).await
         }
         #[tokio::test]
         async fn a_report_refused_for_a_day_is_given_up() {

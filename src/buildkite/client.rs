@@ -38,6 +38,9 @@ pub enum BuildkiteError {
     Protocol(String),
     #[error("artifact is larger than {MAX_ARTIFACT_BYTES} bytes")]
     TooLarge,
+    /// Artifact storage refused the download (e.g. an expired link).
+    #[error("artifact storage refused the download (HTTP {status})")]
+    Storage { status: u16 },
 }
 
 impl BuildkiteError {
@@ -231,7 +234,10 @@ impl BuildkiteClient {
                 self.attempt(Method::POST, &url, Some(build), false, deadline)
             })
             .await?;
-        Self::json(resp).await
+        // Buildkite answered 2xx: whatever goes wrong reading the body, the build exists.
+        Self::json(resp)
+            .await
+            .map_err(|e| BuildkiteError::Unconfirmed(e.to_string()))
     }
 
     /// Checks that the configured pipeline exists and the token may read it.
@@ -346,13 +352,9 @@ impl BuildkiteClient {
             )));
         }
         if !status.is_success() {
-            let body = resp.text().await.unwrap_or_default();
-            return Err(BuildkiteError::Rejected {
+            // The storage's own error text stays out of reports: it is not ours to show.
+            return Err(BuildkiteError::Storage {
                 status: status.as_u16(),
-                message: format!(
-                    "artifact storage: {}",
-                    crate::discord::message::truncate(body.trim(), 300)
-                ),
             });
         }
         read_capped(resp).await

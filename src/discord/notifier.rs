@@ -111,8 +111,8 @@ async fn classify(resp: Response) -> DiscordError {
             let wait = body
                 .retry_after
                 .or(header_wait)
-                .filter(|s| s.is_finite() && *s >= 0.0)
-                .map_or(Duration::from_secs(1), Duration::from_secs_f64);
+                .and_then(|s| Duration::try_from_secs_f64(s).ok())
+                .unwrap_or(Duration::from_secs(1));
             DiscordError::Unavailable {
                 message: format!("rate limited for {wait:?}"),
                 retry_after: Some(wait),

@@ -17,6 +17,9 @@ use crate::retry::Deadline;
 /// Renders one sender sends in one go at most (each state once, and a repost).
 const MAX_SENDS: usize = 6;
 
+/// A send is only started with time left for its record after it.
+const RECORD_RESERVE: std::time::Duration = std::time::Duration::from_secs(2);
+
 fn sent_of(result: Result<Option<String>, DiscordError>) -> Sent {
     match result {
         Ok(posted) => Sent::Accepted { posted },
@@ -37,7 +40,7 @@ impl Dispatcher {
         let owner = uuid::Uuid::new_v4().simple().to_string();
         let mut last = None;
         for _ in 0..MAX_SENDS {
-            if deadline.call_timeout(self.discord.timeout()).is_none() {
+            if deadline.remaining() < self.discord.timeout() + RECORD_RESERVE {
                 info!(%run_id, "no time left for Discord; the sweep will send");
                 break;
             }

@@ -81,11 +81,17 @@ impl Dispatcher {
         if target == JobState::Finished {
             // Webhook payloads can lag the build; the API's view decides, and only a
             // terminal state finishes a job.
-            let current = self.buildkite.get_build(build.number, deadline).await?;
+            let bk_deadline = self.buildkite_deadline(deadline);
+            let current = self.buildkite.get_build(build.number, bk_deadline).await?;
+            if current.id != build.id {
+                return Ok(EventOutcome::Ignored(
+                    "the event's build is not the one read back",
+                ));
+            }
             if rules::progress_of(&current) != JobState::Finished {
                 return Ok(EventOutcome::Ignored("build has not finished"));
             }
-            t = t.with_outcome(self.outcome_of(&current, deadline).await?);
+            t = t.with_outcome(self.outcome_of(&current, bk_deadline).await?);
         }
         self.advance(run_id, t, deadline).await
     }
@@ -137,8 +143,14 @@ impl Dispatcher {
         let state = build.final_state().to_owned();
         let (result, error) = match self.fetch_result(build, deadline).await {
             Ok(r) => (Some(r), None),
+            // Unreachable, or our token may not read artifacts: try again later rather than
+            // judge the run on a result we could not read.
             Err(FetchError::Buildkite(
-                e @ (BuildkiteError::Unavailable(_) | BuildkiteError::RateLimited { .. }),
+                e @ (BuildkiteError::Unavailable(_)
+                | BuildkiteError::RateLimited { .. }
+                | BuildkiteError::Rejected {
+                    status: 401 | 403, ..
+                }),
             )) => return Err(e.into()),
             Err(e) => {
                 info!(error = %e, "no usable result.json");

@@ -20,6 +20,7 @@ use crate::config::Config;
 use crate::discord::Notifier;
 use crate::jobs::model::{Millis, now_millis};
 use crate::jobs::{Job, StoreError};
+use crate::retry::Deadline;
 
 pub use events::EventOutcome;
 pub use submit::Submitted;
@@ -74,7 +75,16 @@ pub enum DispatchError {
     Pipeline(#[source] BuildkiteError),
 }
 
+/// Time kept back after Buildkite work for the state write (DynamoDB's own bound is 5 s).
+const STORE_RESERVE: Duration = Duration::from_secs(5);
+
 impl Dispatcher {
+    /// The part of `deadline` Buildkite work may use: the state write and one Discord attempt
+    /// must still fit after it, or a function could die between the two.
+    pub(crate) fn buildkite_deadline(&self, deadline: Deadline) -> Deadline {
+        deadline.less(STORE_RESERVE + self.discord.timeout())
+    }
+
     pub fn new(config: Arc<Config>, store: Arc<dyn crate::jobs::JobStore>) -> Result<Self, String> {
         Ok(Self {
             store,

@@ -103,9 +103,12 @@ pub enum Sent {
 pub fn record(job: &Job, owner: &str, rendered: JobState, sent: &Sent, now: Millis) -> Option<Job> {
     let mut next = job.clone();
     let o = next.discord.as_mut()?;
-    if o.lease.as_ref().is_some_and(|l| l.owner == owner) {
-        o.lease = None;
+    // Only the holder records: a sender whose lease passed to another changes nothing (the
+    // other sends what is owed), and a repeated record cannot count twice.
+    if o.lease.as_ref().is_none_or(|l| l.owner != owner) {
+        return None;
     }
+    o.lease = None;
     let rank = rendered.rank();
     let failed = |o: &mut crate::jobs::Outbox, error: String| {
         o.attempts += 1;
@@ -314,11 +317,22 @@ mod tests {
         );
     }
 
+    /// `job` with its message held by `owner`.
+    fn held(job: &Job, owner: &str) -> Job {
+        claim(job, owner, 0, Millis::MAX).expect("owed and free")
+    }
+
+    /// One send by `owner` of the job as it is, answered `sent` at `now`.
+    fn send(job: &Job, owner: &str, sent: Sent, now: Millis) -> Job {
+        let h = held(job, owner);
+        record(&h, owner, h.state, &sent, now).expect("the holder records")
+    }
+
     #[test]
     fn a_render_of_an_older_state_never_counts_as_the_newer() {
         // The job moved on while a render of `running` was in flight.
-        let held = claim(&job(JobState::Running), "a", 0, 10).unwrap();
-        let finished = held.apply(&Transition::to(JobState::Finished, 5)).unwrap();
+        let h = held(&job(JobState::Running), "a");
+        let finished = h.apply(&Transition::to(JobState::Finished, 5)).unwrap();
         let after = record(
             &finished,
             "a",
@@ -328,14 +342,7 @@ mod tests {
         )
         .unwrap();
         assert!(after.owes_discord(), "the final report is still owed");
-        let done = record(
-            &after,
-            "b",
-            JobState::Finished,
-            &Sent::Accepted { posted: None },
-            7,
-        )
-        .unwrap();
+        let done = send(&after, "b", Sent::Accepted { posted: None }, 7);
         let o = done.discord.unwrap();
         assert_eq!(o.status, DeliveryStatus::Delivered);
         assert!(
@@ -345,41 +352,47 @@ mod tests {
     }
 
     #[test]
-    fn discord_answers_decide_what_happens_next() {
-        let j = job(JobState::Finished);
-        let gone_msg = record(&j, "a", JobState::Finished, &Sent::MessageGone, 1).unwrap();
-        assert!(gone_msg.owes_discord() && gone_msg.discord.as_ref().unwrap().message_id.is_none());
-        let gone = record(
-            &j,
+    fn only_the_lease_holder_records() {
+        let h = held(&job(JobState::Finished), "a");
+        assert_eq!(
+            record(&h, "b", JobState::Finished, &Sent::MessageGone, 1),
+            None
+        );
+        let once = record(
+            &h,
             "a",
             JobState::Finished,
-            &Sent::TargetGone("10015".into()),
-            1,
-        )
-        .unwrap();
-        assert_eq!(gone.discord.as_ref().unwrap().status, DeliveryStatus::Gone);
-        assert!(!gone.owes_discord());
-        let refused = record(
-            &j,
-            "a",
-            JobState::Finished,
-            &Sent::Refused("50035".into()),
+            &Sent::Transient("503".into()),
             1,
         )
         .unwrap();
         assert_eq!(
+            record(
+                &once,
+                "a",
+                JobState::Finished,
+                &Sent::Transient("503".into()),
+                2
+            ),
+            None,
+            "a repeated record does not count twice"
+        );
+    }
+
+    #[test]
+    fn discord_answers_decide_what_happens_next() {
+        let j = job(JobState::Finished);
+        let gone_msg = send(&j, "a", Sent::MessageGone, 1);
+        assert!(gone_msg.owes_discord() && gone_msg.discord.as_ref().unwrap().message_id.is_none());
+        let gone = send(&j, "a", Sent::TargetGone("10015".into()), 1);
+        assert_eq!(gone.discord.as_ref().unwrap().status, DeliveryStatus::Gone);
+        assert!(!gone.owes_discord());
+        let refused = send(&j, "a", Sent::Refused("50035".into()), 1);
+        assert_eq!(
             refused.discord.as_ref().unwrap().status,
             DeliveryStatus::GivenUp
         );
-        let running = job(JobState::Running);
-        let refused = record(
-            &running,
-            "a",
-            JobState::Running,
-            &Sent::Refused("x".into()),
-            1,
-        )
-        .unwrap();
+        let refused = send(&job(JobState::Running), "a", Sent::Refused("x".into()), 1);
         assert!(!refused.owes_discord(), "that render is not retried");
         let moved = refused
             .apply(&Transition::to(JobState::Finished, 2))
@@ -389,34 +402,34 @@ mod tests {
 
     #[test]
     fn a_report_failing_for_a_day_is_given_up() {
-        let j = job(JobState::Finished);
-        let once = record(
-            &j,
-            "a",
-            JobState::Finished,
-            &Sent::Transient("503".into()),
-            1_000,
-        )
-        .unwrap();
-        let later = record(
-            &once,
-            "a",
-            JobState::Finished,
-            &Sent::Transient("503".into()),
-            1_000 + GIVE_UP_AFTER_MS - 1,
-        )
-        .unwrap();
+        let down = || Sent::Transient("503".into());
+        let once = send(&job(JobState::Running), "a", down(), 1_000);
+        // The job moving on starts a new render's clock.
+        let finished = once
+            .apply(&Transition::to(JobState::Finished, 2_000))
+            .unwrap();
+        let first = send(&finished, "a", down(), 5_000);
+        let later = send(&first, "a", down(), 5_000 + GIVE_UP_AFTER_MS - 1);
         assert!(later.owes_discord());
         assert_eq!(later.discord.as_ref().unwrap().attempts, 2);
-        let day = record(
-            &later,
-            "a",
-            JobState::Finished,
-            &Sent::Transient("503".into()),
-            1_000 + GIVE_UP_AFTER_MS,
-        )
-        .unwrap();
+        let day = send(&later, "a", down(), 5_000 + GIVE_UP_AFTER_MS);
         assert_eq!(day.discord.unwrap().status, DeliveryStatus::GivenUp);
+    }
+
+    #[test]
+    fn a_submission_fails_only_before_its_build_exists() {
+        let mut scheduled = job(JobState::Scheduled);
+        scheduled.build = Some(crate::jobs::BuildRef {
+            id: "b".into(),
+            number: 1,
+            web_url: String::new(),
+        });
+        assert_eq!(scheduled.apply(&Transition::to(JobState::Failed, 1)), None);
+        assert!(
+            job(JobState::Submitted)
+                .apply(&Transition::to(JobState::Failed, 1))
+                .is_some()
+        );
     }
 
     #[test]

@@ -36,6 +36,16 @@ pub(crate) enum Creating {
     Refused(BuildkiteError),
 }
 
+impl Creating {
+    /// The refusal's error (only meaningful for [`Creating::Refused`]).
+    pub(crate) fn into_error(self) -> BuildkiteError {
+        match self {
+            Self::Refused(e) => e,
+            _ => BuildkiteError::Protocol("not a refusal".into()),
+        }
+    }
+}
+
 impl Dispatcher {
     fn new_build(&self, job: &Job, payload: &str) -> NewBuild {
         let bk = &self.config.buildkite;
@@ -167,7 +177,9 @@ impl Dispatcher {
                 info!(state = %existing.state, "run id already known; nothing created");
                 return Ok(Submitted::Existing(*existing));
             }
-            let creating = self.try_create(&job, &sub.payload, deadline).await;
+            let creating = self
+                .try_create(&job, &sub.payload, self.buildkite_deadline(deadline))
+                .await;
             let job = self.settle_creation(&job, creating, deadline).await?;
             let job = self.deliver(&job.run_id, deadline).await?.unwrap_or(job);
             Ok(Submitted::New(job))

@@ -2,6 +2,8 @@
 //! came. One job's trouble is counted and logged; it does not stop the pass. A pipeline- or
 //! store-level error does, changing nothing, so the pass exits non-zero naming the cause.
 
+use std::time::Duration;
+
 use tracing::{Instrument, info, warn};
 
 use super::rules::{self, claim_creation};
@@ -16,6 +18,8 @@ use crate::retry::Deadline;
 pub const SWEEP_BATCH: usize = 500;
 /// How many open jobs one pass checks against Buildkite (oldest first).
 pub const CHECK_BATCH: usize = 200;
+/// A pass starts no new job's work with less than this left.
+const PASS_RESERVE: Duration = Duration::from_secs(10);
 
 /// What one sweep pass did.
 #[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize)]
@@ -68,25 +72,23 @@ impl SweepReport {
 struct PipelineSeen(Option<bool>);
 
 impl Dispatcher {
-    /// One pass over the store.
+    /// One pass over the store: open jobs first (deferred creates, deadlines, lost
+    /// webhooks), then pending reports. Each job's Discord delivery gets a short slice of the
+    /// pass, and the pass stops starting work when its own deadline is near.
     pub async fn sweep(&self, deadline: Deadline) -> Result<SweepReport, DispatchError> {
         let mut report = SweepReport::default();
-        for job in self
-            .store
-            .list(Shard::Outbox, i64::MAX, SWEEP_BATCH)
-            .await?
-        {
-            self.deliver_counted(&job.run_id, deadline, &mut report)
-                .await?;
-        }
         let now = self.clock.now();
         let min_age = self.config.sweep_min_age.as_millis() as i64;
         let mut pipeline = PipelineSeen::default();
         let mut checks = 0;
         for job in self.store.list(Shard::Open, i64::MAX, SWEEP_BATCH).await? {
+            if deadline.remaining() < PASS_RESERVE {
+                warn!("sweep pass out of time; the next pass goes on");
+                return Ok(report);
+            }
             let due_check = job.created_at <= now - min_age && checks < CHECK_BATCH;
-            if due_check || job.creation.is_some() {
-                checks += usize::from(due_check);
+            if due_check || job.creation.is_some() || job.build.is_none() {
+                checks += usize::from(due_check && job.build.is_some());
                 let span = tracing::info_span!("sweep", run_id = %job.run_id, state = %job.state);
                 self.sweep_open(&job, due_check, &mut pipeline, deadline, &mut report)
                     .instrument(span)
@@ -98,11 +100,33 @@ impl Dispatcher {
                 .await?
                 .is_some_and(|j| j.owes_discord())
             {
-                self.deliver_counted(&job.run_id, deadline, &mut report)
+                self.deliver_counted(&job.run_id, self.slice(deadline), &mut report)
                     .await?;
             }
         }
+        for job in self
+            .store
+            .list(Shard::Outbox, i64::MAX, SWEEP_BATCH)
+            .await?
+        {
+            if deadline.remaining() < PASS_RESERVE {
+                warn!("sweep pass out of time; the next pass goes on");
+                break;
+            }
+            self.deliver_counted(&job.run_id, self.slice(deadline), &mut report)
+                .await?;
+        }
         Ok(report)
+    }
+
+    /// The part of the pass one job's Discord delivery may use: one try and a short wait.
+    fn slice(&self, deadline: Deadline) -> Deadline {
+        let slice = Deadline::after(2 * self.discord.timeout() + Duration::from_secs(3));
+        if slice.remaining() < deadline.remaining() {
+            slice
+        } else {
+            deadline
+        }
     }
 
     /// Re-drives one run: its build is checked whatever its age, and what it owes is sent.
@@ -186,9 +210,21 @@ impl Dispatcher {
     ) -> Result<EventOutcome, DispatchError> {
         let now = self.clock.now();
         let queue_timeout = self.config.queue_timeout.as_millis() as i64;
+        let bk_deadline = self.buildkite_deadline(deadline);
         if job.creation.is_none() || now - job.created_at >= queue_timeout {
+            // A create whose answer was lost may have made a build after all: look first.
+            if job.creation.as_ref().is_none_or(|c| c.look_up_first)
+                && let Some(build) = self
+                    .buildkite
+                    .find_build(job.run_id.as_str(), bk_deadline)
+                    .await?
+            {
+                let t = Transition::to(JobState::Scheduled, now).with_build(build_ref(&build));
+                return self.advance(&job.run_id, t, deadline).await;
+            }
             let t = Transition::to(JobState::Failed, now)
                 .with_failure("no Buildkite build could be created in time");
+            // `apply` fails only a job still without a build, as stored now.
             return self.advance(&job.run_id, t, deadline).await;
         }
         let mut was = None;
@@ -214,7 +250,19 @@ impl Dispatcher {
             let t = Transition::to(JobState::Scheduled, now).with_build(build_ref(&build));
             return self.advance(&held.run_id, t, deadline).await;
         }
-        let creating = self.try_create(&held, &was.payload, deadline).await;
+        let creating = self.try_create(&held, &was.payload, bk_deadline).await;
+        if let super::submit::Creating::Refused(e) = &creating
+            && matches!(
+                e,
+                BuildkiteError::Rejected {
+                    status: 401 | 403 | 404,
+                    ..
+                }
+            )
+        {
+            // The pipeline or token is wrong, not this job: change nothing, fail the pass.
+            return Err(DispatchError::Pipeline(creating.into_error()));
+        }
         let created = matches!(creating, super::submit::Creating::Created(_));
         let after = self.settle_creation(&held, creating, deadline).await?;
         if created {
@@ -240,13 +288,14 @@ impl Dispatcher {
         let Some(b) = &job.build else {
             return Ok(EventOutcome::Ignored("no build"));
         };
-        let build = match self.buildkite.get_build(b.number, deadline).await {
+        let bk_deadline = self.buildkite_deadline(deadline);
+        let build = match self.buildkite.get_build(b.number, bk_deadline).await {
             Ok(build) => {
                 pipeline.0 = Some(true);
                 build
             }
             Err(BuildkiteError::Rejected { status: 404, .. }) => {
-                self.reach_pipeline(pipeline, deadline).await?;
+                self.reach_pipeline(pipeline, bk_deadline).await?;
                 // The pipeline is there and the build is not: it will never finish.
                 let outcome = Outcome::decided(
                     "unknown",
@@ -264,7 +313,7 @@ impl Dispatcher {
         }
         let mut t = Transition::to(target, self.clock.now()).with_build(build_ref(&build));
         if target == JobState::Finished {
-            t = t.with_outcome(self.outcome_of(&build, deadline).await?);
+            t = t.with_outcome(self.outcome_of(&build, bk_deadline).await?);
         }
         self.advance(&job.run_id, t, deadline).await
     }

@@ -310,7 +310,16 @@ impl Job {
         if t.to.rank() <= self.state.rank() {
             return None;
         }
+        // A submission fails only before its build exists; a build's end is `finished`.
+        if t.to == JobState::Failed && (self.state != JobState::Submitted || self.build.is_some()) {
+            return None;
+        }
         let mut next = self.clone();
+        if let Some(o) = next.discord.as_mut() {
+            // A new state owes a new render: its own tries and its own 24 hours.
+            o.attempts = 0;
+            o.pending_since = None;
+        }
         next.state = t.to;
         next.updated_at = t.at;
         if t.build.is_some() {

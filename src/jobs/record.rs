@@ -237,7 +237,10 @@ impl JobRecord {
             Some(s) => s.parse().map_err(StoreError::Corrupt)?,
             None if target.is_none() => return Ok(None),
             None if self.discord_gone => DeliveryStatus::Gone,
-            None => DeliveryStatus::Delivered,
+            // What it showed before the outbox counts as shown; an unfinished job still owes
+            // its later states.
+            None if state.is_terminal() => DeliveryStatus::Delivered,
+            None => DeliveryStatus::Active,
         };
         let legacy = self.discord_status.is_none();
         Ok(Some(Outbox {
@@ -437,10 +440,28 @@ mod tests {
             .unwrap()
             .into_job()
             .unwrap();
-        let outbox = job.discord.as_ref().unwrap();
-        assert_eq!(outbox.status, DeliveryStatus::Delivered);
-        assert!(!job.owes_discord());
+        assert!(!job.owes_discord(), "its running state was shown");
         assert_eq!(job.version, 0);
+        let finished = job
+            .apply(&crate::jobs::Transition::to(JobState::Finished, 5))
+            .unwrap();
+        assert!(
+            finished.owes_discord(),
+            "a job running at deploy still gets its report"
+        );
+        let done = legacy.replace(
+            r#""state":"running","state_rank":2"#,
+            r#""state":"finished","state_rank":3"#,
+        );
+        let job = serde_json::from_str::<JobRecord>(&done)
+            .unwrap()
+            .into_job()
+            .unwrap();
+        assert_eq!(
+            job.discord.as_ref().unwrap().status,
+            DeliveryStatus::Delivered
+        );
+        assert!(!job.owes_discord(), "past reports are not sent again");
         let gone = legacy.replace(r#""created_at""#, r#""discord_gone":true,"created_at""#);
         let job = serde_json::from_str::<JobRecord>(&gone)
             .unwrap()
