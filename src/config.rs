@@ -108,6 +108,8 @@ pub struct Config {
     /// A job whose build has not been created (or whose evaluation has not started) this
     /// long after submission is given up.
     pub queue_timeout: Duration,
+    /// An open job this old gets a last look at its build, which is canceled if still live.
+    pub job_max_age: Duration,
 }
 
 impl std::fmt::Debug for WebhookAuth {
@@ -269,6 +271,7 @@ impl Config {
             },
             sweep_min_age: Duration::from_secs(env.number("SWEEP_MIN_AGE_SECS", 600)?),
             queue_timeout: Duration::from_secs(env.number("QUEUE_TIMEOUT_SECS", 900)?),
+            job_max_age: Duration::from_secs(env.number("JOB_MAX_AGE_SECS", 21_600)?),
         })
     }
 }

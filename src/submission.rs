@@ -8,7 +8,16 @@ use crate::jobs::model::RunId;
 use crate::payload::{self, PayloadError};
 
 pub const MAX_TITLE_CHARS: usize = 200;
-const FIELDS: &[&str] = &["run_id", "gpu", "config", "discord", "title"];
+const FIELDS: &[&str] = &[
+    "run_id",
+    "gpu",
+    "config",
+    "discord",
+    "title",
+    "max_queue_secs",
+];
+/// The longest a submission may ask to wait for an agent.
+pub const MAX_QUEUE_SECS: u64 = 3600;
 
 /// A valid submission, ready to become a job and a build.
 #[derive(Debug, Clone)]
@@ -19,6 +28,8 @@ pub struct Submission {
     pub gpu: String,
     pub queue: String,
     pub title: Option<String>,
+    /// How long the evaluation may wait for an agent (at most [`MAX_QUEUE_SECS`]).
+    pub max_queue_secs: Option<u64>,
     pub discord: Option<DiscordTarget>,
     /// The config, encoded for `KERNELBOT_PAYLOAD`.
     pub payload: String,
@@ -114,6 +125,20 @@ pub fn parse(
         ));
     }
 
+    let max_queue_secs = match obj.get("max_queue_secs") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(
+            v.as_u64()
+                .filter(|s| (1..=MAX_QUEUE_SECS).contains(s))
+                .ok_or_else(|| {
+                    field(
+                        "max_queue_secs",
+                        format!("must be a whole number of seconds from 1 to {MAX_QUEUE_SECS}"),
+                    )
+                })?,
+        ),
+    };
+
     let discord = match obj.get("discord") {
         None | Some(Value::Null) => default_discord.cloned(),
         Some(Value::Object(d)) => {
@@ -136,6 +161,7 @@ pub fn parse(
         gpu: gpu.to_owned(),
         queue: queue.to_owned(),
         title: title.map(str::to_owned),
+        max_queue_secs,
         discord,
         payload,
     })
@@ -218,6 +244,14 @@ mod tests {
             (
                 json!({"gpu": "H100_BK", "config": {}, "discord": {}}),
                 "discord: webhook_url is required",
+            ),
+            (
+                json!({"gpu": "H100_BK", "config": {}, "max_queue_secs": 3601}),
+                "max_queue_secs: must be a whole number of seconds from 1 to 3600",
+            ),
+            (
+                json!({"gpu": "H100_BK", "config": {}, "max_queue_secs": "60"}),
+                "max_queue_secs: must be a whole number of seconds from 1 to 3600",
             ),
         ];
         for (body, message) in cases {

@@ -380,6 +380,113 @@ pub async fn misconfigured_deferred_create(kind: StoreKind) {
     assert_eq!(app.job("waiting").await.state, JobState::Submitted);
 }
 
+/// A build no agent picks up: canceled once the queue deadline passes, reported as such,
+/// and Buildkite's own `build.finished` for it changes nothing.
+pub async fn nobody_picks_it_up(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    app.submit(&submission("idle")).await;
+    let mut quick = submission("quick");
+    quick["max_queue_secs"] = json!(60);
+    app.submit(&quick).await;
+    app.advance_clock(Duration::from_secs(61));
+    app.sweep().await;
+    assert_eq!(
+        app.buildkite.build(2).unwrap().state,
+        "canceled",
+        "its own deadline"
+    );
+    assert_eq!(app.buildkite.build(1).unwrap().state, "scheduled");
+    app.advance_clock(Duration::from_secs(840));
+    app.sweep().await;
+
+    assert_eq!(app.buildkite.build(1).unwrap().state, "canceled");
+    let job = app.job("idle").await;
+    assert_eq!(job.state, JobState::Finished);
+    assert_eq!(job.outcome.unwrap().verdict, Verdict::QueueTimeout);
+    let text = app.discord_text();
+    assert!(
+        text.contains("Timed out in the queue: no agent on queue `h100` started it in time"),
+        "{text}"
+    );
+    let calls = app.discord_calls().len();
+    assert_eq!(app.event("build.finished", 1).await, StatusCode::OK);
+    assert_eq!(app.discord_calls().len(), calls);
+    assert_eq!(
+        app.job("idle").await.outcome.unwrap().verdict,
+        Verdict::QueueTimeout
+    );
+}
+
+/// A job still running past the maximum age: its build is canceled, the job expires.
+pub async fn outlives_its_maximum_age(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    app.submit(&submission("forever")).await;
+    app.buildkite.start_eval(1);
+    app.event("job.started", 1).await;
+    app.advance_clock(Duration::from_secs(6 * 3600));
+    app.sweep().await;
+    assert_eq!(app.buildkite.build(1).unwrap().state, "canceled");
+    let job = app.job("forever").await;
+    assert_eq!(job.outcome.unwrap().verdict, Verdict::Expired);
+    assert!(
+        app.discord_text().contains("Expired"),
+        "{}",
+        app.discord_text()
+    );
+}
+
+/// `POST /submissions/{run_id}/cancel`: the build is canceled and the job ends as canceled;
+/// a repeat is accepted, an unknown run is 404, a finished one 409; a job without a build
+/// ends at once and never gets one.
+pub async fn cancel_api(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    app.submit(&submission("stop")).await;
+    let (status, answer) = app.cancel("stop").await;
+    assert_eq!(
+        (status, answer["state"].as_str()),
+        (StatusCode::ACCEPTED, Some("scheduled"))
+    );
+    assert_eq!(app.buildkite.build(1).unwrap().state, "canceled");
+    assert_eq!(app.cancel("stop").await.0, StatusCode::ACCEPTED, "a repeat");
+    app.event("build.finished", 1).await;
+    let job = app.job("stop").await;
+    assert_eq!(job.outcome.unwrap().verdict, Verdict::Canceled);
+    assert!(
+        app.discord_text()
+            .contains("Canceled: the build was canceled"),
+        "{}",
+        app.discord_text()
+    );
+
+    assert_eq!(app.cancel("nobody").await.0, StatusCode::NOT_FOUND);
+    app.submit(&submission("done")).await;
+    app.finish(2, "passed", Some(sample_result(false))).await;
+    let (status, err) = app.cancel("done").await;
+    assert_eq!(
+        (status, err["error"].as_str()),
+        (StatusCode::CONFLICT, Some("already_finished"))
+    );
+
+    app.buildkite.fail_creates(&[(429, false)], 30);
+    app.submit(&submission("unbuilt")).await;
+    let (status, answer) = app.cancel("unbuilt").await;
+    assert_eq!(
+        (status, answer["state"].as_str()),
+        (StatusCode::ACCEPTED, Some("finished"))
+    );
+    app.advance_clock(Duration::from_secs(31));
+    app.sweep().await;
+    assert_eq!(
+        app.buildkite.builds().len(),
+        2,
+        "no build for a canceled job"
+    );
+    assert_eq!(
+        app.job("unbuilt").await.outcome.unwrap().verdict,
+        Verdict::Canceled
+    );
+}
+
 macro_rules! faults {
     ($kind:expr) => {
         use super::*;
@@ -426,6 +533,18 @@ macro_rules! faults {
         #[tokio::test]
         async fn a_misconfigured_deferred_create_fails_the_pass_not_the_job() {
             misconfigured_deferred_create($kind).await
+        }
+        #[tokio::test]
+        async fn a_build_nobody_picks_up_is_canceled_at_its_queue_deadline() {
+            nobody_picks_it_up($kind).await
+        }
+        #[tokio::test]
+        async fn a_job_past_its_maximum_age_is_canceled_and_expires() {
+            outlives_its_maximum_age($kind).await
+        }
+        #[tokio::test]
+        async fn cancel_stops_the_build_and_ends_the_job() {
+            cancel_api($kind).await
         }
         #[tokio::test]
         async fn a_report_refused_for_a_day_is_given_up() {

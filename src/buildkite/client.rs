@@ -270,6 +270,27 @@ impl BuildkiteClient {
         Self::json(self.read(&url, deadline).await?).await
     }
 
+    /// Cancels a build. A build that has already ended (422) is not an error: there is
+    /// nothing left to cancel.
+    pub async fn cancel_build(
+        &self,
+        number: u64,
+        deadline: Deadline,
+    ) -> Result<(), BuildkiteError> {
+        let url = self.url(&format!("builds/{number}/cancel"));
+        let result = self
+            .retry
+            .run(deadline, "Buildkite", || {
+                // Canceling twice is harmless: the call may be repeated.
+                self.attempt(Method::PUT, &url, None, true, deadline)
+            })
+            .await;
+        match result {
+            Ok(_) | Err(BuildkiteError::Rejected { status: 422, .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Every artifact of a build, following the `Link: rel="next"` pages.
     pub async fn list_artifacts(
         &self,

@@ -175,6 +175,10 @@ impl BuildkiteStandin {
         let router = Router::new()
             .route(p, post(create_build).get(list_builds))
             .route(&format!("{p}/{{number}}"), get(get_build))
+            .route(
+                &format!("{p}/{{number}}/cancel"),
+                axum::routing::put(cancel_build),
+            )
             .route(&format!("{p}/{{number}}/artifacts"), get(list_artifacts))
             .route(
                 &format!("{p}/{{number}}/jobs/{{job}}/artifacts/{{id}}/download"),
@@ -493,6 +497,53 @@ fn create_fault(code: u16, reset_secs: u64) -> Response {
     bk_error(status, "Internal Server Error")
 }
 
+/// `PUT .../builds/{number}/cancel`: cancels a live build (422 once it has ended) and, when
+/// playing the agent, sends `build.finished` as Buildkite does.
+async fn cancel_build(
+    State(inner): State<Shared>,
+    Path((_o, _p, number)): Path<(String, String, String)>,
+    req: Request,
+) -> Response {
+    let (response, run) = {
+        let mut s = lock(&inner);
+        if let Some(r) = gate(&mut s, &req, false) {
+            return r;
+        }
+        let Some(i) = find(&s, &number) else {
+            return bk_error(StatusCode::NOT_FOUND, "Not Found");
+        };
+        if !matches!(
+            s.builds[i].state.as_str(),
+            "scheduled" | "running" | "failing"
+        ) {
+            return bk_error(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "Build can't be canceled because it's already finished",
+            );
+        }
+        s.builds[i].state = "canceled".into();
+        (
+            Json(s.build_json(&s.builds[i], true)).into_response(),
+            s.autorun.clone(),
+        )
+    };
+    if let (Some(run), Ok(n)) = (run, number.parse::<u64>()) {
+        let bk = BuildkiteStandin::from_shared(inner);
+        tokio::spawn(async move {
+            let body = bk.webhook_body("build.finished", n);
+            let _ = deliver(
+                &run.webhook_url,
+                &run.secret,
+                "build.finished",
+                body,
+                unix_now(),
+            )
+            .await;
+        });
+    }
+    response
+}
+
 /// `GET .../pipelines/{slug}`: the pipeline, if the token may read it.
 async fn get_pipeline(State(inner): State<Shared>, req: Request) -> Response {
     let mut s = lock(&inner);
@@ -526,6 +577,10 @@ async fn play_agent(inner: Shared, run: AutoRun, number: u64) {
     let outcome = tokio::task::spawn_blocking(move || step(&env))
         .await
         .unwrap_or_default();
+    if bk.build(number).is_some_and(|b| b.state == "canceled") {
+        // Canceled while it ran: the agent stops; the cancel sent build.finished.
+        return;
+    }
     if let Some(bytes) = outcome.result {
         bk.upload(number, "result.json", bytes, "finished", false);
     }

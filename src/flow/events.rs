@@ -70,6 +70,14 @@ impl Dispatcher {
         if job.build.as_ref().is_some_and(|b| b.id != build.id) {
             return Ok(EventOutcome::Ignored("event for another build of this run"));
         }
+        if job.build.is_none() && job.cancel_requested && job.state.is_terminal() {
+            // Canceled before its build existed: that build must not take a GPU.
+            if target != JobState::Finished {
+                self.cancel_build(build.number, self.buildkite_deadline(deadline))
+                    .await;
+            }
+            return Ok(EventOutcome::Ignored("the job was canceled"));
+        }
         // Cheap early exit for duplicates; the conditional write is what decides.
         if target.rank() <= job.state.rank() {
             if job.owes_discord() {

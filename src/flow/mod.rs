@@ -5,6 +5,7 @@
 //!
 //! Data flows one way: http → flow → (buildkite | discord | jobs).
 
+pub mod cancel;
 pub mod deliver;
 pub mod events;
 pub mod rules;
@@ -22,6 +23,7 @@ use crate::jobs::model::{Millis, now_millis};
 use crate::jobs::{Job, StoreError};
 use crate::retry::Deadline;
 
+pub use cancel::Canceled;
 pub use events::EventOutcome;
 pub use submit::Submitted;
 pub use sweep::SweepReport;

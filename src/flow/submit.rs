@@ -9,7 +9,7 @@ use super::{DispatchError, Dispatcher};
 use crate::buildkite::BuildkiteError;
 use crate::buildkite::model::{Build, NewBuild};
 use crate::jobs::model::Creation;
-use crate::jobs::{BuildRef, Created, Job, JobState, Transition, update};
+use crate::jobs::{BuildRef, Created, Job, JobState, Transition, Updated, update};
 use crate::retry::Deadline;
 use crate::submission::Submission;
 
@@ -123,7 +123,14 @@ impl Dispatcher {
                 info!(build = build.number, "build created");
                 let t = Transition::to(JobState::Scheduled, now).with_build(build_ref(&build));
                 // A webhook may have recorded the build (and more) first: that is kept.
-                update(self.store.as_ref(), &job.run_id, |j| j.apply(&t)).await?
+                let written = update(self.store.as_ref(), &job.run_id, |j| j.apply(&t)).await?;
+                if let Updated::Unchanged(j) = &written
+                    && j.cancel_requested
+                    && j.build.as_ref().is_none_or(|b| b.id != build.id)
+                {
+                    self.cancel_build(build.number, deadline).await;
+                }
+                written
             }
             Creating::Deferred(miss) => {
                 update(self.store.as_ref(), &job.run_id, |j| {
@@ -166,6 +173,7 @@ impl Dispatcher {
                 sub.discord.clone(),
                 now,
             );
+            job.max_queue_secs = sub.max_queue_secs;
             // Held while this create is in flight; if this function dies, the sweep looks the
             // build up once the hold has passed, then creates it.
             job.creation = Some(Creation {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tracing::{Instrument, info, warn};
 
-use super::rules::{self, claim_creation};
+use super::rules::{self, Overdue, claim_creation};
 use super::submit::build_ref;
 use super::{DispatchError, Dispatcher, EventOutcome};
 use crate::buildkite::BuildkiteError;
@@ -86,7 +86,9 @@ impl Dispatcher {
                 warn!("sweep pass out of time; the next pass goes on");
                 return Ok(report);
             }
-            let due_check = job.created_at <= now - min_age && checks < CHECK_BATCH;
+            // Deadlines and cancels are handled whatever the job's age.
+            let urgent = job.cancel_requested || self.overdue(&job).is_some();
+            let due_check = urgent || (job.created_at <= now - min_age && checks < CHECK_BATCH);
             if due_check || job.creation.is_some() || job.build.is_none() {
                 checks += usize::from(due_check && job.build.is_some());
                 let span = tracing::info_span!("sweep", run_id = %job.run_id, state = %job.state);
@@ -308,13 +310,84 @@ impl Dispatcher {
             Err(e) => return Err(e.into()),
         };
         let target = rules::progress_of(&build);
+        if target == JobState::Finished {
+            let outcome = self.outcome_of(&build, bk_deadline).await?;
+            let t = Transition::to(target, self.clock.now())
+                .with_build(build_ref(&build))
+                .with_outcome(outcome);
+            return self.advance(&job.run_id, t, deadline).await;
+        }
+        let mut seen = job.clone();
+        seen.state = if target.rank() > job.state.rank() {
+            target
+        } else {
+            job.state
+        };
+        if let Some(overdue) = self.overdue(&seen) {
+            return self.end_overdue(&seen, overdue, deadline).await;
+        }
+        if job.cancel_requested {
+            // An earlier cancel call failed: try again until the build ends.
+            self.cancel_build(b.number, bk_deadline).await;
+        }
         if target.rank() <= job.state.rank() {
             return Ok(EventOutcome::Ignored("build has not moved on"));
         }
-        let mut t = Transition::to(target, self.clock.now()).with_build(build_ref(&build));
-        if target == JobState::Finished {
-            t = t.with_outcome(self.outcome_of(&build, bk_deadline).await?);
+        let t = Transition::to(target, self.clock.now()).with_build(build_ref(&build));
+        self.advance(&job.run_id, t, deadline).await
+    }
+
+    fn overdue(&self, job: &Job) -> Option<Overdue> {
+        rules::overdue(
+            job,
+            self.clock.now(),
+            self.config.queue_timeout.as_millis() as i64,
+            self.config.job_max_age.as_millis() as i64,
+        )
+    }
+
+    /// Cancels an overdue job's live build and ends the job with the deadline's verdict.
+    async fn end_overdue(
+        &self,
+        job: &Job,
+        overdue: Overdue,
+        deadline: Deadline,
+    ) -> Result<EventOutcome, DispatchError> {
+        if let Some(b) = &job.build
+            && !self
+                .cancel_build(b.number, self.buildkite_deadline(deadline))
+                .await
+        {
+            // A build we could not stop is not reported as stopped: next pass.
+            return Ok(EventOutcome::Ignored(
+                "overdue; its build could not be canceled yet",
+            ));
         }
+        let outcome = match overdue {
+            Overdue::QueueTimeout => {
+                let waited = job
+                    .max_queue_secs
+                    .unwrap_or(self.config.queue_timeout.as_secs());
+                Outcome::decided(
+                    "canceled",
+                    Verdict::QueueTimeout,
+                    format!(
+                        "no agent on queue `{}` started it within {waited} s",
+                        job.queue
+                    ),
+                )
+            }
+            Overdue::Expired => Outcome::decided(
+                "canceled",
+                Verdict::Expired,
+                format!(
+                    "still unfinished {} s after submission",
+                    self.config.job_max_age.as_secs()
+                ),
+            ),
+        };
+        info!(?overdue, "job overdue; its build is canceled");
+        let t = Transition::to(JobState::Finished, self.clock.now()).with_outcome(outcome);
         self.advance(&job.run_id, t, deadline).await
     }
 

@@ -20,6 +20,9 @@ pub enum ApiError {
     /// 404
     #[error("{0}")]
     NotFound(String),
+    /// 409
+    #[error("{message}")]
+    Conflict { code: &'static str, message: String },
     /// 413
     #[error("{0}")]
     TooLarge(String),
@@ -76,6 +79,7 @@ impl IntoResponse for ApiError {
             Self::BadRequest { code, .. } => (StatusCode::BAD_REQUEST, *code),
             Self::Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized"),
             Self::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+            Self::Conflict { code, .. } => (StatusCode::CONFLICT, *code),
             Self::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "too_large"),
             Self::Unprocessable { code, .. } => (StatusCode::UNPROCESSABLE_ENTITY, *code),
             Self::BadGateway(_) => (StatusCode::BAD_GATEWAY, "buildkite_error"),

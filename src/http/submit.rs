@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use subtle::ConstantTimeEq;
 
 use super::{ApiError, deadline_of, healthz, read_body};
-use crate::flow::{Dispatcher, Submitted};
+use crate::flow::{Canceled, Dispatcher, Submitted};
 use crate::jobs::{Job, RunId};
 use crate::submission;
 
@@ -24,6 +24,7 @@ pub fn router(dispatcher: Arc<Dispatcher>) -> Router {
     Router::new()
         .route("/submissions", post(create))
         .route("/submissions/{run_id}", get(show))
+        .route("/submissions/{run_id}/cancel", post(cancel))
         .route("/healthz", get(healthz))
         .with_state(dispatcher)
 }
@@ -124,18 +125,43 @@ async fn create(State(d): State<Arc<Dispatcher>>, request: Request) -> Result<Re
     Ok((status, Json(body)).into_response())
 }
 
+fn not_found(run_id: &str) -> ApiError {
+    ApiError::NotFound(format!(
+        "no submission {:?}",
+        run_id.chars().take(64).collect::<String>()
+    ))
+}
+
+/// `POST /submissions/{run_id}/cancel`: 202 with the job's state, also on a repeat.
+async fn cancel(
+    State(d): State<Arc<Dispatcher>>,
+    Path(run_id): Path<String>,
+    request: Request,
+) -> Result<Response, ApiError> {
+    authorize(&d, request.headers())?;
+    let deadline = deadline_of(request.extensions());
+    let id: RunId = run_id.parse().map_err(|_| not_found(&run_id))?;
+    match d.cancel(&id, deadline).await? {
+        Canceled::Accepted(job) => Ok((
+            StatusCode::ACCEPTED,
+            Json(json!({"run_id": job.run_id, "state": job.state})),
+        )
+            .into_response()),
+        Canceled::AlreadyFinished(job) => Err(ApiError::Conflict {
+            code: "already_finished",
+            message: format!("submission {} has already {}", job.run_id, job.state),
+        }),
+        Canceled::Unknown => Err(not_found(&run_id)),
+    }
+}
+
 async fn show(
     State(d): State<Arc<Dispatcher>>,
     headers: HeaderMap,
     Path(run_id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     authorize(&d, &headers)?;
-    let not_found = || {
-        ApiError::NotFound(format!(
-            "no submission {:?}",
-            run_id.chars().take(64).collect::<String>()
-        ))
-    };
+    let not_found = || not_found(&run_id);
     let id: RunId = run_id.parse().map_err(|_| not_found())?;
     let job = d
         .store

@@ -258,6 +258,12 @@ pub struct Job {
     pub build: Option<BuildRef>,
     /// The build still to be created (`submitted` jobs without a build only).
     pub creation: Option<Creation>,
+    /// When the job's build was first recorded (its queue deadline runs from there).
+    pub scheduled_at: Option<Millis>,
+    /// The submission's own queue deadline (`max_queue_secs`), else the deployment's.
+    pub max_queue_secs: Option<u64>,
+    /// Someone asked to cancel the job; its build is canceled until it ends.
+    pub cancel_requested: bool,
     /// Why a submission failed (`failed` only).
     pub failure: Option<String>,
     /// The build's end and what its `result.json` said (`finished` only).
@@ -286,6 +292,9 @@ impl Job {
             discord: discord.map(Outbox::new),
             build: None,
             creation: None,
+            scheduled_at: None,
+            max_queue_secs: None,
+            cancel_requested: false,
             failure: None,
             outcome: None,
             created_at: now,
@@ -323,6 +332,9 @@ impl Job {
         next.state = t.to;
         next.updated_at = t.at;
         if t.build.is_some() {
+            if next.build.is_none() {
+                next.scheduled_at = Some(t.at);
+            }
             next.build.clone_from(&t.build);
         }
         if next.build.is_some() || next.state.is_terminal() {

@@ -72,6 +72,12 @@ pub struct JobRecord {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub create_look_up: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduled_at: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_queue_secs: Option<u64>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cancel_requested: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outcome: Option<String>,
@@ -188,6 +194,9 @@ impl JobRecord {
             create_payload: job.creation.as_ref().map(|c| c.payload.clone()),
             create_after: job.creation.as_ref().map(|c| c.after),
             create_look_up: job.creation.as_ref().is_some_and(|c| c.look_up_first),
+            scheduled_at: job.scheduled_at,
+            max_queue_secs: job.max_queue_secs,
+            cancel_requested: job.cancel_requested,
             failure: job.failure.clone(),
             outcome: encoded.json,
             outcome_z: encoded.zlib_b64,
@@ -292,6 +301,9 @@ impl JobRecord {
                 after: self.create_after.unwrap_or(0),
                 look_up_first: self.create_look_up,
             }),
+            scheduled_at: self.scheduled_at,
+            max_queue_secs: self.max_queue_secs,
+            cancel_requested: self.cancel_requested,
             failure: self.failure,
             outcome: decode_outcome(self.outcome.as_deref(), self.outcome_z.as_deref())?,
             created_at: self.created_at,

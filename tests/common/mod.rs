@@ -173,6 +173,18 @@ impl TestApp {
         (status, resp.json().await.unwrap_or(Value::Null))
     }
 
+    pub async fn cancel(&self, run_id: &str) -> (StatusCode, Value) {
+        let resp = self
+            .client
+            .post(format!("{}/submissions/{run_id}/cancel", self.submit_url))
+            .bearer_auth(API_TOKEN)
+            .send()
+            .await
+            .expect("cancel answers");
+        let status = resp.status();
+        (status, resp.json().await.unwrap_or(Value::Null))
+    }
+
     pub async fn status(&self, run_id: &str) -> (StatusCode, Value) {
         let resp = self
             .client
