@@ -139,7 +139,8 @@ async fn functions_under_the_lambda_emulator_complete_a_job() {
             .json()
             .await
             .unwrap();
-        if view["state"] == "finished" {
+        // Finished and reported (the state is written before Discord is told).
+        if view["state"] == "finished" && view["delivery"]["discord"]["status"] == "delivered" {
             break view;
         }
         assert!(Instant::now() < deadline, "job never finished: {view}");

@@ -173,7 +173,9 @@ async fn run_local() -> Result<(), Error> {
             .await?
             .json()
             .await?;
-        if matches!(job["state"].as_str(), Some("finished" | "failed")) {
+        // Ended, and its report delivered (the state is written before Discord is told).
+        let reported = job["delivery"]["discord"]["status"] != "pending";
+        if matches!(job["state"].as_str(), Some("finished" | "failed")) && reported {
             break job;
         }
         if Instant::now() > deadline {
