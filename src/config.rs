@@ -110,6 +110,8 @@ pub struct Config {
     pub queue_timeout: Duration,
     /// An open job this old gets a last look at its build, which is canceled if still live.
     pub job_max_age: Duration,
+    /// Buildkite calls one sweep pass may make.
+    pub sweep_max_calls: u32,
 }
 
 impl std::fmt::Debug for WebhookAuth {
@@ -272,6 +274,12 @@ impl Config {
             sweep_min_age: Duration::from_secs(env.number("SWEEP_MIN_AGE_SECS", 600)?),
             queue_timeout: Duration::from_secs(env.number("QUEUE_TIMEOUT_SECS", 900)?),
             job_max_age: Duration::from_secs(env.number("JOB_MAX_AGE_SECS", 21_600)?),
+            sweep_max_calls: u32::try_from(env.number("SWEEP_MAX_CALLS", 40)?).map_err(|_| {
+                ConfigError::Invalid {
+                    name: "SWEEP_MAX_CALLS",
+                    reason: "too large".into(),
+                }
+            })?,
         })
     }
 }

@@ -487,6 +487,65 @@ pub async fn cancel_api(kind: StoreKind) {
     );
 }
 
+/// A busy competition: 300 open jobs whose builds run cost a few listings, not a GET each;
+/// once they end, each pass stays within `SWEEP_MAX_CALLS` and the next goes on where it
+/// stopped until every job is finished and reported.
+pub async fn busy_competition(kind: StoreKind) {
+    let app = TestApp::spawn_with(kind, &[("SWEEP_MIN_AGE_SECS", "0")]).await;
+    let jobs = 300;
+    for i in 0..jobs {
+        app.submit(&submission(&format!("busy-{i}"))).await;
+        app.buildkite.start_eval(i + 1);
+    }
+    let report = app.sweep().await;
+    assert_eq!(report.advanced, 300, "{report}");
+    assert!(report.buildkite_calls <= 12, "{report}");
+
+    for n in 1..=jobs {
+        app.buildkite
+            .upload(n, "result.json", sample_result(false), "finished", false);
+        app.buildkite.set_state(n, "passed");
+    }
+    let mut passes = 0;
+    loop {
+        let report = app.sweep().await;
+        passes += 1;
+        assert!(report.buildkite_calls <= 40, "{report}");
+        if report.finished == 0 {
+            break;
+        }
+        assert!(passes < 25, "the sweep does not get through: {report}");
+    }
+    for i in 0..jobs {
+        let job = app.job(&format!("busy-{i}")).await;
+        assert_eq!(job.state, JobState::Finished);
+        assert!(!job.owes_discord());
+    }
+    assert_eq!(final_reports(&app), jobs as usize);
+}
+
+/// A pass stops calling Buildkite before the organisation's or token's last requests.
+pub async fn rate_limit_floor(kind: StoreKind) {
+    let app = TestApp::spawn_with(kind, &[("SWEEP_MIN_AGE_SECS", "0")]).await;
+    for i in 0..3 {
+        app.submit(&submission(&format!("rl-{i}"))).await;
+        app.buildkite.upload(
+            i + 1,
+            "result.json",
+            sample_result(false),
+            "finished",
+            false,
+        );
+        app.buildkite.set_state(i + 1, "passed");
+    }
+    app.buildkite.rate_limit_remaining(11);
+    let report = app.sweep().await;
+    // 11, 10 and 9 requests left: the third answer says stop.
+    assert_eq!(report.buildkite_calls, 3, "{report}");
+    assert!(report.budget_spent);
+    assert_eq!(app.job("rl-2").await.state, JobState::Scheduled);
+}
+
 macro_rules! faults {
     ($kind:expr) => {
         use super::*;
@@ -545,6 +604,14 @@ macro_rules! faults {
         #[tokio::test]
         async fn cancel_stops_the_build_and_ends_the_job() {
             cancel_api($kind).await
+        }
+        #[tokio::test]
+        async fn a_busy_competition_costs_the_sweep_a_bounded_number_of_calls() {
+            busy_competition($kind).await
+        }
+        #[tokio::test]
+        async fn the_sweep_stops_before_buildkites_rate_limit() {
+            rate_limit_floor($kind).await
         }
         #[tokio::test]
         async fn a_report_refused_for_a_day_is_given_up() {

@@ -144,6 +144,7 @@ fn the_sweep_makes_one_pass_and_prints_a_summary() {
     assert_eq!(
         stdout.trim(),
         "sweep: checked 0 unfinished jobs: 0 finished, 0 failed, 0 advanced, 0 unchanged, \
-         0 builds created, 0 creates deferred, 0 reports sent, 0 reports pending, 0 errors"
+         0 builds created, 0 creates deferred, 0 reports sent, 0 reports pending, 0 errors; \
+         0 Buildkite calls"
     );
 }

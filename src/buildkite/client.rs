@@ -5,6 +5,8 @@
 //! retried only when it surely did not reach Buildkite (a refused connection, a 429): after a
 //! timeout or a 5xx it is [`BuildkiteError::Unconfirmed`], for the caller to look up.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use reqwest::{Method, RequestBuilder, Response, StatusCode, header};
@@ -38,6 +40,10 @@ pub enum BuildkiteError {
     Protocol(String),
     #[error("artifact is larger than {MAX_ARTIFACT_BYTES} bytes")]
     TooLarge,
+    /// The sweep pass's call budget is spent, or Buildkite's rate limit is nearly reached:
+    /// the rest waits for the next pass.
+    #[error("Buildkite call budget of this pass is spent")]
+    OverBudget,
     /// Artifact storage refused the download (e.g. an expired link).
     #[error("artifact storage refused the download (HTTP {status})")]
     Storage { status: u16 },
@@ -66,6 +72,65 @@ impl Transient for BuildkiteError {
     }
 }
 
+/// How many Buildkite API calls a sweep pass may still make (retries included, artifact
+/// storage not), and the lowest `RateLimit-Remaining` Buildkite last reported: a pass never
+/// takes the organisation's or the token's last requests, which submissions need.
+#[derive(Clone, Debug)]
+pub struct CallBudget(Arc<BudgetState>);
+
+#[derive(Debug)]
+struct BudgetState {
+    left: AtomicI64,
+    made: AtomicI64,
+    remaining: AtomicI64,
+}
+
+/// Below this many requests left in Buildkite's window, a pass stops calling.
+pub const RATE_LIMIT_FLOOR: i64 = 10;
+
+impl CallBudget {
+    pub fn new(max_calls: u32) -> Self {
+        Self(Arc::new(BudgetState {
+            left: AtomicI64::new(i64::from(max_calls)),
+            made: AtomicI64::new(0),
+            remaining: AtomicI64::new(i64::MAX),
+        }))
+    }
+
+    /// Takes one call, if the budget and the rate limit allow.
+    fn take(&self) -> bool {
+        if self.0.remaining.load(Ordering::Relaxed) < RATE_LIMIT_FLOOR {
+            return false;
+        }
+        let ok = self.0.left.fetch_sub(1, Ordering::Relaxed) > 0;
+        if ok {
+            self.0.made.fetch_add(1, Ordering::Relaxed);
+        }
+        ok
+    }
+
+    /// Notes the lower of the organisation's and the token's remaining requests.
+    fn observe(&self, headers: &header::HeaderMap) {
+        let lowest = ["ratelimit-remaining", "ratelimit-user-remaining"]
+            .iter()
+            .filter_map(|n| headers.get(*n)?.to_str().ok()?.trim().parse::<i64>().ok())
+            .min();
+        if let Some(n) = lowest {
+            self.0.remaining.store(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Calls made so far.
+    pub fn made(&self) -> u32 {
+        self.0.made.load(Ordering::Relaxed).max(0) as u32
+    }
+
+    pub fn spent(&self) -> bool {
+        self.0.left.load(Ordering::Relaxed) <= 0
+            || self.0.remaining.load(Ordering::Relaxed) < RATE_LIMIT_FLOOR
+    }
+}
+
 #[derive(Clone)]
 pub struct BuildkiteClient {
     api: reqwest::Client,
@@ -77,6 +142,7 @@ pub struct BuildkiteClient {
     token: SecretString,
     retry: Policy,
     timeout: Duration,
+    budget: Option<CallBudget>,
 }
 
 fn transport(e: reqwest::Error) -> BuildkiteError {
@@ -154,7 +220,21 @@ impl BuildkiteClient {
             token: config.token.clone(),
             retry: Policy::default(),
             timeout: API_TIMEOUT,
+            budget: None,
         })
+    }
+
+    /// Whether this client's call budget (if it has one) is spent.
+    pub fn over_budget(&self) -> bool {
+        self.budget.as_ref().is_some_and(CallBudget::spent)
+    }
+
+    /// This client, counting every API call against `budget`.
+    pub fn with_budget(&self, budget: CallBudget) -> Self {
+        Self {
+            budget: Some(budget),
+            ..self.clone()
+        }
     }
 
     pub fn with_retry(mut self, retry: Policy) -> Self {
@@ -193,6 +273,9 @@ impl BuildkiteClient {
         let timeout = deadline
             .call_timeout(self.timeout)
             .ok_or_else(|| BuildkiteError::Unavailable("no time left for the call".into()))?;
+        if self.budget.as_ref().is_some_and(|b| !b.take()) {
+            return Err(BuildkiteError::OverBudget);
+        }
         let mut req: RequestBuilder = self
             .api
             .request(method, url)
@@ -202,7 +285,12 @@ impl BuildkiteClient {
             req = req.json(b);
         }
         match req.send().await {
-            Ok(resp) => classify(resp, idempotent).await,
+            Ok(resp) => {
+                if let Some(b) = &self.budget {
+                    b.observe(resp.headers());
+                }
+                classify(resp, idempotent).await
+            }
             // A request that may have reached Buildkite is not repeated unless idempotent.
             Err(e) if idempotent || e.is_connect() => Err(transport(e)),
             Err(e) => Err(BuildkiteError::Unconfirmed(e.without_url().to_string())),
@@ -288,6 +376,41 @@ impl BuildkiteClient {
         match result {
             Ok(_) | Err(BuildkiteError::Rejected { status: 422, .. }) => Ok(()),
             Err(e) => Err(e),
+        }
+    }
+
+    /// Builds in any of `states`, newest first, 100 a page, down to build `down_to` (build
+    /// numbers only grow, so older pages hold nothing we look for).
+    pub async fn list_builds(
+        &self,
+        states: &[&str],
+        down_to: u64,
+        deadline: Deadline,
+    ) -> Result<Vec<Build>, BuildkiteError> {
+        let mut url =
+            Url::parse(&self.url("builds")).map_err(|e| BuildkiteError::Protocol(e.to_string()))?;
+        {
+            let mut q = url.query_pairs_mut();
+            q.append_pair("per_page", "100")
+                .append_pair("include_retried_jobs", "true");
+            for s in states {
+                q.append_pair("state[]", s);
+            }
+        }
+        let mut url = url.to_string();
+        let mut all: Vec<Build> = Vec::new();
+        loop {
+            let resp = self.read(&url, deadline).await?;
+            let next = next_link(resp.headers());
+            let page: Vec<Build> = Self::json(resp).await?;
+            let done = page.is_empty() || page.iter().any(|b| b.number <= down_to);
+            all.extend(page);
+            match next {
+                Some(n) if !done && n.starts_with(self.base.as_str().trim_end_matches('/')) => {
+                    url = n;
+                }
+                _ => return Ok(all),
+            }
         }
     }
 

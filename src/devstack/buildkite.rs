@@ -84,8 +84,12 @@ struct Inner {
     create_faults: VecDeque<(u16, bool)>,
     /// `RateLimit-Reset` on a 429 to a create.
     create_reset_secs: u64,
+    /// When set, every API answer carries `RateLimit-Remaining` counting down from it.
+    rate_remaining: Option<i64>,
     create_delay: Option<Duration>,
     read_failures: VecDeque<u16>,
+    /// Reads under one build's path answer these statuses first.
+    build_read_failures: std::collections::HashMap<u64, VecDeque<u16>>,
     storage_auth_rejections: usize,
     storage_downloads: usize,
     api_calls: Vec<String>,
@@ -164,8 +168,10 @@ impl BuildkiteStandin {
             create_failure: None,
             create_faults: VecDeque::new(),
             create_reset_secs: 30,
+            rate_remaining: None,
             create_delay: None,
             read_failures: VecDeque::new(),
+            build_read_failures: std::collections::HashMap::new(),
             storage_auth_rejections: 0,
             storage_downloads: 0,
             api_calls: Vec::new(),
@@ -189,6 +195,10 @@ impl BuildkiteStandin {
                 get(get_pipeline),
             )
             .route("/storage/{id}", get(storage))
+            .layer(axum::middleware::map_response_with_state(
+                inner.clone(),
+                rate_limit_headers,
+            ))
             .with_state(inner.clone());
         let addr = super::spawn(router).await?;
         lock(&inner).base = format!("http://{addr}");
@@ -254,12 +264,26 @@ impl BuildkiteStandin {
         self.lock().pipeline = new_slug.to_owned();
     }
 
+    /// From now on every API answer says `RateLimit-Remaining: n`, one less each call.
+    pub fn rate_limit_remaining(&self, n: i64) {
+        self.lock().rate_remaining = Some(n);
+    }
+
     /// The evaluation step starts on an agent: the build runs.
     pub fn start_eval(&self, number: u64) {
         if let Some(b) = self.lock().builds.iter_mut().find(|b| b.number == number) {
             b.state = "running".into();
             b.eval_started = true;
         }
+    }
+
+    /// The next reads of build `number` (the build, its artifacts, downloads) answer these.
+    pub fn fail_build_reads(&self, number: u64, statuses: &[u16]) {
+        self.lock()
+            .build_read_failures
+            .entry(number)
+            .or_default()
+            .extend(statuses);
     }
 
     /// The next REST reads answer these statuses.
@@ -381,7 +405,12 @@ fn gate(s: &mut Inner, req: &Request, read: bool) -> Option<Response> {
     if path != pipeline && !path.starts_with(&format!("{pipeline}/")) {
         return Some(bk_error(StatusCode::NOT_FOUND, "Not Found"));
     }
-    if read && let Some(code) = s.read_failures.pop_front() {
+    let build_failure = path
+        .strip_prefix(&format!("{pipeline}/builds/"))
+        .and_then(|rest| rest.split('/').next()?.parse::<u64>().ok())
+        .filter(|_| read)
+        .and_then(|n| s.build_read_failures.get_mut(&n)?.pop_front());
+    if read && let Some(code) = build_failure.or_else(|| s.read_failures.pop_front()) {
         let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         if code == 429 {
             return Some((status, [("ratelimit-reset", "1")], Json(json!({"message": "You have exceeded your API rate limit. Please wait 1 seconds before making more requests.", "scope": "rest_user", "limit": 50, "current": 55, "reset": 1}))).into_response());
@@ -476,6 +505,20 @@ fn create_locked(inner: &Shared, req: &Request, bytes: &[u8]) -> (Response, Opti
         (StatusCode::CREATED, Json(body)).into_response(),
         s.create_delay,
     )
+}
+
+/// Buildkite's rate-limit headers on every API answer, once a test has set a remaining count.
+async fn rate_limit_headers(State(inner): State<Shared>, mut response: Response) -> Response {
+    let mut s = lock(&inner);
+    if let Some(n) = s.rate_remaining {
+        s.rate_remaining = Some(n - 1);
+        for name in ["ratelimit-remaining", "ratelimit-user-remaining"] {
+            if let Ok(v) = n.max(0).to_string().parse() {
+                response.headers_mut().insert(name, v);
+            }
+        }
+    }
+    response
 }
 
 /// A failed create's answer, as Buildkite words it.
@@ -588,7 +631,9 @@ async fn play_agent(inner: Shared, run: AutoRun, number: u64) {
     send("build.finished").await;
 }
 
-/// `GET .../builds?meta_data[run_id]=...`: builds filtered by meta-data, newest first.
+/// `GET .../builds`: newest first, filtered by `meta_data[k]=v` and `state[]=s` (a blocked
+/// build is listed under `blocked`), `per_page` (at most 100) a `page`, with a `Link` header
+/// to the next page while there is one.
 async fn list_builds(
     State(inner): State<Shared>,
     RawQuery(query): RawQuery,
@@ -598,23 +643,65 @@ async fn list_builds(
     if let Some(r) = gate(&mut s, &req, true) {
         return r;
     }
-    let filters: Vec<(String, String)> =
-        url::form_urlencoded::parse(query.unwrap_or_default().as_bytes())
-            .filter_map(|(k, v)| {
-                Some((
-                    k.strip_prefix("meta_data[")?.strip_suffix(']')?.to_owned(),
-                    v.into_owned(),
-                ))
-            })
-            .collect();
-    let list: Vec<Value> = s
+    let query = query.unwrap_or_default();
+    let pairs: Vec<(String, String)> = url::form_urlencoded::parse(query.as_bytes())
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect();
+    let meta: Vec<(&str, &str)> = pairs
+        .iter()
+        .filter_map(|(k, v)| Some((k.strip_prefix("meta_data[")?.strip_suffix(']')?, v.as_str())))
+        .collect();
+    let states: Vec<&str> = pairs
+        .iter()
+        .filter(|(k, _)| k == "state[]" || k == "state")
+        .map(|(_, v)| v.as_str())
+        .collect();
+    let number = |k: &str, default: usize| {
+        pairs
+            .iter()
+            .find(|(key, _)| key == k)
+            .and_then(|(_, v)| v.parse::<usize>().ok())
+            .unwrap_or(default)
+    };
+    let (per_page, page) = (
+        number("per_page", 30).clamp(1, 100),
+        number("page", 1).max(1),
+    );
+    let matching: Vec<&StandinBuild> = s
         .builds
         .iter()
         .rev()
-        .filter(|b| filters.iter().all(|(k, v)| b.meta_data.get(k) == Some(v)))
+        .filter(|b| {
+            meta.iter()
+                .all(|(k, v)| b.meta_data.get(*k).map(String::as_str) == Some(v))
+        })
+        .filter(|b| {
+            let listed = if b.blocked {
+                "blocked"
+            } else {
+                b.state.as_str()
+            };
+            states.is_empty() || states.contains(&listed)
+        })
+        .collect();
+    let list: Vec<Value> = matching
+        .iter()
+        .skip((page - 1) * per_page)
+        .take(per_page)
         .map(|b| s.build_json(b, true))
         .collect();
-    Json(list).into_response()
+    let mut response = Json(list).into_response();
+    if matching.len() > page * per_page {
+        let rest: String = url::form_urlencoded::Serializer::new(String::new())
+            .extend_pairs(pairs.iter().filter(|(k, _)| k != "page"))
+            .append_pair("page", &(page + 1).to_string())
+            .finish();
+        let next = format!("<{}{}?{rest}>; rel=\"next\"", s.base, req.uri().path());
+        if let Ok(v) = next.parse() {
+            response.headers_mut().insert(header::LINK, v);
+        }
+    }
+    response
 }
 
 fn find(s: &Inner, number: &str) -> Option<usize> {

@@ -8,6 +8,7 @@
 pub mod cancel;
 pub mod deliver;
 pub mod events;
+mod follow;
 pub mod rules;
 pub mod submit;
 pub mod sweep;

@@ -4,8 +4,8 @@ use std::collections::BTreeMap;
 
 use tracing::{Instrument, info, warn};
 
-use super::rules::{self, CREATE_HOLD_MS, CreateMiss};
-use super::{DispatchError, Dispatcher};
+use super::rules::{self, CREATE_HOLD_MS, CreateMiss, claim_creation};
+use super::{DispatchError, Dispatcher, EventOutcome, SweepReport};
 use crate::buildkite::BuildkiteError;
 use crate::buildkite::model::{Build, NewBuild};
 use crate::jobs::model::Creation;
@@ -194,5 +194,83 @@ impl Dispatcher {
         }
         .instrument(span)
         .await
+    }
+
+    /// A job without a build, seen by the sweep: failed past its queue deadline (after a last
+    /// lookup when a create may have landed), else its build created if that is due.
+    pub(crate) async fn create_deferred(
+        &self,
+        job: &Job,
+        deadline: Deadline,
+        report: &mut SweepReport,
+    ) -> Result<EventOutcome, DispatchError> {
+        let now = self.clock.now();
+        let queue_timeout = self.config.queue_timeout.as_millis() as i64;
+        let bk_deadline = self.buildkite_deadline(deadline);
+        if job.creation.is_none() || now - job.created_at >= queue_timeout {
+            // A create whose answer was lost may have made a build after all: look first.
+            if job.creation.as_ref().is_none_or(|c| c.look_up_first)
+                && let Some(build) = self
+                    .buildkite
+                    .find_build(job.run_id.as_str(), bk_deadline)
+                    .await?
+            {
+                let t = Transition::to(JobState::Scheduled, now).with_build(build_ref(&build));
+                return self.advance(&job.run_id, t, deadline).await;
+            }
+            let t = Transition::to(JobState::Failed, now)
+                .with_failure("no Buildkite build could be created in time");
+            // `apply` fails only a job still without a build, as stored now.
+            return self.advance(&job.run_id, t, deadline).await;
+        }
+        let mut was = None;
+        let claimed = update(self.store.as_ref(), &job.run_id, |j| {
+            let (next, creation) = claim_creation(j, now)?;
+            was = Some(creation);
+            Some(next)
+        })
+        .await?;
+        let (Updated::Written(held), Some(was)) = (claimed, was) else {
+            return Ok(EventOutcome::Ignored("creation not due"));
+        };
+        if was.look_up_first
+            && let Some(build) = self
+                .buildkite
+                .find_build(held.run_id.as_str(), deadline)
+                .await?
+        {
+            info!(
+                build = build.number,
+                "found the build of an unconfirmed create"
+            );
+            let t = Transition::to(JobState::Scheduled, now).with_build(build_ref(&build));
+            return self.advance(&held.run_id, t, deadline).await;
+        }
+        let creating = self.try_create(&held, &was.payload, bk_deadline).await;
+        if let Creating::Refused(e) = &creating
+            && matches!(
+                e,
+                BuildkiteError::Rejected {
+                    status: 401 | 403 | 404,
+                    ..
+                }
+            )
+        {
+            // The pipeline or token is wrong, not this job: change nothing, fail the pass.
+            return Err(DispatchError::Pipeline(creating.into_error()));
+        }
+        let created = matches!(creating, Creating::Created(_));
+        let after = self.settle_creation(&held, creating, deadline).await?;
+        if created {
+            report.created += 1;
+        } else if after.state == JobState::Submitted {
+            report.deferred += 1;
+        }
+        self.deliver(&held.run_id, deadline).await?;
+        Ok(if after.state == held.state {
+            EventOutcome::Ignored("creation deferred")
+        } else {
+            EventOutcome::Advanced(after.state)
+        })
     }
 }

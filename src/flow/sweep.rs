@@ -4,20 +4,18 @@
 
 use std::time::Duration;
 
-use tracing::{Instrument, info, warn};
+use std::collections::HashMap;
 
-use super::rules::{self, Overdue, claim_creation};
-use super::submit::build_ref;
+use tracing::warn;
+
 use super::{DispatchError, Dispatcher, EventOutcome};
-use crate::buildkite::BuildkiteError;
-use crate::jobs::{Job, JobState, RunId, Shard, Transition, Updated, update};
-use crate::result::{Outcome, Verdict};
+use crate::buildkite::client::CallBudget;
+use crate::buildkite::{Build, BuildkiteError};
+use crate::jobs::{Job, JobState, RunId, Shard};
 use crate::retry::Deadline;
 
 /// How many jobs of each partition one pass reads.
-pub const SWEEP_BATCH: usize = 500;
-/// How many open jobs one pass checks against Buildkite (oldest first).
-pub const CHECK_BATCH: usize = 200;
+pub const SWEEP_BATCH: usize = 1000;
 /// A pass starts no new job's work with less than this left.
 const PASS_RESERVE: Duration = Duration::from_secs(10);
 
@@ -34,6 +32,10 @@ pub struct SweepReport {
     pub reports_sent: usize,
     pub reports_pending: usize,
     pub errors: usize,
+    /// Calls made to the Buildkite API (artifact storage not counted).
+    pub buildkite_calls: u32,
+    /// The pass stopped its Buildkite work on its call budget or the rate limit.
+    pub budget_spent: bool,
 }
 
 impl std::fmt::Display for SweepReport {
@@ -41,7 +43,8 @@ impl std::fmt::Display for SweepReport {
         write!(
             f,
             "sweep: checked {} unfinished jobs: {} finished, {} failed, {} advanced, {} unchanged, \
-             {} builds created, {} creates deferred, {} reports sent, {} reports pending, {} errors",
+             {} builds created, {} creates deferred, {} reports sent, {} reports pending, {} errors; \
+             {} Buildkite calls{}",
             self.checked,
             self.finished,
             self.failed,
@@ -51,7 +54,13 @@ impl std::fmt::Display for SweepReport {
             self.deferred,
             self.reports_sent,
             self.reports_pending,
-            self.errors
+            self.errors,
+            self.buildkite_calls,
+            if self.budget_spent {
+                " (budget spent: the next pass goes on)"
+            } else {
+                ""
+            }
         )
     }
 }
@@ -67,58 +76,216 @@ impl SweepReport {
     }
 }
 
+/// Build states in which a build may still change.
+const LIVE_STATES: &[&str] = &[
+    "creating",
+    "scheduled",
+    "running",
+    "failing",
+    "canceling",
+    "waiting",
+    "waiting_failed",
+];
+/// Build states after which nothing more happens.
+const ENDED_STATES: &[&str] = &[
+    "passed", "failed", "canceled", "skipped", "not_run", "blocked",
+];
+
+/// A job's place in the sweep's order (and the bookmark's form).
+fn bookmark(job: &Job) -> String {
+    format!("{:020}:{}", job.created_at.max(0), job.run_id)
+}
+
 /// Whether the pass has reached the pipeline: a build's 404 ends its job only then.
 #[derive(Default)]
-struct PipelineSeen(Option<bool>);
+pub(super) struct PipelineSeen(pub(super) Option<bool>);
 
 impl Dispatcher {
-    /// One pass over the store: open jobs first (deferred creates, deadlines, lost
-    /// webhooks), then pending reports. Each job's Discord delivery gets a short slice of the
-    /// pass, and the pass stops starting work when its own deadline is near.
+    /// One pass over the store within `deadline` and at most `SWEEP_MAX_CALLS` Buildkite
+    /// calls: deferred creates, then the builds of open jobs (two listings rather than a GET
+    /// each), then pending reports. Each delivery gets a short slice of the pass, and the pass
+    /// starts no new work when its deadline is near.
     pub async fn sweep(&self, deadline: Deadline) -> Result<SweepReport, DispatchError> {
+        let budget = CallBudget::new(self.config.sweep_max_calls);
+        let pass = Self {
+            buildkite: self.buildkite.with_budget(budget.clone()),
+            ..self.clone()
+        };
         let mut report = SweepReport::default();
+        let result = pass.sweep_pass(deadline, &mut report).await;
+        report.buildkite_calls = budget.made();
+        report.budget_spent = budget.spent();
+        result.map(|()| report)
+    }
+
+    async fn sweep_pass(
+        &self,
+        deadline: Deadline,
+        report: &mut SweepReport,
+    ) -> Result<(), DispatchError> {
         let now = self.clock.now();
         let min_age = self.config.sweep_min_age.as_millis() as i64;
+        let open = self.store.list(Shard::Open, i64::MAX, SWEEP_BATCH).await?;
         let mut pipeline = PipelineSeen::default();
-        let mut checks = 0;
-        for job in self.store.list(Shard::Open, i64::MAX, SWEEP_BATCH).await? {
+        for job in open.iter().filter(|j| j.build.is_none()) {
             if deadline.remaining() < PASS_RESERVE {
-                warn!("sweep pass out of time; the next pass goes on");
-                return Ok(report);
+                return Ok(());
             }
-            // Deadlines and cancels are handled whatever the job's age.
-            let urgent = job.cancel_requested || self.overdue(&job).is_some();
-            let due_check = urgent || (job.created_at <= now - min_age && checks < CHECK_BATCH);
-            if due_check || job.creation.is_some() || job.build.is_none() {
-                checks += usize::from(due_check && job.build.is_some());
-                let span = tracing::info_span!("sweep", run_id = %job.run_id, state = %job.state);
-                self.sweep_open(&job, due_check, &mut pipeline, deadline, &mut report)
-                    .instrument(span)
-                    .await?;
-            }
-            if self
-                .store
-                .get(&job.run_id)
-                .await?
-                .is_some_and(|j| j.owes_discord())
-            {
-                self.deliver_counted(&job.run_id, self.slice(deadline), &mut report)
-                    .await?;
-            }
+            self.sweep_open(job, false, &mut pipeline, deadline, report)
+                .await?;
         }
-        for job in self
+        // Deadlines and cancels are handled whatever the job's age.
+        let due: Vec<&Job> = open
+            .iter()
+            .filter(|j| j.build.is_some())
+            .filter(|j| {
+                j.created_at <= now - min_age || j.cancel_requested || self.overdue(j).is_some()
+            })
+            .collect();
+        self.follow_builds(&due, &mut pipeline, deadline, report)
+            .await?;
+        let owing = open.iter().filter(|j| j.owes_discord());
+        let outbox = self
             .store
             .list(Shard::Outbox, i64::MAX, SWEEP_BATCH)
-            .await?
-        {
+            .await?;
+        for job in owing.chain(outbox.iter()) {
             if deadline.remaining() < PASS_RESERVE {
                 warn!("sweep pass out of time; the next pass goes on");
                 break;
             }
-            self.deliver_counted(&job.run_id, self.slice(deadline), &mut report)
+            self.deliver_counted(&job.run_id, self.slice(deadline), report)
                 .await?;
         }
-        Ok(report)
+        Ok(())
+    }
+
+    /// Follows the builds of `due` jobs: live builds from one listing, ended ones from
+    /// another (and a GET for any in neither), in bookmark order as far as the budget goes.
+    async fn follow_builds(
+        &self,
+        due: &[&Job],
+        pipeline: &mut PipelineSeen,
+        deadline: Deadline,
+        report: &mut SweepReport,
+    ) -> Result<(), DispatchError> {
+        let number = |j: &Job| j.build.as_ref().map_or(0, |b| b.number);
+        let Some(lowest) = due.iter().map(|j| number(j)).min() else {
+            return Ok(());
+        };
+        let bk_deadline = self.buildkite_deadline(deadline);
+        let Some(live) = self
+            .listing(LIVE_STATES, lowest, bk_deadline, pipeline, report)
+            .await?
+        else {
+            return Ok(());
+        };
+        let (listed, ended): (Vec<&Job>, Vec<&Job>) =
+            due.iter().partition(|j| live.contains_key(&number(j)));
+        for job in listed {
+            report.checked += 1;
+            let result = self.follow(job, &live[&number(job)], deadline).await;
+            if !self.settle(job, result, report)? {
+                return Ok(());
+            }
+        }
+        let ended = self.bookmark_order(ended).await?;
+        let Some(lowest) = ended.iter().map(|j| number(j)).min() else {
+            return self.store.set_sweep_cursor(None).await.map_err(Into::into);
+        };
+        let Some(done) = self
+            .listing(ENDED_STATES, lowest, bk_deadline, pipeline, report)
+            .await?
+        else {
+            return Ok(());
+        };
+        for job in &ended {
+            if deadline.remaining() < PASS_RESERVE || self.buildkite.over_budget() {
+                // Resume here next pass, so every open job is reached in turn.
+                return self
+                    .store
+                    .set_sweep_cursor(Some(&bookmark(job)))
+                    .await
+                    .map_err(Into::into);
+            }
+            report.checked += 1;
+            let result = match done.get(&number(job)) {
+                Some(build) => self.follow(job, build, deadline).await,
+                None => self.look_at_build(job, pipeline, deadline).await,
+            };
+            if !self.settle(job, result, report)? {
+                return self
+                    .store
+                    .set_sweep_cursor(Some(&bookmark(job)))
+                    .await
+                    .map_err(Into::into);
+            }
+        }
+        self.store.set_sweep_cursor(None).await.map_err(Into::into)
+    }
+
+    /// One listing of the pipeline's builds in `states` down to build `lowest`, by number;
+    /// `None` when the budget or Buildkite stops the pass's Buildkite work.
+    async fn listing(
+        &self,
+        states: &[&str],
+        lowest: u64,
+        deadline: Deadline,
+        pipeline: &mut PipelineSeen,
+        report: &mut SweepReport,
+    ) -> Result<Option<HashMap<u64, Build>>, DispatchError> {
+        match self.buildkite.list_builds(states, lowest, deadline).await {
+            Ok(builds) => {
+                pipeline.0 = Some(true);
+                Ok(Some(builds.into_iter().map(|b| (b.number, b)).collect()))
+            }
+            Err(
+                e @ BuildkiteError::Rejected {
+                    status: 401 | 403 | 404,
+                    ..
+                },
+            ) => Err(DispatchError::Pipeline(e)),
+            Err(e) => {
+                warn!(error = %e, "could not list builds; the next pass tries again");
+                report.errors += 1;
+                Ok(None)
+            }
+        }
+    }
+
+    /// `jobs` in (creation time, run id) order, starting at the bookmark the last pass left.
+    async fn bookmark_order<'a>(
+        &self,
+        mut jobs: Vec<&'a Job>,
+    ) -> Result<Vec<&'a Job>, DispatchError> {
+        jobs.sort_by_key(|j| bookmark(j));
+        if let Some(mark) = self.store.sweep_cursor().await? {
+            let at = jobs.partition_point(|j| bookmark(j) < mark);
+            jobs.rotate_left(at);
+        }
+        Ok(jobs)
+    }
+
+    /// Counts one job's result; `false` when the pass must stop its Buildkite work.
+    fn settle(
+        &self,
+        job: &Job,
+        result: Result<EventOutcome, DispatchError>,
+        report: &mut SweepReport,
+    ) -> Result<bool, DispatchError> {
+        match result {
+            Ok(outcome) => report.count(&outcome),
+            Err(DispatchError::Buildkite(BuildkiteError::OverBudget)) => return Ok(false),
+            Err(DispatchError::Buildkite(e)) if e.is_misconfiguration() => {
+                return Err(DispatchError::Pipeline(e));
+            }
+            Err(e @ (DispatchError::Pipeline(_) | DispatchError::Store(_))) => return Err(e),
+            Err(e) => {
+                warn!(run_id = %job.run_id, error = %e, "sweep could not check the job");
+                report.errors += 1;
+            }
+        }
+        Ok(true)
     }
 
     /// The part of the pass one job's Discord delivery may use: one try and a short wait.
@@ -181,239 +348,14 @@ impl Dispatcher {
         report: &mut SweepReport,
     ) -> Result<(), DispatchError> {
         let result = if job.build.is_none() {
-            self.sweep_creation(job, deadline, report).await
+            self.create_deferred(job, deadline, report).await
         } else if check_build {
             report.checked += 1;
-            self.sweep_build(job, pipeline, deadline).await
+            self.look_at_build(job, pipeline, deadline).await
         } else {
             return Ok(());
         };
-        match result {
-            Ok(outcome) => report.count(&outcome),
-            Err(DispatchError::Buildkite(e)) if e.is_misconfiguration() => {
-                return Err(DispatchError::Pipeline(e));
-            }
-            Err(e @ DispatchError::Pipeline(_)) => return Err(e),
-            Err(DispatchError::Store(e)) => return Err(e.into()),
-            Err(e) => {
-                warn!(run_id = %job.run_id, error = %e, "sweep could not check the job");
-                report.errors += 1;
-            }
-        }
+        self.settle(job, result, report)?;
         Ok(())
-    }
-
-    /// A job without a build: fail it past its queue deadline, else create its build if due.
-    async fn sweep_creation(
-        &self,
-        job: &Job,
-        deadline: Deadline,
-        report: &mut SweepReport,
-    ) -> Result<EventOutcome, DispatchError> {
-        let now = self.clock.now();
-        let queue_timeout = self.config.queue_timeout.as_millis() as i64;
-        let bk_deadline = self.buildkite_deadline(deadline);
-        if job.creation.is_none() || now - job.created_at >= queue_timeout {
-            // A create whose answer was lost may have made a build after all: look first.
-            if job.creation.as_ref().is_none_or(|c| c.look_up_first)
-                && let Some(build) = self
-                    .buildkite
-                    .find_build(job.run_id.as_str(), bk_deadline)
-                    .await?
-            {
-                let t = Transition::to(JobState::Scheduled, now).with_build(build_ref(&build));
-                return self.advance(&job.run_id, t, deadline).await;
-            }
-            let t = Transition::to(JobState::Failed, now)
-                .with_failure("no Buildkite build could be created in time");
-            // `apply` fails only a job still without a build, as stored now.
-            return self.advance(&job.run_id, t, deadline).await;
-        }
-        let mut was = None;
-        let claimed = update(self.store.as_ref(), &job.run_id, |j| {
-            let (next, creation) = claim_creation(j, now)?;
-            was = Some(creation);
-            Some(next)
-        })
-        .await?;
-        let (Updated::Written(held), Some(was)) = (claimed, was) else {
-            return Ok(EventOutcome::Ignored("creation not due"));
-        };
-        if was.look_up_first
-            && let Some(build) = self
-                .buildkite
-                .find_build(held.run_id.as_str(), deadline)
-                .await?
-        {
-            info!(
-                build = build.number,
-                "found the build of an unconfirmed create"
-            );
-            let t = Transition::to(JobState::Scheduled, now).with_build(build_ref(&build));
-            return self.advance(&held.run_id, t, deadline).await;
-        }
-        let creating = self.try_create(&held, &was.payload, bk_deadline).await;
-        if let super::submit::Creating::Refused(e) = &creating
-            && matches!(
-                e,
-                BuildkiteError::Rejected {
-                    status: 401 | 403 | 404,
-                    ..
-                }
-            )
-        {
-            // The pipeline or token is wrong, not this job: change nothing, fail the pass.
-            return Err(DispatchError::Pipeline(creating.into_error()));
-        }
-        let created = matches!(creating, super::submit::Creating::Created(_));
-        let after = self.settle_creation(&held, creating, deadline).await?;
-        if created {
-            report.created += 1;
-        } else if after.state == JobState::Submitted {
-            report.deferred += 1;
-        }
-        self.deliver(&held.run_id, deadline).await?;
-        Ok(if after.state == held.state {
-            EventOutcome::Ignored("creation deferred")
-        } else {
-            EventOutcome::Advanced(after.state)
-        })
-    }
-
-    /// A job with a build: move it as its build has moved.
-    async fn sweep_build(
-        &self,
-        job: &Job,
-        pipeline: &mut PipelineSeen,
-        deadline: Deadline,
-    ) -> Result<EventOutcome, DispatchError> {
-        let Some(b) = &job.build else {
-            return Ok(EventOutcome::Ignored("no build"));
-        };
-        let bk_deadline = self.buildkite_deadline(deadline);
-        let build = match self.buildkite.get_build(b.number, bk_deadline).await {
-            Ok(build) => {
-                pipeline.0 = Some(true);
-                build
-            }
-            Err(BuildkiteError::Rejected { status: 404, .. }) => {
-                self.reach_pipeline(pipeline, bk_deadline).await?;
-                // The pipeline is there and the build is not: it will never finish.
-                let outcome = Outcome::decided(
-                    "unknown",
-                    Verdict::Error,
-                    "the build no longer exists in Buildkite",
-                );
-                let t = Transition::to(JobState::Finished, self.clock.now()).with_outcome(outcome);
-                return self.advance(&job.run_id, t, deadline).await;
-            }
-            Err(e) => return Err(e.into()),
-        };
-        let target = rules::progress_of(&build);
-        if target == JobState::Finished {
-            let outcome = self.outcome_of(&build, bk_deadline).await?;
-            let t = Transition::to(target, self.clock.now())
-                .with_build(build_ref(&build))
-                .with_outcome(outcome);
-            return self.advance(&job.run_id, t, deadline).await;
-        }
-        let mut seen = job.clone();
-        seen.state = if target.rank() > job.state.rank() {
-            target
-        } else {
-            job.state
-        };
-        if let Some(overdue) = self.overdue(&seen) {
-            return self.end_overdue(&seen, overdue, deadline).await;
-        }
-        if job.cancel_requested {
-            // An earlier cancel call failed: try again until the build ends.
-            self.cancel_build(b.number, bk_deadline).await;
-        }
-        if target.rank() <= job.state.rank() {
-            return Ok(EventOutcome::Ignored("build has not moved on"));
-        }
-        let t = Transition::to(target, self.clock.now()).with_build(build_ref(&build));
-        self.advance(&job.run_id, t, deadline).await
-    }
-
-    fn overdue(&self, job: &Job) -> Option<Overdue> {
-        rules::overdue(
-            job,
-            self.clock.now(),
-            self.config.queue_timeout.as_millis() as i64,
-            self.config.job_max_age.as_millis() as i64,
-        )
-    }
-
-    /// Cancels an overdue job's live build and ends the job with the deadline's verdict.
-    async fn end_overdue(
-        &self,
-        job: &Job,
-        overdue: Overdue,
-        deadline: Deadline,
-    ) -> Result<EventOutcome, DispatchError> {
-        if let Some(b) = &job.build
-            && !self
-                .cancel_build(b.number, self.buildkite_deadline(deadline))
-                .await
-        {
-            // A build we could not stop is not reported as stopped: next pass.
-            return Ok(EventOutcome::Ignored(
-                "overdue; its build could not be canceled yet",
-            ));
-        }
-        let outcome = match overdue {
-            Overdue::QueueTimeout => {
-                let waited = job
-                    .max_queue_secs
-                    .unwrap_or(self.config.queue_timeout.as_secs());
-                Outcome::decided(
-                    "canceled",
-                    Verdict::QueueTimeout,
-                    format!(
-                        "no agent on queue `{}` started it within {waited} s",
-                        job.queue
-                    ),
-                )
-            }
-            Overdue::Expired => Outcome::decided(
-                "canceled",
-                Verdict::Expired,
-                format!(
-                    "still unfinished {} s after submission",
-                    self.config.job_max_age.as_secs()
-                ),
-            ),
-        };
-        info!(?overdue, "job overdue; its build is canceled");
-        let t = Transition::to(JobState::Finished, self.clock.now()).with_outcome(outcome);
-        self.advance(&job.run_id, t, deadline).await
-    }
-
-    /// Confirms once per pass that the pipeline itself is readable.
-    async fn reach_pipeline(
-        &self,
-        seen: &mut PipelineSeen,
-        deadline: Deadline,
-    ) -> Result<(), DispatchError> {
-        match seen.0 {
-            Some(true) => Ok(()),
-            Some(false) => Err(DispatchError::Pipeline(BuildkiteError::Rejected {
-                status: 404,
-                message: "pipeline not found".into(),
-            })),
-            None => match self.buildkite.check_pipeline(deadline).await {
-                Ok(()) => {
-                    seen.0 = Some(true);
-                    Ok(())
-                }
-                Err(e @ BuildkiteError::Rejected { .. }) => {
-                    seen.0 = Some(false);
-                    Err(DispatchError::Pipeline(e))
-                }
-                Err(e) => Err(e.into()),
-            },
-        }
     }
 }

@@ -17,7 +17,7 @@ use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailur
 
 use super::model::{Job, Millis, RunId};
 use super::record::JobRecord;
-use super::store::{Created, JobStore, Replaced, Shard, StoreError};
+use super::store::{CURSOR_KEY, Created, JobStore, Replaced, Shard, StoreError};
 
 pub const OPEN_JOBS_INDEX: &str = "open-jobs";
 
@@ -212,19 +212,48 @@ impl JobStore for DynamoStore {
             }
         }
     }
+
+    async fn sweep_cursor(&self) -> Result<Option<String>, StoreError> {
+        Ok(self
+            .get_item(CURSOR_KEY)
+            .await?
+            .and_then(|item| item.get("cursor")?.as_s().ok().cloned()))
+    }
+
+    async fn set_sweep_cursor(&self, cursor: Option<&str>) -> Result<(), StoreError> {
+        let mut item = Item::from([("run_id".to_owned(), s(CURSOR_KEY))]);
+        if let Some(c) = cursor {
+            item.insert("cursor".to_owned(), s(c));
+        }
+        self.client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(item))
+            .send()
+            .await
+            .map_err(|e| unavailable(e.into_service_error()))?;
+        Ok(())
+    }
 }
 
 impl DynamoStore {
-    async fn get_record(&self, run_id: &RunId) -> Result<Option<JobRecord>, StoreError> {
+    async fn get_item(&self, key: &str) -> Result<Option<Item>, StoreError> {
         let out = self
             .client
             .get_item()
             .table_name(&self.table)
-            .key("run_id", s(run_id.as_str()))
+            .key("run_id", s(key))
             .consistent_read(true)
             .send()
             .await
             .map_err(|e| unavailable(e.into_service_error()))?;
-        out.item.map(record_from_item).transpose()
+        Ok(out.item)
+    }
+
+    async fn get_record(&self, run_id: &RunId) -> Result<Option<JobRecord>, StoreError> {
+        self.get_item(run_id.as_str())
+            .await?
+            .map(record_from_item)
+            .transpose()
     }
 }

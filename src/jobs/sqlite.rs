@@ -14,7 +14,7 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use super::model::{Job, Millis, RunId};
 use super::record::JobRecord;
-use super::store::{Created, JobStore, MAX_ITEM_BYTES, Replaced, Shard, StoreError};
+use super::store::{CURSOR_KEY, Created, JobStore, MAX_ITEM_BYTES, Replaced, Shard, StoreError};
 
 pub const FILE_NAME: &str = "jobs.sqlite3";
 
@@ -94,7 +94,8 @@ impl SqliteStore {
                  created_at INTEGER NOT NULL,
                  record     TEXT NOT NULL
              );
-             CREATE INDEX IF NOT EXISTS jobs_shard ON jobs (shard, created_at);",
+             CREATE INDEX IF NOT EXISTS jobs_shard ON jobs (shard, created_at);
+             CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);",
         )
         .map_err(unavailable)?;
         Ok(Self {
@@ -203,6 +204,32 @@ impl JobStore for SqliteStore {
                     .and_then(JobRecord::into_job)
             })
             .collect()
+        })
+        .await
+    }
+
+    async fn sweep_cursor(&self) -> Result<Option<String>, StoreError> {
+        self.with(|conn| {
+            conn.query_row("SELECT value FROM meta WHERE key = ?1", [CURSOR_KEY], |r| {
+                r.get::<_, Option<String>>(0)
+            })
+            .optional()
+            .map(Option::flatten)
+            .map_err(unavailable)
+        })
+        .await
+    }
+
+    async fn set_sweep_cursor(&self, cursor: Option<&str>) -> Result<(), StoreError> {
+        let cursor = cursor.map(str::to_owned);
+        self.with(move |conn| {
+            conn.execute(
+                "INSERT INTO meta (key, value) VALUES (?1, ?2)
+                 ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                params![CURSOR_KEY, cursor],
+            )
+            .map(drop)
+            .map_err(unavailable)
         })
         .await
     }

@@ -79,7 +79,16 @@ pub trait JobStore: Send + Sync {
         created_before: Millis,
         limit: usize,
     ) -> Result<Vec<Job>, StoreError>;
+
+    /// Where the last sweep pass stopped following builds (its budget ran out), if it did.
+    async fn sweep_cursor(&self) -> Result<Option<String>, StoreError>;
+
+    async fn set_sweep_cursor(&self, cursor: Option<&str>) -> Result<(), StoreError>;
 }
+
+/// The key the sweep's bookmark is kept under: `~` is not allowed in a run id, so it never
+/// meets a job.
+pub const CURSOR_KEY: &str = "~sweep-cursor";
 
 /// What [`update`] did.
 #[derive(Debug, PartialEq)]
