@@ -36,6 +36,17 @@ pub enum Role {
     Sweep,
 }
 
+impl Role {
+    /// The function's name, as metrics and logs give it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Submit => "submit",
+            Self::Webhook => "webhook",
+            Self::Sweep => "sweep",
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct BuildkiteConfig {
     pub api_url: Url,

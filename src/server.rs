@@ -14,7 +14,9 @@ pub type Error = Box<dyn std::error::Error + Send + Sync>;
 pub async fn dispatcher(role: Role) -> Result<Arc<Dispatcher>, Error> {
     let config = Arc::new(Config::from_env(role)?);
     let store = crate::jobs::store::open(&config.store).await?;
-    Ok(Arc::new(Dispatcher::new(config, store)?))
+    let mut dispatcher = Dispatcher::new(config, store)?;
+    dispatcher.metrics = crate::telemetry::metrics::Metrics::for_function(role.name());
+    Ok(Arc::new(dispatcher))
 }
 
 pub async fn serve(router: Router, listen: SocketAddr) -> Result<(), Error> {

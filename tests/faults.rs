@@ -72,6 +72,12 @@ pub async fn discord_down_while_finishing(kind: StoreKind) {
     let calls = app.discord_calls().len();
     let again = app.sweep().await;
     assert_eq!((again.reports_sent, again.reports_pending), (0, 0));
+    let pending: Vec<f64> = app
+        .metric("ReportsPending")
+        .into_iter()
+        .map(|(_, v)| v)
+        .collect();
+    assert_eq!(pending.last(), Some(&0.0));
     assert_eq!(app.discord_calls().len(), calls, "nothing is sent twice");
     assert_eq!(final_reports(&app), 1);
     // The webhook token is not kept once nothing more will be sent.
@@ -317,6 +323,12 @@ pub async fn renamed_pipeline(kind: StoreKind) {
         .unwrap_err();
     assert!(matches!(err, DispatchError::Pipeline(_)), "{err}");
     assert!(err.to_string().contains("BUILDKITE_PIPELINE"), "{err}");
+    let failed = app.metric("SweepFailed");
+    assert_eq!(
+        failed.last().map(|(_, v)| *v),
+        Some(1.0),
+        "the alarm's metric"
+    );
     for id in ["a", "b"] {
         assert_eq!(app.job(id).await.state, JobState::Scheduled);
     }
@@ -335,6 +347,12 @@ pub async fn report_given_up_after_a_day(kind: StoreKind) {
     assert_eq!(report.reports_pending, 0, "{report}");
     let (_, view) = app.status("never").await;
     assert_eq!(delivery(&view), "given_up", "{view}");
+    let given_up = app.metric("ReportsGivenUp");
+    assert_eq!(
+        given_up.last().map(|(_, v)| *v),
+        Some(1.0),
+        "given up and counted"
+    );
     let calls = app.discord_calls().len();
     app.sweep().await;
     assert_eq!(app.discord_calls().len(), calls);
@@ -546,6 +564,38 @@ pub async fn rate_limit_floor(kind: StoreKind) {
     assert_eq!(app.job("rl-2").await.state, JobState::Scheduled);
 }
 
+/// A report pending for over 15 minutes and a webhook answering 5xx both show in the
+/// metrics the alarms watch.
+pub async fn alarms_see_pending_reports_and_webhook_errors(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    app.submit(&submission("watched")).await;
+    // Buildkite cannot be read when the build finishes: the webhook answers 503.
+    app.buildkite.fail_reads(&[500; 4]);
+    assert_eq!(
+        app.finish(1, "passed", Some(sample_result(false))).await,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    let errors: Vec<(Value, f64)> = app.metric("WebhookRequests");
+    assert!(
+        errors
+            .iter()
+            .any(|(m, v)| m["Outcome"] == "error" && m["Function"] == "webhook" && *v == 1.0),
+        "{errors:?}"
+    );
+    // Discord down while the sweep finishes it (each of the pass's two sends fails every
+    // try), then 20 minutes later still down.
+    app.discord.fail_next(&[503; 8]);
+    app.advance_clock(Duration::from_secs(601));
+    app.sweep().await;
+    app.advance_clock(Duration::from_secs(1200));
+    app.discord.fail_next(&[503; 8]);
+    let report = app.sweep().await;
+    assert!(report.oldest_pending_secs >= 1200, "{report}");
+    let oldest = app.metric("OldestPendingReportAge");
+    assert!(oldest.last().is_some_and(|(m, v)| *v > 900.0
+        && m["_aws"]["CloudWatchMetrics"][0]["Namespace"] == "KernelbotDispatch"));
+}
+
 macro_rules! faults {
     ($kind:expr) => {
         use super::*;
@@ -612,6 +662,10 @@ macro_rules! faults {
         #[tokio::test]
         async fn the_sweep_stops_before_buildkites_rate_limit() {
             rate_limit_floor($kind).await
+        }
+        #[tokio::test]
+        async fn pending_reports_and_webhook_errors_reach_the_alarms_metrics() {
+            alarms_see_pending_reports_and_webhook_errors($kind).await
         }
         #[tokio::test]
         async fn a_report_refused_for_a_day_is_given_up() {

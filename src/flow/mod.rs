@@ -23,6 +23,7 @@ use crate::discord::Notifier;
 use crate::jobs::model::{Millis, now_millis};
 use crate::jobs::{Job, StoreError};
 use crate::retry::Deadline;
+use crate::telemetry::metrics::Metrics;
 
 pub use cancel::Canceled;
 pub use events::EventOutcome;
@@ -37,6 +38,7 @@ pub struct Dispatcher {
     pub discord: Notifier,
     pub config: Arc<Config>,
     pub clock: Clock,
+    pub metrics: Metrics,
 }
 
 /// Wall-clock time in milliseconds, which tests can move forward (deadlines of hours and the
@@ -95,6 +97,7 @@ impl Dispatcher {
             discord: Notifier::new(config.discord.api_url.clone()).map_err(|e| e.to_string())?,
             config,
             clock: Clock::default(),
+            metrics: Metrics::for_function("local"),
         })
     }
 }

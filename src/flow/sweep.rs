@@ -13,6 +13,7 @@ use crate::buildkite::client::CallBudget;
 use crate::buildkite::{Build, BuildkiteError};
 use crate::jobs::{Job, JobState, RunId, Shard};
 use crate::retry::Deadline;
+use crate::telemetry::metrics::Unit;
 
 /// How many jobs of each partition one pass reads.
 pub const SWEEP_BATCH: usize = 1000;
@@ -36,6 +37,12 @@ pub struct SweepReport {
     pub buildkite_calls: u32,
     /// The pass stopped its Buildkite work on its call budget or the rate limit.
     pub budget_spent: bool,
+    /// Reports given up in this pass (a day of failures, or refused for good).
+    pub reports_given_up: usize,
+    /// Age of the oldest report still pending after the pass.
+    pub oldest_pending_secs: u64,
+    /// Open jobs past a deadline when the pass began.
+    pub past_deadline: usize,
 }
 
 impl std::fmt::Display for SweepReport {
@@ -115,7 +122,40 @@ impl Dispatcher {
         let result = pass.sweep_pass(deadline, &mut report).await;
         report.buildkite_calls = budget.made();
         report.budget_spent = budget.spent();
+        self.publish(&report, result.is_err());
         result.map(|()| report)
+    }
+
+    /// The pass's metrics: what the alarms in `template.yaml` watch.
+    fn publish(&self, report: &SweepReport, failed: bool) {
+        self.metrics.put(
+            &[],
+            &[
+                ("SweepFailed", Unit::Count, f64::from(u8::from(failed))),
+                ("SweepErrors", Unit::Count, report.errors as f64),
+                (
+                    "SweepBuildkiteCalls",
+                    Unit::Count,
+                    f64::from(report.buildkite_calls),
+                ),
+                ("ReportsPending", Unit::Count, report.reports_pending as f64),
+                (
+                    "ReportsGivenUp",
+                    Unit::Count,
+                    report.reports_given_up as f64,
+                ),
+                (
+                    "OldestPendingReportAge",
+                    Unit::Seconds,
+                    report.oldest_pending_secs as f64,
+                ),
+                (
+                    "OpenJobsPastDeadline",
+                    Unit::Count,
+                    report.past_deadline as f64,
+                ),
+            ],
+        );
     }
 
     async fn sweep_pass(
@@ -126,6 +166,7 @@ impl Dispatcher {
         let now = self.clock.now();
         let min_age = self.config.sweep_min_age.as_millis() as i64;
         let open = self.store.list(Shard::Open, i64::MAX, SWEEP_BATCH).await?;
+        report.past_deadline = open.iter().filter(|j| self.overdue(j).is_some()).count();
         let mut pipeline = PipelineSeen::default();
         for job in open.iter().filter(|j| j.build.is_none()) {
             if deadline.remaining() < PASS_RESERVE {
@@ -328,10 +369,24 @@ impl Dispatcher {
             .get(run_id)
             .await?
             .is_some_and(|j| j.owes_discord());
-        let after = self.deliver(run_id, deadline).await?;
-        let owed = after.is_some_and(|j| j.owes_discord());
-        if owed {
+        let Some(after) = self.deliver(run_id, deadline).await? else {
+            return Ok(());
+        };
+        let given_up = after
+            .discord
+            .as_ref()
+            .is_some_and(|o| o.status == crate::jobs::DeliveryStatus::GivenUp);
+        if after.owes_discord() {
             report.reports_pending += 1;
+            let since = after
+                .discord
+                .as_ref()
+                .and_then(|o| o.pending_since)
+                .unwrap_or(after.updated_at);
+            let age = (self.clock.now() - since).max(0) as u64 / 1000;
+            report.oldest_pending_secs = report.oldest_pending_secs.max(age);
+        } else if before && given_up {
+            report.reports_given_up += 1;
         } else if before {
             report.reports_sent += 1;
         }

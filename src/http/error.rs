@@ -73,9 +73,14 @@ impl From<DispatchError> for ApiError {
     }
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let (status, code) = match &self {
+impl ApiError {
+    /// The HTTP status this error answers with.
+    pub fn status(&self) -> StatusCode {
+        self.status_and_code().0
+    }
+
+    fn status_and_code(&self) -> (StatusCode, &'static str) {
+        match self {
             Self::BadRequest { code, .. } => (StatusCode::BAD_REQUEST, *code),
             Self::Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized"),
             Self::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
@@ -83,11 +88,17 @@ impl IntoResponse for ApiError {
             Self::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "too_large"),
             Self::Unprocessable { code, .. } => (StatusCode::UNPROCESSABLE_ENTITY, *code),
             Self::BadGateway(_) => (StatusCode::BAD_GATEWAY, "buildkite_error"),
-            Self::Unavailable(detail) => {
-                tracing::error!(error = %detail, "request failed");
-                (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
-            }
-        };
+            Self::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if let Self::Unavailable(detail) = &self {
+            tracing::error!(error = %detail, "request failed");
+        }
+        let (status, code) = self.status_and_code();
         (
             status,
             Json(json!({"error": code, "message": self.to_string()})),

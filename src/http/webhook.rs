@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 use super::{ApiError, deadline_of, healthz, read_body};
 use crate::buildkite::webhook::{EVENT_HEADER, SIGNATURE_HEADER, TOKEN_HEADER, WebhookEvent};
 use crate::flow::{Dispatcher, EventOutcome};
+use crate::telemetry::metrics::Unit;
 
 /// Buildkite build payloads are a few KiB; anything near this is not one.
 pub const MAX_BODY: usize = 1024 * 1024;
@@ -25,10 +26,31 @@ fn now_secs() -> i64 {
     crate::jobs::model::now_millis() / 1000
 }
 
+/// Handles one request and counts it by outcome: a webhook answering 5xx (Buildkite is
+/// never told to retry) shows up in the `WebhookRequests{Outcome=error}` metric.
 async fn receive(
     State(d): State<Arc<Dispatcher>>,
     request: Request,
 ) -> Result<Json<Value>, ApiError> {
+    let result = handle(&d, request).await;
+    let outcome = match &result {
+        Ok(EventOutcome::Advanced(_)) => "advanced",
+        Ok(EventOutcome::Ignored(_)) => "ignored",
+        Err(e) if e.status().is_server_error() => "error",
+        Err(_) => "refused",
+    };
+    d.metrics.put(
+        &[("Outcome", outcome)],
+        &[("WebhookRequests", Unit::Count, 1.0)],
+    );
+    let body = match result? {
+        EventOutcome::Advanced(state) => json!({"ok": true, "state": state}),
+        EventOutcome::Ignored(reason) => json!({"ok": true, "ignored": reason}),
+    };
+    Ok(Json(body))
+}
+
+async fn handle(d: &Dispatcher, request: Request) -> Result<EventOutcome, ApiError> {
     let deadline = deadline_of(request.extensions());
     let (parts, body) = request.into_parts();
     let header = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok());
@@ -62,9 +84,5 @@ async fn receive(
             ),
         });
     }
-    let body = match d.on_event(&event, deadline).await? {
-        EventOutcome::Advanced(state) => json!({"ok": true, "state": state}),
-        EventOutcome::Ignored(reason) => json!({"ok": true, "ignored": reason}),
-    };
-    Ok(Json(body))
+    Ok(d.on_event(&event, deadline).await?)
 }

@@ -17,6 +17,7 @@ use kernelbot_dispatch::jobs::dynamo::DynamoStore;
 use kernelbot_dispatch::jobs::sqlite::SqliteStore;
 use kernelbot_dispatch::jobs::{Job, JobStore, RunId};
 use kernelbot_dispatch::retry::{Deadline, Policy};
+use kernelbot_dispatch::telemetry::metrics::Metrics;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -64,6 +65,8 @@ pub struct TestApp {
     pub client: reqwest::Client,
     /// The clock all three functions share.
     pub clock: kernelbot_dispatch::flow::Clock,
+    /// Every metric the three functions published (EMF objects).
+    metrics: std::sync::Arc<std::sync::Mutex<Vec<Value>>>,
     _dir: Option<tempfile::TempDir>,
 }
 
@@ -119,10 +122,12 @@ impl TestApp {
             env.insert((*k).into(), (*v).into());
         }
         let clock = kernelbot_dispatch::flow::Clock::default();
-        let dispatcher = |role| {
+        let metrics = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let dispatcher = |role: Role| {
             let config = Config::from_lookup(role, &|k| env.get(k).cloned()).expect("config");
             let mut d = Dispatcher::new(Arc::new(config), store.clone()).expect("dispatcher");
             d.clock = clock.clone();
+            d.metrics = Metrics::shared(role.name(), metrics.clone());
             d.buildkite = d
                 .buildkite
                 .clone()
@@ -151,6 +156,7 @@ impl TestApp {
             webhook_router,
             client: reqwest::Client::new(),
             clock,
+            metrics,
             _dir: dir,
         }
     }
@@ -236,6 +242,16 @@ impl TestApp {
     /// Moves every function's clock forward (deadlines and give-ups without waiting).
     pub fn advance_clock(&self, by: Duration) {
         self.clock.advance(by);
+    }
+
+    /// The values of metric `name` published so far, with their objects' dimensions.
+    pub fn metric(&self, name: &str) -> Vec<(Value, f64)> {
+        self.metrics
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|m| Some((m.clone(), m.get(name)?.as_f64()?)))
+            .collect()
     }
 
     pub fn discord_calls(&self) -> Vec<DiscordCall> {

@@ -25,3 +25,5 @@ pub fn init() {
         builder.try_init()
     };
 }
+
+pub mod metrics;
