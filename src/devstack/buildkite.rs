@@ -86,6 +86,8 @@ struct Inner {
     create_reset_secs: u64,
     /// When set, every API answer carries `RateLimit-Remaining` counting down from it.
     rate_remaining: Option<i64>,
+    /// Seeded everyday faults on creates and webhooks: (rate, generator).
+    chaos: Option<(f64, fastrand::Rng)>,
     create_delay: Option<Duration>,
     read_failures: VecDeque<u16>,
     /// Reads under one build's path answer these statuses first.
@@ -112,6 +114,12 @@ fn lock(inner: &Shared) -> MutexGuard<'_, Inner> {
 }
 
 impl Inner {
+    /// A fault for this call, `0..kinds`, at the chaos rate.
+    fn roll(&mut self, kinds: u8) -> Option<u8> {
+        let (rate, rng) = self.chaos.as_mut()?;
+        (rng.f64() < *rate).then(|| rng.u8(0..kinds))
+    }
+
     fn build_api_url(&self, n: u64) -> String {
         format!(
             "{}/v2/organizations/{}/pipelines/{}/builds/{n}",
@@ -169,6 +177,7 @@ impl BuildkiteStandin {
             create_faults: VecDeque::new(),
             create_reset_secs: 30,
             rate_remaining: None,
+            chaos: None,
             create_delay: None,
             read_failures: VecDeque::new(),
             build_read_failures: std::collections::HashMap::new(),
@@ -262,6 +271,13 @@ impl BuildkiteStandin {
     /// The pipeline is renamed: every call to the configured one answers 404.
     pub fn rename_pipeline(&self, new_slug: &str) {
         self.lock().pipeline = new_slug.to_owned();
+    }
+
+    /// From now on a share `rate` of creates fail (429, or 5xx with or without the build made)
+    /// and of webhooks are dropped, duplicated or delayed past the next one, drawn from a
+    /// generator seeded with `seed`.
+    pub fn chaos(&self, seed: u64, rate: f64) {
+        self.lock().chaos = Some((rate, fastrand::Rng::with_seed(seed)));
     }
 
     /// From now on every API answer says `RateLimit-Remaining: n`, one less each call.
@@ -442,7 +458,12 @@ fn create_locked(inner: &Shared, req: &Request, bytes: &[u8]) -> (Response, Opti
     if let Some(r) = gate(&mut s, req, false) {
         return (r, None);
     }
-    let fault = s.create_faults.pop_front();
+    let chaos = s.roll(3).map(|k| match k {
+        0 => (429, false),
+        1 => (502, true),
+        _ => (503, false),
+    });
+    let fault = s.create_faults.pop_front().or(chaos);
     if let Some((code, false)) = fault {
         return (create_fault(code, s.create_reset_secs), None);
     }
@@ -604,8 +625,32 @@ async fn play_agent(inner: Shared, run: AutoRun, number: u64) {
         let (bk, run) = (bk.clone(), run.clone());
         async move {
             let body = bk.webhook_body(event, number);
-            if let Err(e) = deliver(&run.webhook_url, &run.secret, event, body, unix_now()).await {
-                tracing::warn!(error = %e.without_url(), event, "stand-in could not deliver webhook");
+            let post = move || {
+                let (run, body) = (run.clone(), body.clone());
+                async move {
+                    if let Err(e) =
+                        deliver(&run.webhook_url, &run.secret, event, body, unix_now()).await
+                    {
+                        tracing::warn!(error = %e.without_url(), event, "stand-in could not deliver webhook");
+                    }
+                }
+            };
+            let fault = lock(&bk.inner).roll(3);
+            match fault {
+                // Lost on the way.
+                Some(0) => {}
+                Some(1) => {
+                    post().await;
+                    post().await;
+                }
+                // Overtaken by the next event.
+                Some(_) => {
+                    tokio::spawn(async move {
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                        post().await;
+                    });
+                }
+                None => post().await,
             }
         }
     };

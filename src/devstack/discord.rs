@@ -35,6 +35,30 @@ struct Inner {
     failures: VecDeque<u16>,
     gone: HashSet<String>,
     delay: Option<Duration>,
+    /// Seeded everyday faults: (rate, generator).
+    chaos: Option<(f64, fastrand::Rng)>,
+}
+
+/// One everyday Discord fault.
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    ServerError,
+    RateLimited,
+    Slow,
+    /// A moderator deleted the message being edited.
+    Deleted,
+}
+
+impl Inner {
+    fn roll(&mut self) -> Option<Fault> {
+        let (rate, rng) = self.chaos.as_mut()?;
+        (rng.f64() < *rate).then(|| match rng.u8(0..4) {
+            0 => Fault::ServerError,
+            1 => Fault::RateLimited,
+            2 => Fault::Slow,
+            _ => Fault::Deleted,
+        })
+    }
 }
 
 #[derive(Clone)]
@@ -155,6 +179,12 @@ impl DiscordStandin {
         self.lock().messages.remove(id);
     }
 
+    /// From now on a share `rate` of calls meets one everyday fault (5xx, 429, a slow answer,
+    /// the edited message deleted), drawn from a generator seeded with `seed`.
+    pub fn chaos(&self, seed: u64, rate: f64) {
+        self.lock().chaos = Some((rate, fastrand::Rng::with_seed(seed)));
+    }
+
     /// Every answer waits this long first.
     pub fn set_delay(&self, delay: Option<Duration>) {
         self.lock().delay = delay;
@@ -172,11 +202,26 @@ async fn handle(
     query: Option<String>,
     body: Value,
 ) -> Response {
-    let delay = inner.lock().map(|i| i.delay).unwrap_or(None);
+    let (delay, fault) = {
+        let mut s = inner.lock().unwrap_or_else(|p| p.into_inner());
+        (s.delay, s.roll())
+    };
+    let delay = match fault {
+        Some(Fault::Slow) => Some(Duration::from_millis(200)),
+        _ => delay,
+    };
     if let Some(d) = delay {
         tokio::time::sleep(d).await;
     }
     let mut s = inner.lock().unwrap_or_else(|p| p.into_inner());
+    match (fault, &message_id) {
+        (Some(Fault::ServerError), _) => s.failures.push_front(500),
+        (Some(Fault::RateLimited), _) => s.rate_limits.push_front(0.05),
+        (Some(Fault::Deleted), Some(id)) => {
+            s.messages.remove(id);
+        }
+        _ => {}
+    }
     let (status, response) = if s.gone.contains(&webhook_id) {
         (404, error(StatusCode::NOT_FOUND, 10015, "Unknown Webhook"))
     } else if s.tokens.get(&webhook_id).is_some_and(|t| *t != token) {
