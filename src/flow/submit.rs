@@ -124,8 +124,10 @@ impl Dispatcher {
                 let t = Transition::to(JobState::Scheduled, now).with_build(build_ref(&build));
                 // A webhook may have recorded the build (and more) first: that is kept.
                 let written = update(self.store.as_ref(), &job.run_id, |j| j.apply(&t)).await?;
+                // The job was canceled meanwhile, or already has another build (a lookup
+                // raced a create): this build must not take a GPU.
                 if let Updated::Unchanged(j) = &written
-                    && j.cancel_requested
+                    && (j.cancel_requested || j.build.is_some())
                     && j.build.as_ref().is_none_or(|b| b.id != build.id)
                 {
                     self.cancel_build(build.number, deadline).await;
