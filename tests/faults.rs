@@ -681,3 +681,109 @@ mod sqlite {
 mod dynamodb {
     faults!(StoreKind::Dynamo);
 }
+
+mod review {
+    //! Cases found by reading the code as an attacker and a flaky network would.
+    use super::*;
+    use kernelbot_dispatch::jobs::{BuildRef, Job};
+
+    /// A pass whose call budget runs out mid-way defers its creates; it fails no job.
+    async fn budget_spent_on_deferred_creates(kind: StoreKind) {
+        // Three calls: a lookup and a create for the first job, a lookup for the second.
+        let app = TestApp::spawn_with(kind, &[("SWEEP_MAX_CALLS", "3")]).await;
+        for i in 0..3 {
+            app.buildkite.fail_creates(&[(429, false)], 30);
+            app.submit(&submission(&format!("later-{i}"))).await;
+        }
+        app.advance_clock(Duration::from_secs(31));
+        for _ in 0..6 {
+            let report = app.sweep().await;
+            assert!(report.buildkite_calls <= 3, "{report}");
+        }
+        for i in 0..3 {
+            let job = app.job(&format!("later-{i}")).await;
+            assert_eq!(
+                job.state,
+                JobState::Scheduled,
+                "later-{i}: {:?}",
+                job.failure
+            );
+        }
+        assert_eq!(app.buildkite.builds().len(), 3);
+    }
+
+    /// A second build of one run (made outside our create call) is canceled on its first
+    /// event; the job keeps its own build.
+    async fn second_build_of_a_run_is_canceled(kind: StoreKind) {
+        let app = TestApp::spawn(kind).await;
+        app.submit(&submission("twice")).await;
+        let resp = app
+            .client
+            .post(format!(
+                "{}/organizations/{}/pipelines/{}/builds",
+                app.buildkite.api_url, app.buildkite.org, app.buildkite.pipeline
+            ))
+            .bearer_auth(common::BK_TOKEN)
+            .json(&json!({"commit": "HEAD", "branch": "main", "meta_data": {"run_id": "twice"}}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::CREATED);
+        assert_eq!(app.event("build.scheduled", 2).await, StatusCode::OK);
+        assert_eq!(app.buildkite.build(2).unwrap().state, "canceled");
+        assert_eq!(app.job("twice").await.build.unwrap().number, 1);
+        assert_eq!(app.buildkite.build(1).unwrap().state, "scheduled");
+    }
+
+    /// Build numbers start again when a pipeline is recreated: a job never takes another
+    /// build that has its build's number.
+    async fn a_reused_build_number_is_not_taken(kind: StoreKind) {
+        let app = TestApp::spawn_with(kind, &[("SWEEP_MIN_AGE_SECS", "0")]).await;
+        let mut old = Job::new(
+            "old-pipeline".parse().unwrap(),
+            "H100_BK".into(),
+            "h100".into(),
+            None,
+            None,
+            1,
+        );
+        old.state = JobState::Scheduled;
+        old.build = Some(BuildRef {
+            id: "from-the-old-pipeline".into(),
+            number: 1,
+            web_url: String::new(),
+        });
+        app.store.create(&old).await.unwrap();
+        app.submit(&submission("new")).await;
+        app.finish(1, "passed", Some(sample_result(true))).await;
+        app.sweep().await;
+        let job = app.job("old-pipeline").await;
+        assert_eq!(job.state, JobState::Scheduled, "{:?}", job.outcome);
+    }
+
+    macro_rules! cases {
+        ($kind:expr) => {
+            use super::*;
+            #[tokio::test]
+            async fn a_spent_budget_defers_creates_and_fails_no_job() {
+                budget_spent_on_deferred_creates($kind).await
+            }
+            #[tokio::test]
+            async fn a_second_build_of_a_run_is_canceled() {
+                second_build_of_a_run_is_canceled($kind).await
+            }
+            #[tokio::test]
+            async fn a_reused_build_number_is_never_taken_for_the_jobs_build() {
+                a_reused_build_number_is_not_taken($kind).await
+            }
+        };
+    }
+
+    mod sqlite {
+        cases!(StoreKind::Sqlite);
+    }
+
+    mod dynamodb {
+        cases!(StoreKind::Dynamo);
+    }
+}

@@ -380,11 +380,13 @@ impl BuildkiteClient {
     }
 
     /// Builds in any of `states`, newest first, 100 a page, down to build `down_to` (build
-    /// numbers only grow, so older pages hold nothing we look for).
+    /// numbers only grow, so older pages hold nothing we look for) or `max_pages` pages. When
+    /// the call budget runs out after the first page, the pages read so far are returned.
     pub async fn list_builds(
         &self,
         states: &[&str],
         down_to: u64,
+        max_pages: usize,
         deadline: Deadline,
     ) -> Result<Vec<Build>, BuildkiteError> {
         let mut url =
@@ -399,8 +401,12 @@ impl BuildkiteClient {
         }
         let mut url = url.to_string();
         let mut all: Vec<Build> = Vec::new();
-        loop {
-            let resp = self.read(&url, deadline).await?;
+        for _ in 0..max_pages {
+            let resp = match self.read(&url, deadline).await {
+                Ok(resp) => resp,
+                Err(BuildkiteError::OverBudget) if !all.is_empty() => return Ok(all),
+                Err(e) => return Err(e),
+            };
             let next = next_link(resp.headers());
             let page: Vec<Build> = Self::json(resp).await?;
             let done = page.is_empty() || page.iter().any(|b| b.number <= down_to);
@@ -412,6 +418,7 @@ impl BuildkiteClient {
                 _ => return Ok(all),
             }
         }
+        Ok(all)
     }
 
     /// Every artifact of a build, following the `Link: rel="next"` pages.

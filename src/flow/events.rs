@@ -67,16 +67,17 @@ impl Dispatcher {
             info!("no job for this run id");
             return Ok(EventOutcome::Ignored("unknown job"));
         };
-        if job.build.as_ref().is_some_and(|b| b.id != build.id) {
-            return Ok(EventOutcome::Ignored("event for another build of this run"));
-        }
-        if job.build.is_none() && job.cancel_requested && job.state.is_terminal() {
-            // Canceled before its build existed: that build must not take a GPU.
+        // A second build of one run (a create whose answer was lost, then made again, or a
+        // rebuild), or the build of a job that ended before it had one (canceled, or given
+        // up in the queue): nobody reads its result, so it must not hold a GPU.
+        let stray = job.build.as_ref().is_some_and(|b| b.id != build.id)
+            || (job.build.is_none() && job.state.is_terminal());
+        if stray {
             if target != JobState::Finished {
                 self.cancel_build(build.number, self.buildkite_deadline(deadline))
                     .await;
             }
-            return Ok(EventOutcome::Ignored("the job was canceled"));
+            return Ok(EventOutcome::Ignored("a build this job does not use"));
         }
         // Cheap early exit for duplicates; the conditional write is what decides.
         if target.rank() <= job.state.rank() {
@@ -155,6 +156,7 @@ impl Dispatcher {
             // judge the run on a result we could not read.
             Err(FetchError::Buildkite(
                 e @ (BuildkiteError::Unavailable(_)
+                | BuildkiteError::OverBudget
                 | BuildkiteError::RateLimited { .. }
                 | BuildkiteError::Rejected {
                     status: 401 | 403, ..

@@ -8,7 +8,7 @@ use super::submit::build_ref;
 use super::sweep::PipelineSeen;
 use super::{DispatchError, Dispatcher, EventOutcome};
 use crate::buildkite::{Build, BuildkiteError};
-use crate::jobs::{Job, JobState, Transition};
+use crate::jobs::{Job, JobState, Transition, Updated, update};
 use crate::result::{Outcome, Verdict};
 use crate::retry::Deadline;
 
@@ -45,8 +45,8 @@ impl Dispatcher {
         self.follow(job, &build, deadline).await
     }
 
-    /// Moves `job` as `build` (read from the API, with its jobs) says: finished, started,
-    /// past a deadline (canceled then), or still waiting.
+    /// Moves `job` as `build` (read from the API, with its jobs, perhaps a listing's
+    /// moments ago) says: finished, started, past a deadline (canceled then), or waiting.
     pub(super) async fn follow(
         &self,
         job: &Job,
@@ -56,14 +56,15 @@ impl Dispatcher {
         let Some(b) = &job.build else {
             return Ok(EventOutcome::Ignored("no build"));
         };
-        let bk_deadline = self.buildkite_deadline(deadline);
+        if b.id != build.id {
+            // Numbers start again when a pipeline is recreated: never take another's build.
+            return Ok(EventOutcome::Ignored(
+                "a different build under the job's number",
+            ));
+        }
         let target = rules::progress_of(build);
         if target == JobState::Finished {
-            let outcome = self.outcome_of(build, bk_deadline).await?;
-            let t = Transition::to(target, self.clock.now())
-                .with_build(build_ref(build))
-                .with_outcome(outcome);
-            return self.advance(&job.run_id, t, deadline).await;
+            return self.finish(job, build, deadline).await;
         }
         let mut seen = job.clone();
         seen.state = if target.rank() > job.state.rank() {
@@ -76,12 +77,43 @@ impl Dispatcher {
         }
         if job.cancel_requested {
             // An earlier cancel call failed: try again until the build ends.
-            self.cancel_build(b.number, bk_deadline).await;
+            self.cancel_build(b.number, self.buildkite_deadline(deadline))
+                .await;
         }
         if target.rank() <= job.state.rank() {
             return Ok(EventOutcome::Ignored("build has not moved on"));
         }
         let t = Transition::to(target, self.clock.now()).with_build(build_ref(build));
+        self.advance(&job.run_id, t, deadline).await
+    }
+
+    /// Finishes `job` with its ended build's outcome. A result that cannot be read is tried
+    /// again on later passes, until the job's maximum age: then it ends as `error`.
+    async fn finish(
+        &self,
+        job: &Job,
+        build: &Build,
+        deadline: Deadline,
+    ) -> Result<EventOutcome, DispatchError> {
+        let outcome = match self
+            .outcome_of(build, self.buildkite_deadline(deadline))
+            .await
+        {
+            Ok(outcome) => outcome,
+            Err(DispatchError::Buildkite(e @ BuildkiteError::Unavailable(_)))
+                if self.overdue(job) == Some(Overdue::Expired) =>
+            {
+                Outcome::decided(
+                    build.final_state(),
+                    Verdict::Error,
+                    format!("the result could not be read before the job's maximum age: {e}"),
+                )
+            }
+            Err(e) => return Err(e),
+        };
+        let t = Transition::to(JobState::Finished, self.clock.now())
+            .with_build(build_ref(build))
+            .with_outcome(outcome);
         self.advance(&job.run_id, t, deadline).await
     }
 
@@ -94,24 +126,61 @@ impl Dispatcher {
         )
     }
 
-    /// Cancels an overdue job's live build and ends the job with the deadline's verdict.
+    /// Ends an overdue job. Its build is read afresh first (a listing can be moments old):
+    /// one that has ended gives the job its real outcome, one whose evaluation started is no
+    /// queue timeout. Otherwise the build is canceled and the job ends with the deadline's
+    /// verdict, unless it moved on meanwhile.
     async fn end_overdue(
         &self,
         job: &Job,
         overdue: Overdue,
         deadline: Deadline,
     ) -> Result<EventOutcome, DispatchError> {
-        if let Some(b) = &job.build
-            && !self
-                .cancel_build(b.number, self.buildkite_deadline(deadline))
-                .await
-        {
+        let Some(b) = &job.build else {
+            return Ok(EventOutcome::Ignored("no build"));
+        };
+        let bk_deadline = self.buildkite_deadline(deadline);
+        let fresh = self.buildkite.get_build(b.number, bk_deadline).await?;
+        if fresh.id != b.id {
+            return Ok(EventOutcome::Ignored(
+                "a different build under the job's number",
+            ));
+        }
+        match rules::progress_of(&fresh) {
+            JobState::Finished => return self.finish(job, &fresh, deadline).await,
+            JobState::Running if overdue == Overdue::QueueTimeout => {
+                let t = Transition::to(JobState::Running, self.clock.now())
+                    .with_build(build_ref(&fresh));
+                return self.advance(&job.run_id, t, deadline).await;
+            }
+            _ => {}
+        }
+        if !self.cancel_build(b.number, bk_deadline).await {
             // A build we could not stop is not reported as stopped: next pass.
             return Ok(EventOutcome::Ignored(
                 "overdue; its build could not be canceled yet",
             ));
         }
-        let outcome = match overdue {
+        info!(?overdue, "job overdue; its build is canceled");
+        let t = Transition::to(JobState::Finished, self.clock.now())
+            .with_outcome(self.deadline_outcome(job, overdue));
+        // Only from the state the decision was made on: a webhook may have moved it since.
+        let decided_on = job.state;
+        let written = update(self.store.as_ref(), &job.run_id, |j| {
+            (j.state == decided_on).then(|| j.apply(&t)).flatten()
+        })
+        .await?;
+        match written {
+            Updated::Written(j) => {
+                self.deliver(&j.run_id, deadline).await?;
+                Ok(EventOutcome::Advanced(j.state))
+            }
+            _ => Ok(EventOutcome::Ignored("the job moved on meanwhile")),
+        }
+    }
+
+    fn deadline_outcome(&self, job: &Job, overdue: Overdue) -> Outcome {
+        match overdue {
             Overdue::QueueTimeout => {
                 let waited = job
                     .max_queue_secs
@@ -133,10 +202,7 @@ impl Dispatcher {
                     self.config.job_max_age.as_secs()
                 ),
             ),
-        };
-        info!(?overdue, "job overdue; its build is canceled");
-        let t = Transition::to(JobState::Finished, self.clock.now()).with_outcome(outcome);
-        self.advance(&job.run_id, t, deadline).await
+        }
     }
 
     /// Confirms once per pass that the pipeline itself is readable.

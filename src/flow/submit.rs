@@ -90,7 +90,8 @@ impl Dispatcher {
                     reset_ms: reset.map_or(60_000, |r| r.as_millis() as i64),
                 })
             }
-            // Not sent at all (no connection, no time): nothing to look up.
+            // Not sent at all (the pass's budget, no connection, no time): nothing to look up.
+            Err(BuildkiteError::OverBudget) => Creating::Deferred(CreateMiss::NotSent),
             Err(BuildkiteError::Unavailable(e)) => {
                 warn!(error = %e, "build not created; deferred");
                 Creating::Deferred(CreateMiss::NotSent)
@@ -217,13 +218,17 @@ impl Dispatcher {
                     .find_build(job.run_id.as_str(), bk_deadline)
                     .await?
             {
-                let t = Transition::to(JobState::Scheduled, now).with_build(build_ref(&build));
-                return self.advance(&job.run_id, t, deadline).await;
+                return self.adopt(job, build, deadline).await;
             }
             let t = Transition::to(JobState::Failed, now)
                 .with_failure("no Buildkite build could be created in time");
             // `apply` fails only a job still without a build, as stored now.
             return self.advance(&job.run_id, t, deadline).await;
+        }
+        if self.buildkite.over_budget() {
+            return Ok(EventOutcome::Ignored(
+                "no Buildkite calls left in this pass",
+            ));
         }
         let mut was = None;
         let claimed = update(self.store.as_ref(), &job.run_id, |j| {
@@ -245,8 +250,7 @@ impl Dispatcher {
                 build = build.number,
                 "found the build of an unconfirmed create"
             );
-            let t = Transition::to(JobState::Scheduled, now).with_build(build_ref(&build));
-            return self.advance(&held.run_id, t, deadline).await;
+            return self.adopt(&held, build, deadline).await;
         }
         let creating = self.try_create(&held, &was.payload, bk_deadline).await;
         if let Creating::Refused(e) = &creating
@@ -271,6 +275,26 @@ impl Dispatcher {
         self.deliver(&held.run_id, deadline).await?;
         Ok(if after.state == held.state {
             EventOutcome::Ignored("creation deferred")
+        } else {
+            EventOutcome::Advanced(after.state)
+        })
+    }
+
+    /// Takes a build found by its run id as the job's, as a create's answer would be (a job
+    /// canceled or given another build meanwhile gets it canceled instead).
+    async fn adopt(
+        &self,
+        job: &Job,
+        build: Build,
+        deadline: Deadline,
+    ) -> Result<EventOutcome, DispatchError> {
+        let before = job.state;
+        let after = self
+            .settle_creation(job, Creating::Created(build), deadline)
+            .await?;
+        self.deliver(&after.run_id, deadline).await?;
+        Ok(if after.state == before {
+            EventOutcome::Ignored("build found; the job had moved on")
         } else {
             EventOutcome::Advanced(after.state)
         })

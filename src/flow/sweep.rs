@@ -17,6 +17,9 @@ use crate::telemetry::metrics::Unit;
 
 /// How many jobs of each partition one pass reads.
 pub const SWEEP_BATCH: usize = 1000;
+/// Pages one listing reads at most; builds below them are read one by one, in bookmark
+/// order, as the budget allows.
+const LISTING_PAGES: usize = 10;
 /// A pass starts no new job's work with less than this left.
 const PASS_RESERVE: Duration = Duration::from_secs(10);
 
@@ -163,10 +166,56 @@ impl Dispatcher {
         deadline: Deadline,
         report: &mut SweepReport,
     ) -> Result<(), DispatchError> {
-        let now = self.clock.now();
-        let min_age = self.config.sweep_min_age.as_millis() as i64;
         let open = self.store.list(Shard::Open, i64::MAX, SWEEP_BATCH).await?;
         report.past_deadline = open.iter().filter(|j| self.overdue(j).is_some()).count();
+        // Discord needs no Buildkite call: reports go out even when Buildkite work failed.
+        let buildkite = self.buildkite_work(&open, deadline, report).await;
+        let outbox = self
+            .store
+            .list(Shard::Outbox, i64::MAX, SWEEP_BATCH)
+            .await?;
+        let owing: Vec<&Job> = open
+            .iter()
+            .chain(outbox.iter())
+            .filter(|j| j.owes_discord())
+            .collect();
+        let mut still_pending = Vec::new();
+        for job in owing {
+            let pending = deadline.remaining() < PASS_RESERVE
+                || self
+                    .deliver_counted(&job.run_id, self.slice(deadline), report)
+                    .await?;
+            if pending {
+                still_pending.push(job);
+            }
+        }
+        // Measured on every report still owed, tried in this pass or not.
+        let now = self.clock.now();
+        report.reports_pending = still_pending.len();
+        report.oldest_pending_secs = still_pending
+            .iter()
+            .map(|j| {
+                let since = j
+                    .discord
+                    .as_ref()
+                    .and_then(|o| o.pending_since)
+                    .unwrap_or(j.updated_at);
+                (now - since).max(0) as u64 / 1000
+            })
+            .max()
+            .unwrap_or(0);
+        buildkite
+    }
+
+    /// Deferred creates, then the builds of open jobs due for a look.
+    async fn buildkite_work(
+        &self,
+        open: &[Job],
+        deadline: Deadline,
+        report: &mut SweepReport,
+    ) -> Result<(), DispatchError> {
+        let now = self.clock.now();
+        let min_age = self.config.sweep_min_age.as_millis() as i64;
         let mut pipeline = PipelineSeen::default();
         for job in open.iter().filter(|j| j.build.is_none()) {
             if deadline.remaining() < PASS_RESERVE {
@@ -184,21 +233,7 @@ impl Dispatcher {
             })
             .collect();
         self.follow_builds(&due, &mut pipeline, deadline, report)
-            .await?;
-        let owing = open.iter().filter(|j| j.owes_discord());
-        let outbox = self
-            .store
-            .list(Shard::Outbox, i64::MAX, SWEEP_BATCH)
-            .await?;
-        for job in owing.chain(outbox.iter()) {
-            if deadline.remaining() < PASS_RESERVE {
-                warn!("sweep pass out of time; the next pass goes on");
-                break;
-            }
-            self.deliver_counted(&job.run_id, self.slice(deadline), report)
-                .await?;
-        }
-        Ok(())
+            .await
     }
 
     /// Follows the builds of `due` jobs: live builds from one listing, ended ones from
@@ -275,7 +310,11 @@ impl Dispatcher {
         pipeline: &mut PipelineSeen,
         report: &mut SweepReport,
     ) -> Result<Option<HashMap<u64, Build>>, DispatchError> {
-        match self.buildkite.list_builds(states, lowest, deadline).await {
+        match self
+            .buildkite
+            .list_builds(states, lowest, LISTING_PAGES, deadline)
+            .await
+        {
             Ok(builds) => {
                 pipeline.0 = Some(true);
                 Ok(Some(builds.into_iter().map(|b| (b.number, b)).collect()))
@@ -286,6 +325,7 @@ impl Dispatcher {
                     ..
                 },
             ) => Err(DispatchError::Pipeline(e)),
+            Err(BuildkiteError::OverBudget) => Ok(None),
             Err(e) => {
                 warn!(error = %e, "could not list builds; the next pass tries again");
                 report.errors += 1;
@@ -354,43 +394,44 @@ impl Dispatcher {
             self.sweep_open(&job, true, &mut pipeline, deadline, &mut report)
                 .await?;
         }
-        self.deliver_counted(run_id, deadline, &mut report).await?;
+        let pending = self.deliver_counted(run_id, deadline, &mut report).await?;
+        report.reports_pending = usize::from(pending);
         Ok(report)
     }
 
+    /// Delivers what one job owes; whether a report is still pending after.
     async fn deliver_counted(
         &self,
         run_id: &RunId,
         deadline: Deadline,
         report: &mut SweepReport,
-    ) -> Result<(), DispatchError> {
+    ) -> Result<bool, DispatchError> {
         let before = self
             .store
             .get(run_id)
             .await?
             .is_some_and(|j| j.owes_discord());
-        let Some(after) = self.deliver(run_id, deadline).await? else {
-            return Ok(());
+        // `deliver` sees nothing when it had no time to try: the job as stored says.
+        let after = match self.deliver(run_id, deadline).await? {
+            Some(job) => job,
+            None => match self.store.get(run_id).await? {
+                Some(job) => job,
+                None => return Ok(false),
+            },
         };
         let given_up = after
             .discord
             .as_ref()
             .is_some_and(|o| o.status == crate::jobs::DeliveryStatus::GivenUp);
         if after.owes_discord() {
-            report.reports_pending += 1;
-            let since = after
-                .discord
-                .as_ref()
-                .and_then(|o| o.pending_since)
-                .unwrap_or(after.updated_at);
-            let age = (self.clock.now() - since).max(0) as u64 / 1000;
-            report.oldest_pending_secs = report.oldest_pending_secs.max(age);
-        } else if before && given_up {
+            return Ok(true);
+        }
+        if before && given_up {
             report.reports_given_up += 1;
         } else if before {
             report.reports_sent += 1;
         }
-        Ok(())
+        Ok(false)
     }
 
     /// One open job: create its build if that is due, else follow its build.
