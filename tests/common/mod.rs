@@ -174,33 +174,17 @@ impl TestApp {
         if let Some(t) = token {
             req = req.bearer_auth(t);
         }
-        let resp = req.send().await.expect("submit answers");
-        let status = resp.status();
-        (status, resp.json().await.unwrap_or(Value::Null))
+        answer(req).await
     }
 
     pub async fn cancel(&self, run_id: &str) -> (StatusCode, Value) {
-        let resp = self
-            .client
-            .post(format!("{}/submissions/{run_id}/cancel", self.submit_url))
-            .bearer_auth(API_TOKEN)
-            .send()
-            .await
-            .expect("cancel answers");
-        let status = resp.status();
-        (status, resp.json().await.unwrap_or(Value::Null))
+        let url = format!("{}/submissions/{run_id}/cancel", self.submit_url);
+        answer(self.client.post(url).bearer_auth(API_TOKEN)).await
     }
 
     pub async fn status(&self, run_id: &str) -> (StatusCode, Value) {
-        let resp = self
-            .client
-            .get(format!("{}/submissions/{run_id}", self.submit_url))
-            .bearer_auth(API_TOKEN)
-            .send()
-            .await
-            .expect("status answers");
-        let status = resp.status();
-        (status, resp.json().await.unwrap_or(Value::Null))
+        let url = format!("{}/submissions/{run_id}", self.submit_url);
+        answer(self.client.get(url).bearer_auth(API_TOKEN)).await
     }
 
     pub async fn job(&self, run_id: &str) -> Job {
@@ -273,6 +257,13 @@ impl TestApp {
             .collect::<Vec<_>>()
             .join("\n---\n")
     }
+}
+
+/// Sends a request to the submit API: its status and JSON body (null if none).
+async fn answer(req: reqwest::RequestBuilder) -> (StatusCode, Value) {
+    let resp = req.send().await.expect("the submit API answers");
+    let status = resp.status();
+    (status, resp.json().await.unwrap_or(Value::Null))
 }
 
 /// A valid submission body for `run_id`.
