@@ -183,7 +183,7 @@ impl Dispatcher {
         for job in owing {
             let pending = deadline.remaining() < PASS_RESERVE
                 || self
-                    .deliver_counted(&job.run_id, self.slice(deadline), report)
+                    .deliver_counted(&job.run_id, true, self.slice(deadline), report)
                     .await?;
             if pending {
                 still_pending.push(job);
@@ -394,23 +394,27 @@ impl Dispatcher {
             self.sweep_open(&job, true, &mut pipeline, deadline, &mut report)
                 .await?;
         }
-        let pending = self.deliver_counted(run_id, deadline, &mut report).await?;
+        let owed = self
+            .store
+            .get(run_id)
+            .await?
+            .is_some_and(|j| j.owes_discord());
+        let pending = self
+            .deliver_counted(run_id, owed, deadline, &mut report)
+            .await?;
         report.reports_pending = usize::from(pending);
         Ok(report)
     }
 
     /// Delivers what one job owes; whether a report is still pending after.
+    /// `before`: whether the job owed a report when the caller read it (counts a send).
     async fn deliver_counted(
         &self,
         run_id: &RunId,
+        before: bool,
         deadline: Deadline,
         report: &mut SweepReport,
     ) -> Result<bool, DispatchError> {
-        let before = self
-            .store
-            .get(run_id)
-            .await?
-            .is_some_and(|j| j.owes_discord());
         // `deliver` sees nothing when it had no time to try: the job as stored says.
         let after = match self.deliver(run_id, deadline).await? {
             Some(job) => job,
