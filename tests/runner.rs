@@ -1,7 +1,12 @@
 //! The runner as the pipeline step runs it: a real process, real Python subprocesses, a
 //! payload in the environment and `result.json` in the working directory.
 
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use kernelbot_dispatch::payload;
 use kernelbot_dispatch::result::FullResult;
@@ -17,12 +22,11 @@ def say(k, v): out.write(f"{k}: {v}\n"); out.flush()
 behaviour = BEHAVIOUR
 if behaviour == "timeout":
     child = subprocess.Popen(["sleep", "1000"])
-    open("child.pid", "w").write(str(child.pid))
-    with open(os.environ["PID_FILE"], "w") as f: f.write(str(child.pid))
+    print("child-pid:", child.pid, flush=True)
     time.sleep(1000)
 if behaviour == "escape":
     child = subprocess.Popen(["setsid", "sleep", "1000"])
-    with open(os.environ["PID_FILE"], "w") as f: f.write(str(child.pid))
+    print("child-pid:", child.pid, flush=True)
 if behaviour == "crash":
     raise RuntimeError("kernel exploded")
 if behaviour == "huge":
@@ -57,16 +61,49 @@ struct Run {
     raw: Option<Value>,
 }
 
-fn run_with(vars: &[(&str, String)]) -> Run {
+fn is_root() -> bool {
+    // SAFETY: plain syscall.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// A sandbox uid for one runner: tests run side by side, and a runner ends every process of
+/// its uid, so no two runners may share one (on a node, one agent per GPU sees to that).
+fn sandbox_uid() -> u32 {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    1_900_000_000 + (std::process::id() % 100_000) * 1000 + NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// A checkout as the agent leaves it: world-readable, `.git/` with hooks and a config, owned
+/// by the agent (here: whoever runs the tests).
+fn checkout() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_runner"))
-        .current_dir(dir.path())
+    std::fs::create_dir_all(dir.path().join(".git/hooks")).unwrap();
+    std::fs::write(dir.path().join(".git/config"), GIT_CONFIG).unwrap();
+    std::fs::write(dir.path().join("pipeline.yml"), "steps: []\n").unwrap();
+    for d in [
+        dir.path(),
+        &dir.path().join(".git"),
+        &dir.path().join(".git/hooks"),
+    ] {
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    dir
+}
+
+const GIT_CONFIG: &str = "[core]\n\trepositoryformatversion = 0\n";
+
+fn run_in(dir: &Path, vars: &[(&str, String)], user: Option<u32>) -> Run {
+    let mut cmd = Command::new(runner_binary());
+    cmd.current_dir(dir)
         .env_remove("KERNELBOT_PAYLOAD")
         .env_remove("SUBMISSION_PAYLOAD")
-        .envs(vars.iter().map(|(k, v)| (*k, v.as_str())))
-        .output()
-        .expect("runner runs");
-    let path = dir.path().join("result.json");
+        .env("KERNELBOT_SANDBOX_UID", sandbox_uid().to_string())
+        .envs(vars.iter().map(|(k, v)| (*k, v.as_str())));
+    if let Some(uid) = user {
+        cmd.uid(uid).gid(uid);
+    }
+    let out = cmd.output().expect("runner runs");
+    let path = dir.join("result.json");
     let bytes = std::fs::read(&path).ok();
     Run {
         code: out.status.code().unwrap_or(-1),
@@ -77,6 +114,66 @@ fn run_with(vars: &[(&str, String)]) -> Run {
             .map(|b| FullResult::parse(b).expect("result.json is a FullResult")),
         raw: bytes.map(|b| serde_json::from_slice(&b).unwrap()),
     }
+}
+
+/// The runner binary, copied where any user may run it (the build directory may be private).
+fn runner_binary() -> PathBuf {
+    static COPY: OnceLock<PathBuf> = OnceLock::new();
+    COPY.get_or_init(|| {
+        let dir =
+            std::env::temp_dir().join(format!("kernelbot-runner-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let bin = dir.join("kernelbot-runner");
+        std::fs::copy(env!("CARGO_BIN_EXE_runner"), &bin).unwrap();
+        bin
+    })
+    .clone()
+}
+
+fn run_with(vars: &[(&str, String)]) -> Run {
+    let dir = checkout();
+    run_in(dir.path(), vars, None)
+}
+
+/// Output lines `key: value` of a program's stdout.
+fn printed(stdout: &str, key: &str) -> Option<String> {
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{key}:")))
+        .map(|v| v.trim().to_owned())
+}
+
+/// Live (not zombie) processes of `uid`.
+fn alive_of(uid: u32) -> Vec<String> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+        })
+        .filter_map(|e| {
+            let status = std::fs::read_to_string(e.path().join("status")).ok()?;
+            let field = |name: &str| {
+                status
+                    .lines()
+                    .find_map(|l| l.strip_prefix(name))
+                    .map(|v| v.split_whitespace().next().unwrap_or_default().to_owned())
+            };
+            (field("Uid:")? == uid.to_string() && field("State:")? != "Z")
+                .then(|| status.lines().take(3).collect::<Vec<_>>().join(" "))
+        })
+        .collect()
+}
+
+fn pid_alive(pid: i32) -> bool {
+    let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    state
+        .rsplit_once(") ")
+        .is_some_and(|(_, rest)| !rest.starts_with('Z'))
 }
 
 fn run(config: &Value) -> Run {
@@ -151,15 +248,10 @@ fn leaderboard_mode_runs_all_three_on_a_pass_and_stops_on_a_failure() {
 
 #[test]
 fn a_timeout_kills_the_whole_process_group() {
-    let pid_dir = tempfile::tempdir().unwrap();
-    let pid_file = pid_dir.path().join("pid");
     let mut cfg = config("timeout", "test");
     cfg["test_timeout"] = json!(1);
     let started = std::time::Instant::now();
-    let r = run_with(&[
-        ("KERNELBOT_PAYLOAD", payload::encode(&cfg).unwrap()),
-        ("PID_FILE", pid_file.to_string_lossy().into_owned()),
-    ]);
+    let r = run_with(&[("KERNELBOT_PAYLOAD", payload::encode(&cfg).unwrap())]);
     assert!(started.elapsed() < std::time::Duration::from_secs(20));
     assert_eq!(r.code, 0);
     let test = r.result.unwrap().runs["test"].run.clone().unwrap();
@@ -167,19 +259,12 @@ fn a_timeout_kills_the_whole_process_group() {
         (test.success, test.exit_code, test.duration),
         (false, 114, 1.0)
     );
-    let pid: i32 = std::fs::read_to_string(&pid_file)
-        .unwrap()
-        .trim()
+    let pid: i32 = printed(&test.stdout, "child-pid")
+        .expect("the program printed its child's pid")
         .parse()
         .unwrap();
-    // The grandchild (`sleep 1000`) is gone too: no such process, or only its zombie
-    // waiting to be reaped by whoever inherited it.
-    std::thread::sleep(std::time::Duration::from_millis(100));
-    let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let alive = state
-        .rsplit_once(") ")
-        .is_some_and(|(_, rest)| !rest.starts_with('Z'));
-    assert!(!alive, "grandchild {pid} survived the timeout: {state}");
+    // The grandchild (`sleep 1000`) is gone too, not even a zombie: the runner reaped it.
+    assert!(!pid_alive(pid), "grandchild {pid} survived the timeout");
 }
 
 #[test]
@@ -276,23 +361,22 @@ fn source_names_cannot_escape_the_work_directory() {
 
 #[test]
 fn a_process_that_escapes_the_group_cannot_hold_the_runner() {
-    // It leaves a `setsid sleep` behind with our stdout open; the runner still finishes.
-    let pid_dir = tempfile::tempdir().unwrap();
-    let pid_file = pid_dir.path().join("pid");
+    // It leaves a `setsid sleep` behind with our stdout open; the runner still finishes, and
+    // the sleep is gone when it does.
     let started = std::time::Instant::now();
-    let r = run_with(&[
-        (
-            "KERNELBOT_PAYLOAD",
-            payload::encode(&config("escape", "test")).unwrap(),
-        ),
-        ("PID_FILE", pid_file.to_string_lossy().into_owned()),
-    ]);
-    if let Ok(pid) = std::fs::read_to_string(&pid_file) {
-        unsafe { libc::kill(pid.trim().parse().unwrap_or(0), libc::SIGKILL) };
-    }
+    let r = run_with(&[(
+        "KERNELBOT_PAYLOAD",
+        payload::encode(&config("escape", "test")).unwrap(),
+    )]);
     assert!(started.elapsed() < std::time::Duration::from_secs(30));
     assert_eq!(r.code, 0);
-    assert!(r.result.unwrap().runs["test"].run.as_ref().unwrap().passed);
+    let test = r.result.unwrap().runs["test"].run.clone().unwrap();
+    assert!(test.passed);
+    let pid: i32 = printed(&test.stdout, "child-pid").unwrap().parse().unwrap();
+    assert!(
+        !pid_alive(pid),
+        "the setsid child {pid} outlived the runner"
+    );
 }
 
 #[test]
@@ -306,4 +390,189 @@ fn the_evaluation_runs_on_the_agents_cpu_set() {
     ]);
     let test = r.result.unwrap().runs["test"].run.clone().unwrap();
     assert_eq!(test.value("affinity").as_deref(), Some("0"), "{}", r.stdout);
+}
+
+/// What an attacker's `eval.py` tries: plant a git hook and a git config the agent runs on the
+/// host, rewrite the checkout, forge `result.json` (directly, by symlink, and from a daemon
+/// that outlives the program), read the runner's secrets, reach the network.
+const ATTACKER: &str = r##"
+import os, socket, subprocess, sys
+out = os.fdopen(int(os.environ["POPCORN_FD"]), "w")
+def say(k, v): out.write(f"{k}: {v}\n"); out.flush()
+checkout = CHECKOUT
+def attempt(name, f):
+    try:
+        f(); say(f"try.{name}", "done")
+    except Exception as e:
+        say(f"try.{name}", type(e).__name__)
+def write(path, text, mode="w"):
+    with open(os.path.join(checkout, path), mode) as f: f.write(text)
+attempt("hook", lambda: write(".git/hooks/post-checkout", "#!/bin/sh\necho pwned\n"))
+attempt("git_config", lambda: write(".git/config", "[core]\n\tfsmonitor = echo pwned\n", "a"))
+attempt("checkout", lambda: write("pipeline.yml", "pwned"))
+attempt("new_file", lambda: write("planted.sh", "pwned"))
+attempt("result", lambda: write("result.json", "forged"))
+attempt("result_symlink", lambda: os.symlink("/etc/passwd", os.path.join(checkout, "result.json")))
+attempt("runner_environ", lambda: open(f"/proc/{os.getppid()}/environ", "rb").read())
+attempt("network", lambda: socket.create_connection(("127.0.0.1", PORT), timeout=2).close())
+daemon = """
+import os, sys, time
+if os.fork(): sys.exit(0)
+os.setsid()
+if os.fork(): sys.exit(0)
+end = time.time() + 8
+while time.time() < end:
+    try:
+        open(sys.argv[1], "w").write('{"success": true, "error": "forged"}')
+    except OSError:
+        pass
+    time.sleep(0.02)
+"""
+subprocess.Popen([sys.executable, "-c", daemon, os.path.join(checkout, "result.json")]).wait()
+subprocess.Popen(["setsid", "sleep", "1000"])
+say("uid", os.getuid())
+say("env", ",".join(sorted(os.environ)))
+say("secret_seen", any("secret-agent-token" in v for v in os.environ.values()))
+say("check", "pass")
+"##;
+
+#[test]
+fn an_attackers_program_is_contained() {
+    if !is_root() {
+        eprintln!(
+            "skipped: the sandbox needs a root runner (CI runs as root, as the container does)"
+        );
+        return;
+    }
+    let dir = checkout();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let program = ATTACKER
+        .replace("CHECKOUT", &format!("{:?}", dir.path().to_string_lossy()))
+        .replace("PORT", &port.to_string());
+    let cfg = json!({"lang": "py", "mode": "test", "main": "eval.py",
+        "sources": {"eval.py": program}, "tests": [{"n": 1}]});
+    let uid = sandbox_uid();
+    let r = run_in(
+        dir.path(),
+        &[
+            ("KERNELBOT_PAYLOAD", payload::encode(&cfg).unwrap()),
+            ("KERNELBOT_SANDBOX_UID", uid.to_string()),
+            ("BUILDKITE_AGENT_ACCESS_TOKEN", "secret-agent-token".into()),
+            ("AWS_SECRET_ACCESS_KEY", "secret-agent-token-aws".into()),
+        ],
+        None,
+    );
+    assert_eq!(r.code, 0, "{}", r.stdout);
+    let run = r.result.as_ref().unwrap().runs["test"].run.clone().unwrap();
+    assert!(run.passed, "{run:?}");
+    for attack in [
+        "hook",
+        "git_config",
+        "checkout",
+        "new_file",
+        "result",
+        "result_symlink",
+        "runner_environ",
+        "network",
+    ] {
+        let said = run.value(&format!("try.{attack}"));
+        assert!(
+            said.as_deref().is_some_and(|s| s != "done"),
+            "{attack}: {said:?}"
+        );
+    }
+    assert_eq!(run.value("uid"), Some(uid.to_string()));
+    assert_eq!(run.value("secret_seen").as_deref(), Some("False"));
+    let env = run.value("env").unwrap();
+    assert!(!env.contains("BUILDKITE") && !env.contains("AWS"), "{env}");
+    assert!(
+        listener.accept().is_err(),
+        "the program reached the network"
+    );
+
+    // Nothing of the program is left, and what the runner wrote stays its own.
+    assert_eq!(alive_of(uid), Vec::<String>::new());
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let written = std::fs::read(dir.path().join("result.json")).unwrap();
+    assert_eq!(
+        serde_json::from_slice::<Value>(&written).unwrap(),
+        r.raw.clone().unwrap()
+    );
+    let meta = std::fs::symlink_metadata(dir.path().join("result.json")).unwrap();
+    assert!(meta.is_file() && meta.uid() == 0);
+    assert!(!dir.path().join(".git/hooks/post-checkout").exists());
+    assert!(!dir.path().join("planted.sh").exists());
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join(".git/config")).unwrap(),
+        GIT_CONFIG
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("pipeline.yml")).unwrap(),
+        "steps: []\n"
+    );
+    let sandbox = &r.raw.unwrap()["sandbox"];
+    assert_eq!(sandbox["uid"], uid);
+    assert_eq!(sandbox["network_isolated"], true);
+    assert!(
+        sandbox["processes_killed"].as_u64().unwrap() >= 2,
+        "{sandbox}"
+    );
+    assert_eq!(sandbox["survivors"], json!([]));
+}
+
+#[test]
+fn without_root_the_sandbox_degrades_and_says_so() {
+    // As root, the runner is started as an unprivileged user; otherwise it already is one.
+    let dir = checkout();
+    let user = is_root().then_some(65534);
+    if let Some(uid) = user {
+        std::os::unix::fs::chown(dir.path(), Some(uid), Some(uid)).unwrap();
+    }
+    let r = run_in(
+        dir.path(),
+        &[
+            (
+                "KERNELBOT_PAYLOAD",
+                payload::encode(&config("escape", "test")).unwrap(),
+            ),
+            ("KERNELBOT_PYTHON", "/usr/bin/python3".into()),
+            ("BUILDKITE_AGENT_ACCESS_TOKEN", "secret-agent-token".into()),
+        ],
+        user,
+    );
+    assert_eq!(r.code, 0, "{}", r.stdout);
+    assert!(
+        r.stdout.contains("Sandbox: user not applied"),
+        "{}",
+        r.stdout
+    );
+    let raw = r.raw.unwrap();
+    let sandbox = &raw["sandbox"];
+    assert_eq!(sandbox["uid"], Value::Null);
+    assert!(
+        sandbox["not_applied"]["user"]
+            .as_str()
+            .unwrap()
+            .contains("not root"),
+        "{sandbox}"
+    );
+    assert_eq!(sandbox["limits"]["processes"], Value::Null);
+    assert_eq!(sandbox["limits"]["core_dumps"], false);
+    // What still holds: a cleared environment, and no process left behind.
+    let test = r.result.unwrap().runs["test"].run.clone().unwrap();
+    assert!(test.passed, "{test:?}");
+    assert!(
+        !sandbox["environment"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v == "BUILDKITE_AGENT_ACCESS_TOKEN")
+    );
+    let pid: i32 = printed(&test.stdout, "child-pid").unwrap().parse().unwrap();
+    assert!(
+        !pid_alive(pid),
+        "the setsid child {pid} outlived the runner"
+    );
 }

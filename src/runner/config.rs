@@ -6,8 +6,11 @@ use serde_json::{Map, Value};
 
 /// Kernelbot's default per-mode timeout (seconds).
 pub const DEFAULT_TIMEOUT_SECS: u64 = 180;
-/// How long the one-off "compile" run of a Python submission may take.
+/// How long one compile (nvcc, or the warm-up run of a Python submission) may take.
 pub const COMPILE_TIMEOUT_SECS: u64 = 300;
+/// No single timeout is longer than the whole evaluation's budget; a larger one is clamped
+/// (and would otherwise overflow the clock).
+pub const MAX_TIMEOUT_SECS: u64 = super::EVALUATION_BUDGET.as_secs();
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct EvalConfig {
@@ -86,8 +89,13 @@ fn timeout(obj: &Map<String, Value>, key: &str) -> Result<u64, String> {
         None | Some(Value::Null) => Ok(DEFAULT_TIMEOUT_SECS),
         Some(v) => v
             .as_u64()
-            .or_else(|| v.as_f64().filter(|f| *f >= 0.0).map(|f| f.ceil() as u64))
+            .or_else(|| {
+                v.as_f64()
+                    .filter(|f| *f >= 0.0)
+                    .map(|f| f.ceil().min(MAX_TIMEOUT_SECS as f64) as u64)
+            })
             .filter(|t| *t > 0)
+            .map(|t| t.min(MAX_TIMEOUT_SECS))
             .ok_or_else(|| format!("{key} must be a positive number of seconds")),
     }
 }
@@ -238,6 +246,18 @@ mod tests {
             ("n: 2\n".to_owned(), DEFAULT_TIMEOUT_SECS)
         );
         assert_eq!(c.seed, Some(7));
+    }
+
+    #[test]
+    fn timeouts_are_clamped_to_the_budget() {
+        let c = EvalConfig::from_json(
+            json!({"lang": "cu", "mode": "test", "sources": {"a.cu": ""},
+            "test_timeout": u64::MAX, "benchmark_timeout": 1e300, "ranked_timeout": 0.5}),
+        )
+        .unwrap();
+        assert_eq!(c.test_timeout, MAX_TIMEOUT_SECS);
+        assert_eq!(c.benchmark_timeout, MAX_TIMEOUT_SECS);
+        assert_eq!(c.ranked_timeout, 1);
     }
 
     #[test]

@@ -4,20 +4,94 @@
 
 use std::collections::BTreeMap;
 use std::path::{Component, Path};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use super::config::{COMPILE_TIMEOUT_SECS, EvalConfig};
 use super::process::run_program;
+use super::sandbox::Sandbox;
 use super::system::{self, python_command};
 use crate::result::{CompileResult, EvalResult, FullResult, RunResult};
 
-/// nvcc flags used when the config names none.
-pub const DEFAULT_CUDA_FLAGS: &[&str] = &[
-    "-std=c++20",
-    "-O3",
-    "--use_fast_math",
+/// Kernelbot's `CUDA_FLAGS` (`consts.py`), the same on every runner, so a kernel's numbers
+/// here compare with the same kernel's on Modal or GitHub. A config's own `compile_flags`
+/// come after them.
+pub const CUDA_FLAGS: &[&str] = &[
+    "--std=c++20",
+    "-DNDEBUG",
     "-Xcompiler=-Wno-psabi",
+    "-Xcompiler=-fno-strict-aliasing",
+    "--expt-extended-lambda",
+    "--expt-relaxed-constexpr",
+    "-forward-unknown-to-host-compiler",
+    "-O3",
+    "-Xnvlink=--verbose",
+    "-Xptxas=--verbose",
+    "-Xptxas=--warn-on-spills",
 ];
+
+/// Interpreters tried, in order, for Python submissions: the first the sandboxed user can run.
+const PYTHONS: &[&str] = &["python", "python3", "/usr/bin/python3"];
+
+/// What every program of one evaluation shares: the sandbox, the time left, the interpreter.
+pub struct Evaluation<'a> {
+    pub sandbox: &'a Sandbox,
+    /// When the whole evaluation's budget runs out.
+    pub until: Instant,
+    python: String,
+}
+
+impl<'a> Evaluation<'a> {
+    pub fn new(sandbox: &'a Sandbox, budget: Duration) -> Self {
+        let until = Instant::now() + budget;
+        let mut e = Self {
+            sandbox,
+            until,
+            python: python_command(),
+        };
+        e.python = e.find_python();
+        e
+    }
+
+    /// `timeout`, or less when the budget has less left.
+    fn clamp(&self, timeout: Duration) -> Duration {
+        timeout.min(self.until.saturating_duration_since(Instant::now()))
+    }
+
+    fn run(
+        &self,
+        args: &[String],
+        dir: &Path,
+        env: &[(&str, String)],
+        timeout: Duration,
+    ) -> RunResult {
+        run_program(self.sandbox, args, dir, env, self.clamp(timeout))
+    }
+
+    /// The configured interpreter if the sandbox can run it, else the first of [`PYTHONS`]
+    /// that it can (a root-only install is out of a sandboxed program's reach).
+    fn find_python(&self) -> String {
+        let Ok(scratch) = self.sandbox.scratch() else {
+            return self.python.clone();
+        };
+        let _ = self.sandbox.hand_over(&scratch.work);
+        std::iter::once(self.python.as_str())
+            .chain(PYTHONS.iter().copied())
+            .find(|p| {
+                let args = [(*p).to_owned(), "--version".to_owned()];
+                run_program(
+                    self.sandbox,
+                    &args,
+                    &scratch.work,
+                    &[],
+                    Duration::from_secs(20),
+                )
+                .exit_code
+                    == 0
+            })
+            .unwrap_or(&self.python)
+            .to_owned()
+    }
+}
 
 /// Naive timestamps like Python's `datetime.isoformat()`, in UTC.
 fn now_iso() -> String {
@@ -50,7 +124,7 @@ fn write_files(dir: &Path, files: &BTreeMap<String, String>) -> Result<(), Strin
 }
 
 /// Runs the whole config and returns what `result.json` holds.
-pub fn run_config(config: &EvalConfig) -> FullResult {
+pub fn run_config(config: &EvalConfig, eval: &Evaluation) -> FullResult {
     let system = system::detect();
     for name in config.sources.keys().chain(config.headers.keys()) {
         if !safe_name(name) {
@@ -65,7 +139,9 @@ pub fn run_config(config: &EvalConfig) -> FullResult {
         }
     }
     let device_count = system.device_count;
-    let runs = run_evaluation(&config.mode, |mode| evaluate(config, mode, device_count));
+    let runs = run_evaluation(&config.mode, |mode| {
+        evaluate(eval, config, mode, device_count)
+    });
     FullResult {
         success: true,
         error: String::new(),
@@ -113,25 +189,31 @@ fn infra_failure(start: String, message: String) -> EvalResult {
     }
 }
 
-/// One evaluation of one mode in a fresh work directory.
-fn evaluate(config: &EvalConfig, mode: &str, device_count: i64) -> EvalResult {
+/// One evaluation of one mode in a fresh scratch directory.
+fn evaluate(eval: &Evaluation, config: &EvalConfig, mode: &str, device_count: i64) -> EvalResult {
     let start = now_iso();
-    let (work, cases_dir) = match (tempfile::tempdir(), tempfile::tempdir()) {
-        (Ok(w), Ok(c)) => (w, c),
-        (Err(e), _) | (_, Err(e)) => {
-            return infra_failure(start, format!("cannot create a work directory: {e}"));
-        }
+    let scratch = match eval.sandbox.scratch() {
+        Ok(s) => s,
+        Err(e) => return infra_failure(start, format!("cannot create a work directory: {e}")),
     };
-    if let Err(e) = write_files(work.path(), &config.sources)
-        .and_then(|()| write_files(work.path(), &config.headers))
-    {
-        return infra_failure(start, e);
-    }
+    let work = scratch.work.as_path();
     let (cases, timeout) = config.cases_for(mode);
-    let cases_path = cases_dir.path().join("cases.txt");
-    if let Err(e) = std::fs::write(&cases_path, cases) {
-        return infra_failure(start, format!("cannot write the cases file: {e}"));
-    }
+    let prepared = write_files(work, &config.sources)
+        .and_then(|()| write_files(work, &config.headers))
+        .and_then(|()| {
+            eval.sandbox
+                .hand_over(work)
+                .map_err(|e| format!("cannot hand the work directory over: {e}"))
+        })
+        .and_then(|()| {
+            scratch
+                .read_only_file("cases.txt", &cases)
+                .map_err(|e| format!("cannot write the cases file: {e}"))
+        });
+    let cases_path = match prepared {
+        Ok(p) => p,
+        Err(e) => return infra_failure(start, e),
+    };
     let mut env: Vec<(&str, String)> = Vec::new();
     if let Some(seed) = config.seed {
         env.push(("POPCORN_SEED", seed.to_string()));
@@ -140,11 +222,15 @@ fn evaluate(config: &EvalConfig, mode: &str, device_count: i64) -> EvalResult {
         env.push(("POPCORN_GPUS", device_count.to_string()));
     }
     let (compilation, program) = if config.lang == "cu" {
-        let compiled = compile_cuda(config, work.path());
+        let compiled = compile_cuda(eval, config, work);
         // Sources go before the user's program runs, as in kernelbot.
-        for name in config.sources.keys().chain(config.headers.keys()) {
-            let _ = std::fs::remove_file(work.path().join(name));
-        }
+        let sources: Vec<_> = config
+            .sources
+            .keys()
+            .chain(config.headers.keys())
+            .map(|name| work.join(name))
+            .collect();
+        eval.sandbox.remove_files(&sources);
         if !compiled.success {
             return EvalResult {
                 start: Some(start),
@@ -156,16 +242,15 @@ fn evaluate(config: &EvalConfig, mode: &str, device_count: i64) -> EvalResult {
         }
         (Some(compiled), vec!["./eval.out".to_owned()])
     } else {
-        let python = python_command();
         (
-            warm_up(config, work.path(), &python),
-            vec![python, config.main.clone().unwrap_or_default()],
+            warm_up(eval, config, work),
+            vec![eval.python.clone(), config.main.clone().unwrap_or_default()],
         )
     };
     let mut args = program;
     args.push(mode.to_owned());
     args.push(cases_path.to_string_lossy().into_owned());
-    let run = run_program(&args, work.path(), &env, Duration::from_secs(timeout));
+    let run = eval.run(&args, work, &env, Duration::from_secs(timeout));
     EvalResult {
         start: Some(start),
         end: Some(now_iso()),
@@ -177,12 +262,12 @@ fn evaluate(config: &EvalConfig, mode: &str, device_count: i64) -> EvalResult {
 
 /// Kernelbot runs `submission.py` once before the evaluation to fill `load_inline`'s build
 /// cache; when that compiled an extension, its output is the compilation result.
-fn warm_up(config: &EvalConfig, dir: &Path, python: &str) -> Option<CompileResult> {
+fn warm_up(eval: &Evaluation, config: &EvalConfig, dir: &Path) -> Option<CompileResult> {
     if !config.sources.contains_key("submission.py") {
         return None;
     }
-    let args = vec![python.to_owned(), "submission.py".to_owned()];
-    let run = run_program(
+    let args = vec![eval.python.clone(), "submission.py".to_owned()];
+    let run = eval.run(
         &args,
         dir,
         &[("POPCORN_SEED", "1".into())],
@@ -213,7 +298,7 @@ fn nvcc_failure(command: &str, stderr: String, exit_code: i64, nvcc_found: bool)
 }
 
 /// Compiles the CUDA sources to `eval.out` with nvcc, if nvcc is there.
-fn compile_cuda(config: &EvalConfig, dir: &Path) -> CompileResult {
+fn compile_cuda(eval: &Evaluation, config: &EvalConfig, dir: &Path) -> CompileResult {
     let nvcc = std::env::var("NVCC").unwrap_or_else(|_| "nvcc".into());
     let version = match std::process::Command::new(&nvcc).arg("--version").output() {
         Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -226,11 +311,8 @@ fn compile_cuda(config: &EvalConfig, dir: &Path) -> CompileResult {
             );
         }
     };
-    let mut flags: Vec<String> = if config.compile_flags.is_empty() {
-        DEFAULT_CUDA_FLAGS.iter().map(|f| (*f).to_owned()).collect()
-    } else {
-        config.compile_flags.clone()
-    };
+    let mut flags: Vec<String> = CUDA_FLAGS.iter().map(|f| (*f).to_owned()).collect();
+    flags.extend(config.compile_flags.iter().cloned());
     flags.extend(config.include_dirs.iter().map(|d| format!("-I{d}")));
     flags.extend(config.libraries.iter().map(|l| format!("-l{l}")));
     for (name, value) in &config.defines {
@@ -274,7 +356,7 @@ fn compile_cuda(config: &EvalConfig, dir: &Path) -> CompileResult {
             .cloned(),
     );
     args.extend([arch, "-o".into(), "eval.out".into()]);
-    let run = run_program(&args, dir, &[], Duration::from_secs(COMPILE_TIMEOUT_SECS));
+    let run = eval.run(&args, dir, &[], Duration::from_secs(COMPILE_TIMEOUT_SECS));
     CompileResult {
         nvcc_found: true,
         nvcc_version: version,

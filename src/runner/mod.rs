@@ -10,14 +10,22 @@ pub mod affinity;
 pub mod config;
 pub mod eval;
 pub mod process;
+pub mod sandbox;
 pub mod system;
 
+use std::io::Write;
 use std::path::Path;
+use std::time::Duration;
 
 use crate::payload::{self, PayloadError};
 use crate::result::FullResult;
 
 pub use config::EvalConfig;
+pub use sandbox::{Sandbox, SandboxReport};
+
+/// The whole evaluation's time: every compile and run of every mode together. The pipeline
+/// step's `timeout_in_minutes` leaves room beyond it for the image pull, cleanup and upload.
+pub const EVALUATION_BUDGET: Duration = Duration::from_secs(16 * 60);
 
 /// The runner's exit codes.
 pub mod exit {
@@ -79,10 +87,12 @@ pub fn run(lookup: &dyn Fn(&str) -> Option<String>, out_dir: &Path) -> i32 {
             Err(e) => eprintln!("Cannot pin to KERNELBOT_CPUSET={cpuset}: {e}"),
         }
     }
+    let sandbox = Sandbox::new(lookup);
     let (result, code) = match read_config(&encoded) {
         Ok(config) => {
             println!("Evaluating: lang={} mode={}", config.lang, config.mode);
-            (eval::run_config(&config), exit::OK)
+            let evaluation = eval::Evaluation::new(&sandbox, EVALUATION_BUDGET);
+            (eval::run_config(&config, &evaluation), exit::OK)
         }
         Err(e) => {
             eprintln!("Cannot read the payload: {e}");
@@ -93,10 +103,7 @@ pub fn run(lookup: &dyn Fn(&str) -> Option<String>, out_dir: &Path) -> i32 {
         }
     };
     let path = out_dir.join(RESULT_FILE);
-    let written = serde_json::to_vec_pretty(&result)
-        .map_err(std::io::Error::other)
-        .and_then(|json| std::fs::write(&path, json));
-    match written {
+    match write_result(out_dir, &result, &sandbox.report()) {
         Ok(()) => {
             println!("Wrote {} (success: {}).", path.display(), result.success);
             code
@@ -106,4 +113,27 @@ pub fn run(lookup: &dyn Fn(&str) -> Option<String>, out_dir: &Path) -> i32 {
             exit::CANNOT_WRITE_RESULT
         }
     }
+}
+
+/// Writes `result.json`: kernelbot's `FullResult` with the sandbox's report beside it. Written
+/// to a new file and renamed into place, so a symlink or file already there is replaced, never
+/// followed or appended to.
+fn write_result(
+    out_dir: &Path,
+    result: &FullResult,
+    sandbox: &SandboxReport,
+) -> std::io::Result<()> {
+    let mut value = serde_json::to_value(result)?;
+    if let Some(object) = value.as_object_mut() {
+        object.insert("sandbox".into(), serde_json::to_value(sandbox)?);
+    }
+    let json = serde_json::to_vec_pretty(&value)?;
+    let mut file = tempfile::Builder::new()
+        .prefix(".result-")
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644))
+        .tempfile_in(out_dir)?;
+    file.write_all(&json)?;
+    file.as_file().sync_all()?;
+    file.persist(out_dir.join(RESULT_FILE))?;
+    Ok(())
 }

@@ -1,14 +1,15 @@
 //! Running one evaluation program the way kernelbot's `run_program` does: a pipe whose write
 //! end the program finds in `POPCORN_FD` for its `key: value` verdict lines, captured and
-//! capped stdout/stderr, and a timeout that kills the program's whole process group.
+//! capped stdout/stderr, and a timeout; the program runs in the runner's [`Sandbox`].
 
 use std::io::Read;
 use std::os::fd::AsRawFd;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use super::sandbox::Sandbox;
 use crate::result::{RunResult, exit_code};
 
 /// Kernelbot keeps at most this much of each output stream.
@@ -84,13 +85,6 @@ fn quote(args: &[String]) -> String {
     shlex::try_join(args.iter().map(String::as_str)).unwrap_or_else(|_| args.join(" "))
 }
 
-fn kill_group(pgid: u32) {
-    // SAFETY: plain syscall; a group that is already gone answers ESRCH, which is fine.
-    unsafe {
-        libc::killpg(pgid as libc::pid_t, libc::SIGKILL);
-    }
-}
-
 /// Parses the verdict pipe: `key: value` lines (kernelbot's `line.partition(":")`).
 pub fn parse_verdict(text: &str) -> std::collections::BTreeMap<String, serde_json::Value> {
     text.lines()
@@ -102,8 +96,10 @@ pub fn parse_verdict(text: &str) -> std::collections::BTreeMap<String, serde_jso
         .collect()
 }
 
-/// Runs `args` in `dir` with `env` added, and returns kernelbot's `RunResult`.
+/// Runs `args` in `dir` inside `sandbox` with `env` added, and returns kernelbot's
+/// `RunResult`. Every process the program started is gone when this returns.
 pub fn run_program(
+    sandbox: &Sandbox,
     args: &[String],
     dir: &Path,
     env: &[(&str, String)],
@@ -125,9 +121,8 @@ pub fn run_program(
         Err(e) => return failed(format!("cannot create the result pipe: {e}"), -1),
     };
     let fd = writer.as_raw_fd();
-    let mut cmd = Command::new(program);
+    let mut cmd = sandbox.command(program, dir);
     cmd.args(rest)
-        .current_dir(dir)
         .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
         .env("POPCORN_FD", fd.to_string())
         .stdin(Stdio::null())
@@ -179,18 +174,18 @@ pub fn run_program(
     }
     drop(tx);
 
-    let deadline = started + timeout;
     let status = loop {
         match child.try_wait() {
             Ok(Some(status)) => break Some(status),
-            Ok(None) if Instant::now() >= deadline => break None,
+            Ok(None) if started.elapsed() >= timeout => break None,
             Ok(None) => std::thread::sleep(Duration::from_millis(10)),
             Err(_) => break None,
         }
     };
     let duration = started.elapsed().as_secs_f64();
-    // Whatever the program left behind (daemons, background jobs) goes too.
-    kill_group(pgid);
+    // Whatever the program left behind (daemons, background jobs) goes too, and on a
+    // timeout the program itself. Its zombie may be reaped there, so `wait` may find none.
+    sandbox.end_processes(pgid);
     if status.is_none() {
         let _ = child.wait();
     }
