@@ -149,6 +149,10 @@ fn a_two_gpu_nvidia_node_gets_two_isolated_agents() {
         )));
         assert!(cfg.contains(&format!("name=\"gpunode-gpu{idx}\"")));
         assert!(cfg.contains("token=\"agent-token-123\""));
+        assert!(
+            cfg.contains("no-local-hooks=true"),
+            "no hooks from a checkout"
+        );
         assert_eq!(
             mode(
                 root.path(),
@@ -194,9 +198,17 @@ fn a_two_gpu_nvidia_node_gets_two_isolated_agents() {
         ("KERNELBOT_MEMORY", "32g"),
         ("BUILDKITE_PLUGIN_DOCKER_CPUS", "8"),
         ("BUILDKITE_PLUGIN_DOCKER_MEMORY", "32g"),
+        ("BUILDKITE_PLUGIN_DOCKER_MEMORY_SWAP", "32g"),
+        ("BUILDKITE_CLEAN_CHECKOUT", "true"),
+        ("KERNELBOT_PIDS_LIMIT", "8192"),
     ] {
         assert_eq!(env.get(k).map(String::as_str), Some(v), "{k}");
     }
+    assert!(
+        env["PATH"].starts_with("/usr/local/lib/kernelbot/bin:"),
+        "the docker wrapper comes first: {}",
+        env["PATH"]
+    );
     assert!(!env.contains_key("ROCR_VISIBLE_DEVICES"));
 }
 
@@ -211,6 +223,7 @@ fn an_eight_gpu_amd_node_binds_rocm_devices() {
             ("QUEUE", "mi300"),
             ("NODE_CPUS", "128"),
             ("NODE_MEMORY_GB", "1032"),
+            ("RENDER_NODES", RENDER_NODES),
         ],
     );
     assert_eq!(s.code, 0, "{}", s.output);
@@ -227,7 +240,12 @@ fn an_eight_gpu_amd_node_binds_rocm_devices() {
         assert_eq!(env["HIP_VISIBLE_DEVICES"], idx.to_string());
         assert_eq!(env["KERNELBOT_CPUSET"], cpuset);
         assert_eq!(env["BUILDKITE_PLUGIN_DOCKER_DEVICES_0"], "/dev/kfd");
-        assert_eq!(env["BUILDKITE_PLUGIN_DOCKER_DEVICES_1"], "/dev/dri");
+        // Only this GPU's render node, not /dev/dri with every GPU of the node.
+        assert_eq!(
+            env["BUILDKITE_PLUGIN_DOCKER_DEVICES_1"],
+            format!("/dev/dri/renderD{}", 128 + idx)
+        );
+        assert!(!env.contains_key("BUILDKITE_PLUGIN_DOCKER_DEVICES_2"));
         assert!(
             !env.contains_key("NVIDIA_VISIBLE_DEVICES")
                 && !env.contains_key("BUILDKITE_PLUGIN_DOCKER_GPUS")
@@ -242,6 +260,122 @@ fn an_eight_gpu_amd_node_binds_rocm_devices() {
         );
     }
     assert!(!root.path().join("etc/buildkite-agent/agent-8").exists());
+
+    // Fewer render nodes than GPUs: nothing is set up, and the reason is given.
+    let other = tempfile::tempdir().unwrap();
+    let short = setup(
+        other.path(),
+        tools.path(),
+        &[
+            ("QUEUE", "mi300"),
+            ("NODE_CPUS", "128"),
+            ("NODE_MEMORY_GB", "1032"),
+            ("RENDER_NODES", "renderD128 renderD129"),
+        ],
+    );
+    assert_ne!(short.code, 0);
+    assert!(
+        short.output.contains("found 2 render node(s) for 8 GPUs"),
+        "{}",
+        short.output
+    );
+    assert!(!other.path().join("etc").exists());
+}
+
+const RENDER_NODES: &str =
+    "renderD128 renderD129 renderD130 renderD131 renderD132 renderD133 renderD134 renderD135";
+
+/// The wrapper setup-node.sh installs, called the way the docker plugin calls docker, with
+/// the agent's hook sourced and a stub standing in for the real docker.
+fn wrapped_docker(root: &Path, idx: usize, args: &[&str]) -> (i32, String) {
+    let stub = tempfile::tempdir().unwrap();
+    let real = stub.path().join("docker");
+    std::fs::write(&real, "#!/bin/sh\nprintf '%s\\n' \"$@\"\n").unwrap();
+    std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let hook = root.join(format!("etc/buildkite-agent/agent-{idx}/hooks/environment"));
+    let wrapper = root.join("usr/local/lib/kernelbot/bin/docker");
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "source {} && exec {} \"$@\"",
+            hook.display(),
+            wrapper.display()
+        ))
+        .arg("docker")
+        .args(args)
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("KERNELBOT_REAL_DOCKER", &real)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+    )
+}
+
+#[test]
+fn the_docker_wrapper_adds_the_cpu_set_and_pids_limit_and_refuses_the_host() {
+    let root = tempfile::tempdir().unwrap();
+    let tools = stubs(2, 0);
+    let vars = [
+        ("QUEUE", "h100"),
+        ("NODE_CPUS", "16"),
+        ("NODE_MEMORY_GB", "72"),
+        ("PIDS_LIMIT", "2048"),
+    ];
+    assert_eq!(setup(root.path(), tools.path(), &vars).code, 0);
+    assert_eq!(
+        mode(root.path(), "/usr/local/lib/kernelbot/bin/docker"),
+        0o755
+    );
+    let (code, args) = wrapped_docker(
+        root.path(),
+        1,
+        &[
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            "image",
+            "kernelbot-runner",
+        ],
+    );
+    assert_eq!(code, 0, "{args}");
+    assert_eq!(
+        args.lines().collect::<Vec<_>>(),
+        [
+            "run",
+            "--cpuset-cpus=8-15",
+            "--pids-limit=2048",
+            "--rm",
+            "--network",
+            "none",
+            "image",
+            "kernelbot-runner"
+        ]
+    );
+    // Anything but run/create passes through untouched.
+    let (code, args) = wrapped_docker(root.path(), 0, &["pull", "image"]);
+    assert_eq!((code, args.as_str()), (0, "pull\nimage\n"));
+    for bad in [
+        &["run", "--privileged", "image"][..],
+        &["run", "--network", "host", "image"],
+        &["run", "--pid=host", "image"],
+        &["create", "--ipc", "host", "image"],
+    ] {
+        let (code, out) = wrapped_docker(root.path(), 0, bad);
+        assert_eq!(code, 125, "{bad:?}: {out}");
+        assert!(out.contains("refusing"), "{out}");
+    }
+    // Outside an agent's hook (no CPU set), nothing runs.
+    let out = Command::new(root.path().join("usr/local/lib/kernelbot/bin/docker"))
+        .args(["run", "image"])
+        .env_clear()
+        .env("KERNELBOT_REAL_DOCKER", "/bin/true")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(125));
 }
 
 #[test]
@@ -255,7 +389,7 @@ fn running_setup_twice_changes_nothing() {
     ];
     let first = setup(root.path(), tools.path(), &vars);
     assert!(
-        first.output.contains("done: 12 change(s)"),
+        first.output.contains("done: 13 change(s)"),
         "{}",
         first.output
     );
@@ -339,14 +473,12 @@ fn the_pipeline_runs_the_runner_on_the_submitted_queue() {
             .unwrap()
             .contains("${KERNELBOT_QUEUE")
     );
+    // The evaluation's whole budget fits the step, with room for pull, cleanup and upload.
+    let step_secs = step["timeout_in_minutes"].as_u64().unwrap() * 60;
     assert!(
-        step["artifact_paths"]
-            .as_sequence()
-            .unwrap()
-            .iter()
-            .any(|a| a.as_str() == Some("result.json"))
+        step_secs >= kernelbot_dispatch::runner::EVALUATION_BUDGET.as_secs() + 180,
+        "a {step_secs} s step cannot hold the runner's budget"
     );
-    assert!(step["timeout_in_minutes"].as_u64().unwrap() > 0);
     let mut retried: Vec<i64> = step["retry"]["automatic"]
         .as_sequence()
         .unwrap()
@@ -366,6 +498,56 @@ fn the_pipeline_runs_the_runner_on_the_submitted_queue() {
     for key in ["runtime", "gpus", "cpus", "memory"] {
         assert!(cfg.get(key).is_none(), "pipeline must not set {key}");
     }
+    // Isolation: nothing of the checkout in the container, only an output directory (which
+    // is what the agent uploads and where the runner writes), no network, no privileges.
+    for (key, value) in [
+        ("mount-checkout", Value::Bool(false)),
+        ("mount-buildkite-agent", Value::Bool(false)),
+        ("propagate-environment", Value::Bool(false)),
+        ("network", Value::from("none")),
+        ("init", Value::Bool(true)),
+    ] {
+        assert_eq!(cfg[key], value, "{key}");
+    }
+    for key in ["privileged", "mount-ssh-agent", "propagate-aws-auth-tokens"] {
+        assert!(
+            cfg.get(key).is_none_or(|v| v == &Value::Bool(false)),
+            "{key}"
+        );
+    }
+    let strings = |key: &str| -> Vec<String> {
+        cfg[key]
+            .as_sequence()
+            .map(|s| {
+                s.iter()
+                    .filter_map(|v| v.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    assert_eq!(strings("volumes"), ["./kernelbot-out:/out"]);
+    let artifact = step["artifact_paths"][0].as_str().unwrap();
+    let (host_dir, container_dir) = strings("volumes")[0]
+        .split_once(':')
+        .map(|(h, c)| (h.trim_start_matches("./").to_owned(), c.to_owned()))
+        .unwrap();
+    assert_eq!(
+        artifact,
+        format!("{host_dir}/result.json"),
+        "the agent uploads what the runner wrote"
+    );
+    assert_eq!(
+        cfg["workdir"].as_str(),
+        Some(container_dir.as_str()),
+        "the runner writes result.json to its working directory"
+    );
+    assert!(strings("security-opts").contains(&"no-new-privileges:true".to_owned()));
+    assert_eq!(strings("drop-caps"), ["ALL"]);
+    assert_eq!(
+        strings("add-caps"),
+        ["CHOWN", "DAC_OVERRIDE", "KILL", "SETGID", "SETUID"],
+        "only what switching users needs"
+    );
     let passed: Vec<&str> = cfg["environment"]
         .as_sequence()
         .unwrap()

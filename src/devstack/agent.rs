@@ -1,6 +1,7 @@
 //! A local stand-in for a GPU agent: runs the pipeline step's command (from
-//! `infra/buildkite/pipeline.yml`) in a fresh checkout directory with the build's env, the
-//! way the agent would inside the runner image, and hands back the `result.json` it wrote.
+//! `infra/buildkite/pipeline.yml`) in the output directory of a fresh checkout with only the
+//! build's env, the way the agent would inside the runner image, and hands back the
+//! `result.json` it wrote.
 //! No Docker and no GPU: Python submissions run on this machine.
 
 use std::collections::BTreeMap;
@@ -23,6 +24,22 @@ pub fn step_command() -> Option<String> {
     })
 }
 
+/// Where the step leaves `result.json`, relative to the checkout: its artifact path. The
+/// container's working directory is that path's directory, mounted from the checkout.
+pub fn step_artifact() -> Option<String> {
+    let mut lines = PIPELINE
+        .lines()
+        .skip_while(|l| l.trim() != "artifact_paths:");
+    lines.next()?;
+    let value = lines
+        .next()?
+        .trim()
+        .strip_prefix("- ")?
+        .trim()
+        .trim_matches('"');
+    (!value.is_empty()).then(|| value.to_owned())
+}
+
 /// An agent that runs the step with `runner` standing in for the image's `kernelbot-runner`.
 pub fn local_agent(runner: PathBuf) -> StepRunner {
     Arc::new(
@@ -39,7 +56,12 @@ pub fn local_agent(runner: PathBuf) -> StepRunner {
 fn run_step(runner: &Path, env: &BTreeMap<String, String>) -> std::io::Result<StepOutcome> {
     let command =
         step_command().ok_or_else(|| std::io::Error::other("pipeline.yml has no step command"))?;
+    let artifact = step_artifact()
+        .ok_or_else(|| std::io::Error::other("pipeline.yml has no artifact path"))?;
     let checkout = tempfile::tempdir()?;
+    let result = checkout.path().join(&artifact);
+    let out_dir = result.parent().unwrap_or(checkout.path());
+    std::fs::create_dir_all(out_dir)?;
     let bin = tempfile::tempdir()?;
     std::os::unix::fs::symlink(runner, bin.path().join(RUNNER_COMMAND))?;
     let path = format!(
@@ -47,16 +69,18 @@ fn run_step(runner: &Path, env: &BTreeMap<String, String>) -> std::io::Result<St
         bin.path().display(),
         std::env::var("PATH").unwrap_or_default()
     );
+    // Like the container: the build's env and a PATH, nothing of this process's own.
     let status = Command::new("sh")
         .arg("-c")
         .arg(&command)
-        .current_dir(checkout.path())
+        .current_dir(out_dir)
+        .env_clear()
         .envs(env)
         .env("PATH", path)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .status()?;
-    let result = std::fs::read(checkout.path().join("result.json")).ok();
+    let result = std::fs::read(&result).ok();
     Ok(StepOutcome {
         passed: status.success(),
         result,
@@ -70,5 +94,9 @@ mod tests {
     #[test]
     fn the_pipeline_step_runs_the_runner() {
         assert_eq!(step_command().as_deref(), Some(RUNNER_COMMAND));
+        assert_eq!(
+            step_artifact().as_deref(),
+            Some("kernelbot-out/result.json")
+        );
     }
 }
