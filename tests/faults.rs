@@ -217,6 +217,61 @@ pub async fn incompressible_result(kind: StoreKind) {
     assert_eq!(app.buildkite.storage_downloads(), 1);
 }
 
+/// Storage refuses the download with its own error document: the report says which status,
+/// and nothing of the document reaches Discord.
+pub async fn storage_error_body_stays_out_of_discord(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    app.submit(&submission("expired-link")).await;
+    app.buildkite.fail_storage(
+        403,
+        "<?xml version=\"1.0\"?><Error><Code>AccessDenied</Code><Message>Request has expired</Message><RequestId>9F2B7C</RequestId><HostId>internal-bucket-host</HostId></Error>",
+    );
+    assert_eq!(
+        app.finish(1, "passed", Some(sample_result(false))).await,
+        StatusCode::OK
+    );
+    let job = app.job("expired-link").await;
+    assert_eq!(job.state, JobState::Finished);
+    assert_eq!(job.outcome.as_ref().unwrap().verdict, Verdict::Error);
+    let text = app.discord_text();
+    assert!(
+        text.contains(
+            "result.json could not be downloaded: artifact storage refused the download (HTTP 403)"
+        ),
+        "{text}"
+    );
+    for leaked in [
+        "AccessDenied",
+        "expired",
+        "9F2B7C",
+        "internal-bucket-host",
+        "<Error",
+    ] {
+        assert!(!text.contains(leaked), "{leaked:?} reached Discord: {text}");
+    }
+
+    // Buildkite's own error page on the download: its status, not its HTML.
+    app.submit(&submission("error-page")).await;
+    app.buildkite.fail_download_page(
+        410,
+        "<html><body><h1>Gone</h1><p>artifact purged by retention policy at edge-node-7</p></body></html>",
+    );
+    assert_eq!(
+        app.finish(2, "passed", Some(sample_result(false))).await,
+        StatusCode::OK
+    );
+    let text = app.discord_text();
+    assert!(
+        text.contains(
+            "result.json could not be downloaded: Buildkite refused the request (HTTP 410)"
+        ),
+        "{text}"
+    );
+    for leaked in ["<html", "Gone", "retention", "edge-node-7"] {
+        assert!(!text.contains(leaked), "{leaked:?} reached Discord: {text}");
+    }
+}
+
 /// A signed `build.running` replayed with the header `build.finished`: refused, nothing moves.
 pub async fn forged_event_header(kind: StoreKind) {
     let app = TestApp::spawn(kind).await;
@@ -618,6 +673,10 @@ macro_rules! faults {
         #[tokio::test]
         async fn an_incompressible_2mb_result_is_stored_reported_and_read_once() {
             incompressible_result($kind).await
+        }
+        #[tokio::test]
+        async fn a_storage_error_body_never_reaches_discord() {
+            storage_error_body_stays_out_of_discord($kind).await
         }
         #[tokio::test]
         async fn an_event_header_that_disagrees_with_the_signed_body_is_refused() {

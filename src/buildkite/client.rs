@@ -50,6 +50,21 @@ pub enum BuildkiteError {
 }
 
 impl BuildkiteError {
+    /// A fixed sentence for people (Discord): a status code at most, never the other side's
+    /// text (error pages, storage error bodies), which stays in the logs.
+    pub fn public(&self) -> String {
+        match self {
+            Self::Rejected { status, .. } => {
+                format!("Buildkite refused the request (HTTP {status})")
+            }
+            Self::RateLimited { .. } => "Buildkite's rate limit was reached".into(),
+            Self::Unavailable(_) => "Buildkite could not be reached".into(),
+            Self::Unconfirmed(_) => "Buildkite did not confirm the build".into(),
+            Self::Protocol(_) => "Buildkite gave an answer that could not be read".into(),
+            Self::TooLarge | Self::OverBudget | Self::Storage { .. } => self.to_string(),
+        }
+    }
+
     /// Whether the error says the pipeline (token, org or slug) is wrong rather than one build.
     pub fn is_misconfiguration(&self) -> bool {
         matches!(

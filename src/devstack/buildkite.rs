@@ -93,6 +93,10 @@ struct Inner {
     /// Reads under one build's path answer these statuses first.
     build_read_failures: std::collections::HashMap<u64, VecDeque<u16>>,
     storage_auth_rejections: usize,
+    /// What storage answers every download with, when set: status and body.
+    storage_failure: Option<(u16, String)>,
+    /// What the artifact download endpoint answers, when set: status and body (HTML, say).
+    download_failure: Option<(u16, String)>,
     storage_downloads: usize,
     api_calls: Vec<String>,
     autorun: Option<AutoRun>,
@@ -182,6 +186,8 @@ impl BuildkiteStandin {
             read_failures: VecDeque::new(),
             build_read_failures: std::collections::HashMap::new(),
             storage_auth_rejections: 0,
+            storage_failure: None,
+            download_failure: None,
             storage_downloads: 0,
             api_calls: Vec::new(),
             autorun: None,
@@ -305,6 +311,16 @@ impl BuildkiteStandin {
     /// The next REST reads answer these statuses.
     pub fn fail_reads(&self, statuses: &[u16]) {
         self.lock().read_failures.extend(statuses);
+    }
+
+    /// Storage answers every download with `status` and `body` (an S3 error document, say).
+    pub fn fail_storage(&self, status: u16, body: &str) {
+        self.lock().storage_failure = Some((status, body.to_owned()));
+    }
+
+    /// The artifact download endpoint answers `status` with `body` instead of its 302.
+    pub fn fail_download_page(&self, status: u16, body: &str) {
+        self.lock().download_failure = Some((status, body.to_owned()));
     }
 
     /// Storage requests refused because they carried an `Authorization` header.
@@ -819,6 +835,10 @@ async fn download(
     {
         return bk_error(StatusCode::NOT_FOUND, "Not Found");
     }
+    if let Some((status, body)) = s.download_failure.clone() {
+        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::NOT_FOUND);
+        return (status, [(header::CONTENT_TYPE, "text/html")], body).into_response();
+    }
     let url = format!(
         "{}/storage/{id}?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Expires=60&X-Amz-Signature=abc123",
         s.base
@@ -843,6 +863,10 @@ async fn storage(State(inner): State<Shared>, Path(id): Path<String>, req: Reque
             xml,
         )
             .into_response();
+    }
+    if let Some((status, body)) = s.storage_failure.clone() {
+        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::FORBIDDEN);
+        return (status, [(header::CONTENT_TYPE, "application/xml")], body).into_response();
     }
     let bytes = s
         .builds

@@ -29,6 +29,17 @@ enum FetchError {
     Buildkite(#[from] BuildkiteError),
 }
 
+impl FetchError {
+    /// What the report says: fixed texts, the details stay in the logs.
+    fn public(&self) -> String {
+        match self {
+            Self::Missing => self.to_string(),
+            Self::Unreadable(_) => "result.json could not be read".into(),
+            Self::Buildkite(e) => format!("result.json could not be downloaded: {}", e.public()),
+        }
+    }
+}
+
 impl Dispatcher {
     /// Handles a verified Buildkite webhook event.
     pub async fn on_event(
@@ -164,7 +175,7 @@ impl Dispatcher {
             )) => return Err(e.into()),
             Err(e) => {
                 info!(error = %e, "no usable result.json");
-                (None, Some(e.to_string()))
+                (None, Some(e.public()))
             }
         };
         Ok(Outcome::judge(&state, result, error))

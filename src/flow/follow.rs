@@ -106,7 +106,10 @@ impl Dispatcher {
                 Outcome::decided(
                     build.final_state(),
                     Verdict::Error,
-                    format!("the result could not be read before the job's maximum age: {e}"),
+                    format!(
+                        "the result could not be read before the job's maximum age: {}",
+                        e.public()
+                    ),
                 )
             }
             Err(e) => return Err(e),

@@ -143,7 +143,14 @@ impl Dispatcher {
             }
             Creating::Refused(source) => {
                 warn!(error = %source, "Buildkite refused the build");
-                let t = Transition::to(JobState::Failed, now).with_failure(source.to_string());
+                // The report names the status only; Buildkite's own text is in the log line above.
+                let reason = match &source {
+                    BuildkiteError::Rejected { status, .. } => {
+                        format!("Buildkite refused the build (HTTP {status})")
+                    }
+                    other => other.public(),
+                };
+                let t = Transition::to(JobState::Failed, now).with_failure(reason);
                 let job = update(self.store.as_ref(), &job.run_id, |j| j.apply(&t))
                     .await?
                     .job()
