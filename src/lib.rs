@@ -15,6 +15,7 @@ pub mod payload;
 pub mod result;
 pub mod retry;
 pub mod runner;
+pub mod secrets;
 pub mod server;
 pub mod submission;
 pub mod telemetry;

@@ -11,7 +11,6 @@ use hmac::{Hmac, KeyInit, Mac};
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 use sha2::Sha256;
-use subtle::ConstantTimeEq;
 
 use super::model::{Build, BuildJob};
 
@@ -114,7 +113,7 @@ impl WebhookAuth {
                 let ok = self
                     .secrets
                     .iter()
-                    .any(|s| bool::from(s.expose_secret().as_bytes().ct_eq(token.as_bytes())));
+                    .any(|s| crate::secrets::same(s.expose_secret().as_bytes(), token.as_bytes()));
                 if ok {
                     Ok(())
                 } else {

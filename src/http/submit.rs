@@ -9,7 +9,6 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use secrecy::ExposeSecret;
 use serde_json::{Value, json};
-use subtle::ConstantTimeEq;
 
 use super::{ApiError, deadline_of, healthz, read_body};
 use crate::flow::{Canceled, Dispatcher, Submitted};
@@ -35,13 +34,10 @@ fn authorize(d: &Dispatcher, headers: &HeaderMap) -> Result<(), ApiError> {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .ok_or(ApiError::Unauthorized)?;
-    let ok = d.config.submit_tokens.iter().any(|t| {
-        bool::from(
-            t.expose_secret()
-                .as_bytes()
-                .ct_eq(presented.trim().as_bytes()),
-        )
-    });
+    let ok =
+        d.config.submit_tokens.iter().any(|t| {
+            crate::secrets::same(t.expose_secret().as_bytes(), presented.trim().as_bytes())
+        });
     if ok {
         Ok(())
     } else {

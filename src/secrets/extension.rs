@@ -1,0 +1,157 @@
+//! Reads our secrets from AWS Secrets Manager through the AWS Parameters and Secrets Lambda
+//! extension: plain HTTP on localhost, so no AWS SDK for it in the binaries, and no secret in
+//! plain text in the functions' configuration.
+//!
+//! `KERNELBOT_SECRET_ID` names one secret whose `SecretString` is a JSON object holding any
+//! of [`KEYS`]. A key that is also set in the environment keeps the environment's value
+//! (local runs and tests). The extension answers only during an invocation, so the functions
+//! read it on their first one and keep what they read.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use secrecy::{ExposeSecret, SecretString};
+use serde::Deserialize;
+
+use crate::retry::{Again, Deadline, Policy, Transient};
+
+/// The variable naming the secret (its name or ARN).
+pub const SECRET_ID_VAR: &str = "KERNELBOT_SECRET_ID";
+/// The extension's documented default port.
+pub const DEFAULT_PORT: u16 = 2773;
+/// What the secret may hold; anything else in it is ignored.
+pub const KEYS: &[&str] = &[
+    "BUILDKITE_API_TOKEN",
+    "BUILDKITE_WEBHOOK_SECRET",
+    "SUBMIT_API_TOKEN",
+    "DISCORD_WEBHOOK_URL",
+    "CALLBACK_SECRET",
+];
+/// The extension runs beside us: a slow answer is a stuck one.
+const CALL_TIMEOUT: Duration = Duration::from_secs(3);
+
+#[derive(Debug, thiserror::Error)]
+pub enum SecretsError {
+    #[error("AWS_SESSION_TOKEN is not set, and the secrets extension requires it")]
+    MissingSessionToken,
+    #[error("PARAMETERS_SECRETS_EXTENSION_HTTP_PORT={0:?} is not a port")]
+    BadPort(String),
+    #[error("the secrets extension could not be reached")]
+    Unreachable(#[source] reqwest::Error),
+    #[error("the secrets extension answered HTTP {status} for secret {secret_id}")]
+    Refused { status: u16, secret_id: String },
+    #[error("secret {secret_id} is not a JSON object of strings")]
+    Malformed { secret_id: String },
+}
+
+impl Transient for SecretsError {
+    fn again(&self) -> Again {
+        match self {
+            // The extension may still be starting, or Secrets Manager briefly unavailable.
+            Self::Unreachable(_) => Again::After(None),
+            Self::Refused { status, .. } if *status >= 500 || *status == 429 => Again::After(None),
+            _ => Again::Never,
+        }
+    }
+}
+
+/// The extension's answer: Secrets Manager's `GetSecretValue` response.
+#[derive(Deserialize)]
+struct SecretValue {
+    #[serde(rename = "SecretString")]
+    secret_string: Option<String>,
+}
+
+/// Our secrets from the extension; empty when `KERNELBOT_SECRET_ID` is not set.
+pub async fn load(
+    lookup: &(dyn Fn(&str) -> Option<String> + Sync),
+) -> Result<BTreeMap<String, SecretString>, SecretsError> {
+    let present = |k: &str| lookup(k).filter(|v| !v.trim().is_empty());
+    let Some(secret_id) = present(SECRET_ID_VAR) else {
+        return Ok(BTreeMap::new());
+    };
+    let session_token = present("AWS_SESSION_TOKEN").ok_or(SecretsError::MissingSessionToken)?;
+    let port = match present("PARAMETERS_SECRETS_EXTENSION_HTTP_PORT") {
+        None => DEFAULT_PORT,
+        Some(p) => p.trim().parse().map_err(|_| SecretsError::BadPort(p))?,
+    };
+    let mut url = url::Url::parse(&format!("http://localhost:{port}/secretsmanager/get"))
+        .map_err(|_| SecretsError::BadPort(port.to_string()))?;
+    url.query_pairs_mut().append_pair("secretId", &secret_id);
+    let client = reqwest::Client::builder()
+        .timeout(CALL_TIMEOUT)
+        .build()
+        .map_err(SecretsError::Unreachable)?;
+    let policy = Policy {
+        attempts: 5,
+        base: Duration::from_millis(100),
+        ..Policy::default()
+    };
+    let body = policy
+        .run(
+            Deadline::after(Duration::from_secs(20)),
+            "secrets extension",
+            || fetch(&client, &url, &session_token, &secret_id),
+        )
+        .await?;
+    let malformed = || SecretsError::Malformed {
+        secret_id: secret_id.clone(),
+    };
+    let value: SecretValue = serde_json::from_slice(&body).map_err(|_| malformed())?;
+    let fields: BTreeMap<String, serde_json::Value> =
+        serde_json::from_str(&value.secret_string.ok_or_else(malformed)?)
+            .map_err(|_| malformed())?;
+    let mut secrets = BTreeMap::new();
+    for key in KEYS {
+        match fields.get(*key) {
+            None => {}
+            Some(serde_json::Value::String(v)) => {
+                secrets.insert((*key).to_owned(), SecretString::from(v.clone()));
+            }
+            Some(_) => return Err(malformed()),
+        }
+    }
+    tracing::info!(
+        secret = %secret_id,
+        keys = ?secrets.keys().collect::<Vec<_>>(),
+        "read secrets through the extension"
+    );
+    Ok(secrets)
+}
+
+async fn fetch(
+    client: &reqwest::Client,
+    url: &url::Url,
+    session_token: &str,
+    secret_id: &str,
+) -> Result<Vec<u8>, SecretsError> {
+    let resp = client
+        .get(url.clone())
+        .header("X-Aws-Parameters-Secrets-Token", session_token)
+        .send()
+        .await
+        .map_err(SecretsError::Unreachable)?;
+    let status = resp.status();
+    if !status.is_success() {
+        return Err(SecretsError::Refused {
+            status: status.as_u16(),
+            secret_id: secret_id.to_owned(),
+        });
+    }
+    resp.bytes()
+        .await
+        .map(|b| b.to_vec())
+        .map_err(SecretsError::Unreachable)
+}
+
+/// `lookup` first, then the secrets read through the extension.
+pub fn overlay(
+    lookup: impl Fn(&str) -> Option<String>,
+    secrets: BTreeMap<String, SecretString>,
+) -> impl Fn(&str) -> Option<String> {
+    move |name| {
+        lookup(name)
+            .filter(|v| !v.trim().is_empty())
+            .or_else(|| secrets.get(name).map(|s| s.expose_secret().to_owned()))
+    }
+}
