@@ -1,6 +1,8 @@
 //! The binaries as a user runs them: the README's local command, and start-up checks.
 
-use std::process::Command;
+use std::io::{BufRead, Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::process::{Command, Stdio};
 
 #[test]
 fn the_local_run_finishes_a_job_and_prints_its_report() {
@@ -26,13 +28,26 @@ fn the_local_run_finishes_a_job_and_prints_its_report() {
         dir.path().join("jobs.sqlite3").exists(),
         "the embedded store was used"
     );
+    // A fresh random submit token, printed and written owner-only for scripts.
+    let token = std::fs::read_to_string(dir.path().join("submit-token")).unwrap();
+    let token = token.trim();
+    assert!(
+        token.len() == 64 && token.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{token}"
+    );
+    assert!(stdout.contains(&format!("Bearer {token}")), "{stdout}");
+    let mode = std::fs::metadata(dir.path().join("submit-token"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
     // The run id is on the job's log lines; no secret is on any line.
     assert!(logs.contains("run_id"), "{logs}");
     for secret in [
         "local-demo-token",
         "local-bk-token",
         "local-webhook-secret",
-        "local-submit-token",
+        token,
     ] {
         assert!(!logs.contains(secret), "{secret} appeared in the logs");
     }
@@ -147,4 +162,76 @@ fn the_sweep_makes_one_pass_and_prints_a_summary() {
          0 builds created, 0 creates deferred, 0 reports sent, 0 reports pending, 0 errors; \
          0 Buildkite calls"
     );
+}
+
+/// One raw HTTP/1.1 request; the answer's status line and body.
+fn http(port: u16, host: &str, path: &str, token: &str) -> String {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    answer
+}
+
+#[test]
+fn serve_takes_the_token_from_the_environment_and_answers_only_to_localhost() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_local"))
+        .arg("--serve")
+        .env("KERNELBOT_DATA_DIR", dir.path())
+        .env("SUBMIT_API_TOKEN", "token-chosen-by-the-user")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("local starts");
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut submit = None;
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        if let Some(rest) = line.strip_prefix("submit   http://127.0.0.1:") {
+            submit = rest
+                .split_whitespace()
+                .next()
+                .and_then(|p| p.parse::<u16>().ok());
+        }
+        if line.starts_with("Serving until Ctrl-C") {
+            break;
+        }
+    }
+    let port = submit.expect("the submit URL was printed");
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("submit-token"))
+            .unwrap()
+            .trim(),
+        "token-chosen-by-the-user"
+    );
+    let local = format!("127.0.0.1:{port}");
+    let rebound = http(
+        port,
+        &format!("attacker.example:{port}"),
+        "/submissions/nope",
+        "token-chosen-by-the-user",
+    );
+    let known = http(
+        port,
+        &local,
+        "/submissions/nope",
+        "token-chosen-by-the-user",
+    );
+    let wrong = http(
+        port,
+        &format!("localhost:{port}"),
+        "/submissions/nope",
+        "guess",
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(rebound.starts_with("HTTP/1.1 421"), "{rebound}");
+    assert!(rebound.contains("wrong_host"), "{rebound}");
+    assert!(known.starts_with("HTTP/1.1 404"), "{known}");
+    assert!(wrong.starts_with("HTTP/1.1 401"), "{wrong}");
 }

@@ -5,6 +5,7 @@
 //! `--serve` keeps everything running afterwards so you can submit more with curl.
 
 use std::collections::BTreeMap;
+use std::os::unix::fs::OpenOptionsExt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -12,13 +13,13 @@ use kernelbot_dispatch::config::{Config, Role};
 use kernelbot_dispatch::devstack::agent::{RUNNER_COMMAND, local_agent};
 use kernelbot_dispatch::devstack::buildkite::BuildkiteStandin;
 use kernelbot_dispatch::devstack::discord::{DiscordStandin, render_for_terminal};
+use kernelbot_dispatch::devstack::host::loopback_only;
 use kernelbot_dispatch::flow::Dispatcher;
 use kernelbot_dispatch::{http, jobs, telemetry};
 use serde_json::{Value, json};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
-const API_TOKEN: &str = "local-submit-token";
 const WEBHOOK_SECRET: &str = "local-webhook-secret";
 
 /// A kernelbot-style Python task: `eval.py` is the harness (kernelbot's protocol: mode and
@@ -90,8 +91,12 @@ async fn start_function(
     })?);
     let store = jobs::store::open(&config.store).await?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let url = format!("http://{}", listener.local_addr()?);
-    let app = router(Arc::new(Dispatcher::new(config, store)?));
+    let addr = listener.local_addr()?;
+    let url = format!("http://{addr}");
+    let app = loopback_only(
+        router(Arc::new(Dispatcher::new(config, store)?)),
+        addr.port(),
+    );
     tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
     });
@@ -113,9 +118,38 @@ fn main() -> Result<(), Error> {
     tokio::runtime::Runtime::new()?.block_on(run_local())
 }
 
+/// The submission API's token: `SUBMIT_API_TOKEN` when set, else a fresh random one. It is
+/// written (owner-only) to `<data dir>/submit-token` for scripts, and printed for people.
+fn submit_token() -> Result<String, Error> {
+    let token = match std::env::var("SUBMIT_API_TOKEN") {
+        Ok(t) if !t.trim().is_empty() => t.trim().to_owned(),
+        _ => format!(
+            "{}{}",
+            uuid::Uuid::new_v4().simple(),
+            uuid::Uuid::new_v4().simple()
+        ),
+    };
+    let dir = std::path::PathBuf::from(
+        std::env::var("KERNELBOT_DATA_DIR").unwrap_or_else(|_| "./.kernelbot".into()),
+    );
+    std::fs::create_dir_all(&dir)?;
+    let path = dir.join("submit-token");
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&path)?;
+    // An older file keeps its mode on open: make it owner-only too.
+    file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+    std::io::Write::write_all(&mut file, format!("{token}\n").as_bytes())?;
+    Ok(token)
+}
+
 async fn run_local() -> Result<(), Error> {
     telemetry::init();
     let serve = std::env::args().any(|a| a == "--serve");
+    let api_token = submit_token()?;
 
     let buildkite = BuildkiteStandin::start("local-bk-token", "local-org", "kernelbot").await?;
     let discord = DiscordStandin::start().await?;
@@ -126,7 +160,7 @@ async fn run_local() -> Result<(), Error> {
         ("BUILDKITE_PIPELINE", buildkite.pipeline.clone()),
         ("BUILDKITE_WEBHOOK_SECRET", WEBHOOK_SECRET.into()),
         ("DISCORD_API_URL", discord.api_url.clone()),
-        ("SUBMIT_API_TOKEN", API_TOKEN.into()),
+        ("SUBMIT_API_TOKEN", api_token.clone()),
     ]);
     let submit_url = start_function(Role::Submit, &vars, http::submit::router).await?;
     let webhook_url = start_function(Role::Webhook, &vars, http::webhook::router).await?;
@@ -139,7 +173,9 @@ async fn run_local() -> Result<(), Error> {
         agent,
     );
 
-    println!("submit   {submit_url}  (Authorization: Bearer {API_TOKEN})");
+    println!(
+        "submit   {submit_url}  (Authorization: Bearer {api_token}; also in <data dir>/submit-token)"
+    );
     println!("webhook  {webhook_url}/webhooks/buildkite");
     println!(
         "buildkite stand-in {}   discord stand-in {}\n",
@@ -149,7 +185,7 @@ async fn run_local() -> Result<(), Error> {
     let client = reqwest::Client::new();
     let answer = client
         .post(format!("{submit_url}/submissions"))
-        .bearer_auth(API_TOKEN)
+        .bearer_auth(&api_token)
         .json(&sample_submission())
         .send()
         .await?;
@@ -168,7 +204,7 @@ async fn run_local() -> Result<(), Error> {
     let job = loop {
         let job: Value = client
             .get(format!("{submit_url}/submissions/{run_id}"))
-            .bearer_auth(API_TOKEN)
+            .bearer_auth(&api_token)
             .send()
             .await?
             .json()

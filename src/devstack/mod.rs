@@ -5,6 +5,7 @@
 pub mod agent;
 pub mod buildkite;
 pub mod discord;
+pub mod host;
 
 use std::net::SocketAddr;
 
