@@ -576,3 +576,63 @@ fn without_root_the_sandbox_degrades_and_says_so() {
         "the setsid child {pid} outlived the runner"
     );
 }
+
+/// A stand-in nvcc: answers `--version`, prints the command it was given, and leaves an
+/// `eval.out` that speaks kernelbot's protocol and says who runs it.
+const FAKE_NVCC: &str = r#"#!/bin/sh
+if [ "$1" = "--version" ]; then echo "Cuda compilation tools, release 12.8, V12.8.93"; exit 0; fi
+echo "nvcc $*"
+cat > eval.out <<'EVAL'
+#!/bin/sh
+eval "exec 9>&$POPCORN_FD"
+echo "uid: $(id -u)" >&9
+echo "sources-left: $(ls *.cu 2>/dev/null | wc -l)" >&9
+echo "check: pass" >&9
+EVAL
+chmod +x eval.out
+"#;
+
+#[test]
+fn cuda_compiles_with_kernelbots_flags_and_runs_sandboxed() {
+    let tools = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(tools.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let nvcc = tools.path().join("nvcc");
+    std::fs::write(&nvcc, FAKE_NVCC).unwrap();
+    std::fs::set_permissions(&nvcc, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let cfg = json!({"lang": "cu", "mode": "test", "sources": {"kernel.cu": "__global__ void k() {}"},
+        "compile_flags": ["-lineinfo"], "tests": [{"n": 1}]});
+    let uid = sandbox_uid();
+    let r = run_with(&[
+        ("KERNELBOT_PAYLOAD", payload::encode(&cfg).unwrap()),
+        ("NVCC", nvcc.to_string_lossy().into_owned()),
+        ("KERNELBOT_SANDBOX_UID", uid.to_string()),
+    ]);
+    let test = &r.result.unwrap().runs["test"];
+    let compilation = test.compilation.as_ref().unwrap();
+    assert!(compilation.success, "{compilation:?}");
+    assert!(compilation.nvcc_version.contains("release 12.8"));
+    let command = &compilation.command;
+    for flag in [
+        "--std=c++20",
+        "-DNDEBUG",
+        "--expt-extended-lambda",
+        "--expt-relaxed-constexpr",
+        "-O3",
+        "-Xptxas=--warn-on-spills",
+    ] {
+        assert!(command.contains(flag), "{flag} missing: {command}");
+    }
+    assert!(!command.contains("fast_math"), "{command}");
+    // The config's own flags come after kernelbot's, then the sources, arch and output.
+    assert!(command.find("-lineinfo").unwrap() > command.find("-Xptxas=--warn-on-spills").unwrap());
+    assert!(
+        command.ends_with("kernel.cu '-arch=native' -o eval.out"),
+        "{command}"
+    );
+    let run = test.run.as_ref().unwrap();
+    assert!(run.passed, "{run:?}");
+    assert_eq!(run.value("sources-left").as_deref(), Some("0"));
+    if is_root() {
+        assert_eq!(run.value("uid"), Some(uid.to_string()));
+    }
+}
