@@ -70,7 +70,9 @@ fn is_root() -> bool {
 /// its uid, so no two runners may share one (on a node, one agent per GPU sees to that).
 fn sandbox_uid() -> u32 {
     static NEXT: AtomicU32 = AtomicU32::new(0);
-    1_900_000_000 + (std::process::id() % 100_000) * 1000 + NEXT.fetch_add(1, Ordering::Relaxed)
+    // pid_max is at most 2^22: a block of 64 per test process, apart from the stand-in
+    // agent's (which starts at 1_000_000_000).
+    1_500_000_000 + std::process::id() * 64 + NEXT.fetch_add(1, Ordering::Relaxed) % 64
 }
 
 /// A checkout as the agent leaves it: world-readable, `.git/` with hooks and a config, owned

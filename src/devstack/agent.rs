@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use super::buildkite::{StepOutcome, StepRunner};
 
@@ -53,6 +54,12 @@ pub fn local_agent(runner: PathBuf) -> StepRunner {
     )
 }
 
+/// A sandbox uid no other live step shares: this process's pid picks a block of 64.
+fn step_uid() -> u32 {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    1_000_000_000 + std::process::id() * 64 + NEXT.fetch_add(1, Ordering::Relaxed) % 64
+}
+
 fn run_step(runner: &Path, env: &BTreeMap<String, String>) -> std::io::Result<StepOutcome> {
     let command =
         step_command().ok_or_else(|| std::io::Error::other("pipeline.yml has no step command"))?;
@@ -69,7 +76,9 @@ fn run_step(runner: &Path, env: &BTreeMap<String, String>) -> std::io::Result<St
         bin.path().display(),
         std::env::var("PATH").unwrap_or_default()
     );
-    // Like the container: the build's env and a PATH, nothing of this process's own.
+    // Like the container: the build's env and a PATH, nothing of this process's own. Each
+    // step stands for another GPU's agent: a sandbox uid of its own, since a runner ends
+    // every process of its uid and steps here may run side by side.
     let status = Command::new("sh")
         .arg("-c")
         .arg(&command)
@@ -77,6 +86,7 @@ fn run_step(runner: &Path, env: &BTreeMap<String, String>) -> std::io::Result<St
         .env_clear()
         .envs(env)
         .env("PATH", path)
+        .env("KERNELBOT_SANDBOX_UID", step_uid().to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .status()?;
