@@ -125,6 +125,24 @@ async fn chaos(kind: StoreKind, default_jobs: u64) {
             break;
         }
         assert!(passes < 60, "{open} jobs still open after {passes} passes");
+        // Quiet means no sender holds a message either: a late webhook's delivery may still be
+        // in flight, and moving time past its lease would hand the message to a second sender
+        // (which no real clock does in the milliseconds a send takes).
+        let quiet_by = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < quiet_by {
+            let mut held = false;
+            for run in &runs {
+                held |= app
+                    .job(run)
+                    .await
+                    .discord
+                    .is_some_and(|o| o.lease.is_some());
+            }
+            if !held {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         app.advance_clock(Duration::from_secs(61));
     }
 
