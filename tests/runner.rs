@@ -165,7 +165,9 @@ fn alive_of(uid: u32) -> Vec<String> {
                     .find_map(|l| l.strip_prefix(name))
                     .map(|v| v.split_whitespace().next().unwrap_or_default().to_owned())
             };
-            (field("Uid:")? == uid.to_string() && field("State:")? != "Z")
+            // A zombie leader with threads still running is alive.
+            let running = field("State:")? != "Z" || field("Threads:")? != "1";
+            (field("Uid:")? == uid.to_string() && running)
                 .then(|| status.lines().take(3).collect::<Vec<_>>().join(" "))
         })
         .collect()
@@ -432,6 +434,23 @@ while time.time() < end:
 """
 subprocess.Popen([sys.executable, "-c", daemon, os.path.join(checkout, "result.json")]).wait()
 subprocess.Popen(["setsid", "sleep", "1000"])
+# A leader that looks ended (a zombie) while its other thread keeps running.
+hidden = """
+import ctypes, os, sys, threading, time
+if os.fork(): sys.exit(0)
+os.setsid()
+def loop():
+    end = time.time() + 8
+    while time.time() < end:
+        try:
+            open(sys.argv[1], "w").write("forged")
+        except OSError:
+            pass
+        time.sleep(0.02)
+threading.Thread(target=loop).start()
+ctypes.CDLL(None).pthread_exit(None)
+"""
+subprocess.Popen([sys.executable, "-c", hidden, os.path.join(checkout, "result.json")]).wait()
 say("uid", os.getuid())
 say("env", ",".join(sorted(os.environ)))
 say("secret_seen", any("secret-agent-token" in v for v in os.environ.values()))
@@ -637,4 +656,37 @@ fn cuda_compiles_with_kernelbots_flags_and_runs_sandboxed() {
     if is_root() {
         assert_eq!(run.value("uid"), Some(uid.to_string()));
     }
+}
+
+#[test]
+fn a_process_hiding_behind_a_zombie_leader_is_ended_too() {
+    if !is_root() {
+        eprintln!("skipped: needs a root runner");
+        return;
+    }
+    // The only thing left behind: a session whose leader ended its main thread, so it looks
+    // like a zombie while another thread runs on.
+    let program = r#"
+import os, subprocess, sys
+hidden = """
+import ctypes, os, sys, threading, time
+if os.fork(): sys.exit(0)
+os.setsid()
+threading.Thread(target=lambda: time.sleep(30)).start()
+ctypes.CDLL(None).pthread_exit(None)
+"""
+subprocess.Popen([sys.executable, "-c", hidden]).wait()
+out = os.fdopen(int(os.environ["POPCORN_FD"]), "w")
+out.write("check: pass\n")
+"#;
+    let cfg = json!({"lang": "py", "mode": "test", "main": "eval.py",
+        "sources": {"eval.py": program}, "tests": [{"n": 1}]});
+    let uid = sandbox_uid();
+    let r = run_with(&[
+        ("KERNELBOT_PAYLOAD", payload::encode(&cfg).unwrap()),
+        ("KERNELBOT_SANDBOX_UID", uid.to_string()),
+    ]);
+    assert!(r.result.unwrap().runs["test"].run.as_ref().unwrap().passed);
+    assert_eq!(alive_of(uid), Vec::<String>::new());
+    assert_eq!(r.raw.unwrap()["sandbox"]["processes_killed"], 1);
 }

@@ -300,8 +300,15 @@ fn nvcc_failure(command: &str, stderr: String, exit_code: i64, nvcc_found: bool)
 /// Compiles the CUDA sources to `eval.out` with nvcc, if nvcc is there.
 fn compile_cuda(eval: &Evaluation, config: &EvalConfig, dir: &Path) -> CompileResult {
     let nvcc = std::env::var("NVCC").unwrap_or_else(|_| "nvcc".into());
-    let version = match std::process::Command::new(&nvcc).arg("--version").output() {
-        Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout).into_owned(),
+    // In the sandbox too: after a program has run, root never runs anything it could reach.
+    let probe = eval.run(
+        &[nvcc.clone(), "--version".to_owned()],
+        dir,
+        &[],
+        Duration::from_secs(30),
+    );
+    let version = match probe.exit_code {
+        0 => probe.stdout,
         _ => {
             return nvcc_failure(
                 "nvcc --version",

@@ -127,9 +127,7 @@ pub fn run_program(
         .env("POPCORN_FD", fd.to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        // Its own process group, so a timeout takes its children down with it.
-        .process_group(0);
+        .stderr(Stdio::piped());
     // SAFETY: runs in the child between fork and exec and only clears close-on-exec on the
     // pipe's write end, so the program inherits it as POPCORN_FD.
     unsafe {

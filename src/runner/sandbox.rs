@@ -230,12 +230,13 @@ impl Sandbox {
         })
     }
 
-    /// Gives everything under `dir` (written by the runner) to the program's uid.
+    /// Gives everything under `dir` (written by the runner) to the program's uid. Each
+    /// directory is handed over after what it holds: until then only root can change it, so
+    /// nothing can swap a directory for a symlink under the walk.
     pub fn hand_over(&self, dir: &Path) -> io::Result<()> {
         let Some(id) = &self.identity else {
             return Ok(());
         };
-        std::os::unix::fs::lchown(dir, Some(id.uid), Some(id.gid))?;
         for entry in std::fs::read_dir(dir)? {
             let path = entry?.path();
             if std::fs::symlink_metadata(&path)?.is_dir() {
@@ -244,7 +245,7 @@ impl Sandbox {
                 std::os::unix::fs::lchown(&path, Some(id.uid), Some(id.gid))?;
             }
         }
-        Ok(())
+        std::os::unix::fs::lchown(dir, Some(id.uid), Some(id.gid))
     }
 
     /// Removes files from a directory the program owned. As the program's uid, so a
@@ -291,10 +292,13 @@ impl Sandbox {
         let flags = self.unshare_flags;
         let open_files = self.open_files;
         // SAFETY: runs in the child between fork and exec and makes only async-signal-safe
-        // calls (unshare, setrlimit, setgroups, setresgid, setresuid, prctl) on data moved in
+        // calls (setsid, unshare, setrlimit, setgroups, setresgid, setresuid, prctl) on data moved in
         // before the fork.
         unsafe {
             cmd.pre_exec(move || {
+                // A session of its own: a process group to end it by, and no controlling
+                // terminal to write into the job's log past the output cap.
+                check(libc::setsid())?;
                 if let Some(flags) = flags {
                     check(libc::unshare(flags))?;
                 }
@@ -318,16 +322,26 @@ impl Sandbox {
     /// Kills every process the last program left behind: its process group, everything of
     /// the sandbox uid, and every orphan re-parented to us. Returns how many there were.
     pub fn end_processes(&self, pgid: u32) -> usize {
-        kill_group(pgid);
         let me = std::process::id();
         let uid = self.identity.as_ref().map(|i| i.uid);
-        let started = Instant::now();
-        let mut seen = BTreeSet::new();
-        let survivors = loop {
-            let strays = processes()
+        let strays = || {
+            processes()
                 .into_iter()
-                .filter(|p| p.state != 'Z' && p.pid != me && (p.ppid == me || Some(p.uid) == uid))
-                .collect::<Vec<_>>();
+                .filter(|p| p.alive() && p.pid != me && (p.ppid == me || Some(p.uid) == uid))
+                .collect::<Vec<_>>()
+        };
+        // Counted before the first kill, which would hide them.
+        let mut seen: BTreeSet<u32> = strays().iter().map(|p| p.pid).collect();
+        kill_group(pgid);
+        // Everything of the uid goes at least once, whatever a scan sees: a process may hide
+        // behind a leader that looks ended (a zombie whose other threads still run).
+        if let Some(uid) = uid {
+            kill_all_of(uid);
+        }
+        let started = Instant::now();
+        let survivors = loop {
+            reap();
+            let strays = strays();
             if strays.is_empty() || started.elapsed() > CLEANUP_LIMIT {
                 break strays;
             }
@@ -342,7 +356,6 @@ impl Sandbox {
             if let Some(uid) = uid {
                 kill_all_of(uid);
             }
-            reap();
             std::thread::sleep(Duration::from_millis(5));
         };
         reap();
@@ -531,6 +544,14 @@ pub(crate) struct Proc {
     pub ppid: u32,
     pub uid: u32,
     pub state: char,
+    pub threads: u32,
+}
+
+impl Proc {
+    /// Not ended: running, or a zombie leader whose other threads still run.
+    pub fn alive(&self) -> bool {
+        self.state != 'Z' || self.threads > 1
+    }
 }
 
 /// Every process on the machine: pid, parent, real uid and state, from `/proc`.
@@ -548,18 +569,21 @@ pub(crate) fn processes() -> Vec<Proc> {
             let state = rest.next()?.chars().next()?;
             let ppid = rest.next()?.parse().ok()?;
             let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-            let uid = status
-                .lines()
-                .find_map(|l| l.strip_prefix("Uid:"))?
-                .split_whitespace()
-                .next()?
-                .parse()
-                .ok()?;
+            let field = |name: &str| -> Option<u32> {
+                status
+                    .lines()
+                    .find_map(|l| l.strip_prefix(name))?
+                    .split_whitespace()
+                    .next()?
+                    .parse()
+                    .ok()
+            };
             Some(Proc {
                 pid,
                 ppid,
-                uid,
+                uid: field("Uid:")?,
                 state,
+                threads: field("Threads:").unwrap_or(1),
             })
         })
         .collect()
