@@ -236,8 +236,10 @@ fn an_eight_gpu_amd_node_binds_rocm_devices() {
     for idx in 0..8 {
         let env = hook_env(root.path(), idx);
         let cpuset = format!("{}-{}", idx * 16, idx * 16 + 15);
-        assert_eq!(env["ROCR_VISIBLE_DEVICES"], idx.to_string());
-        assert_eq!(env["HIP_VISIBLE_DEVICES"], idx.to_string());
+        // One render node in the container: there, the GPU is device 0.
+        assert_eq!(env["ROCR_VISIBLE_DEVICES"], "0");
+        assert_eq!(env["HIP_VISIBLE_DEVICES"], "0");
+        assert_eq!(env["KERNELBOT_GPU_INDEX"], idx.to_string());
         assert_eq!(env["KERNELBOT_CPUSET"], cpuset);
         assert_eq!(env["BUILDKITE_PLUGIN_DOCKER_DEVICES_0"], "/dev/kfd");
         // Only this GPU's render node, not /dev/dri with every GPU of the node.
@@ -286,12 +288,8 @@ const RENDER_NODES: &str =
     "renderD128 renderD129 renderD130 renderD131 renderD132 renderD133 renderD134 renderD135";
 
 /// The wrapper setup-node.sh installs, called the way the docker plugin calls docker, with
-/// the agent's hook sourced and a stub standing in for the real docker.
+/// the agent's hook sourced; the real docker is a stub that prints its arguments.
 fn wrapped_docker(root: &Path, idx: usize, args: &[&str]) -> (i32, String) {
-    let stub = tempfile::tempdir().unwrap();
-    let real = stub.path().join("docker");
-    std::fs::write(&real, "#!/bin/sh\nprintf '%s\\n' \"$@\"\n").unwrap();
-    std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o755)).unwrap();
     let hook = root.join(format!("etc/buildkite-agent/agent-{idx}/hooks/environment"));
     let wrapper = root.join("usr/local/lib/kernelbot/bin/docker");
     let out = Command::new("bash")
@@ -305,7 +303,6 @@ fn wrapped_docker(root: &Path, idx: usize, args: &[&str]) -> (i32, String) {
         .args(args)
         .env_clear()
         .env("PATH", "/usr/bin:/bin")
-        .env("KERNELBOT_REAL_DOCKER", &real)
         .output()
         .unwrap();
     (
@@ -314,21 +311,33 @@ fn wrapped_docker(root: &Path, idx: usize, args: &[&str]) -> (i32, String) {
     )
 }
 
+fn stub_docker() -> tempfile::TempDir {
+    let stub = tempfile::tempdir().unwrap();
+    let real = stub.path().join("docker");
+    std::fs::write(&real, "#!/bin/sh\nprintf '%s\\n' \"$@\"\n").unwrap();
+    std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o755)).unwrap();
+    stub
+}
+
 #[test]
 fn the_docker_wrapper_adds_the_cpu_set_and_pids_limit_and_refuses_the_host() {
     let root = tempfile::tempdir().unwrap();
     let tools = stubs(2, 0);
+    let stub = stub_docker();
+    let real = stub.path().join("docker");
     let vars = [
         ("QUEUE", "h100"),
         ("NODE_CPUS", "16"),
         ("NODE_MEMORY_GB", "72"),
         ("PIDS_LIMIT", "2048"),
+        ("REAL_DOCKER", real.to_str().unwrap()),
     ];
     assert_eq!(setup(root.path(), tools.path(), &vars).code, 0);
     assert_eq!(
         mode(root.path(), "/usr/local/lib/kernelbot/bin/docker"),
         0o755
     );
+    let out_volume = "/var/lib/buildkite-agent/gpu-1/builds/x/kernelbot-out:/out";
     let (code, args) = wrapped_docker(
         root.path(),
         1,
@@ -337,6 +346,10 @@ fn the_docker_wrapper_adds_the_cpu_set_and_pids_limit_and_refuses_the_host() {
             "--rm",
             "--network",
             "none",
+            "--security-opt",
+            "no-new-privileges:true",
+            "--volume",
+            out_volume,
             "image",
             "kernelbot-runner",
         ],
@@ -351,18 +364,55 @@ fn the_docker_wrapper_adds_the_cpu_set_and_pids_limit_and_refuses_the_host() {
             "--rm",
             "--network",
             "none",
+            "--security-opt",
+            "no-new-privileges:true",
+            "--volume",
+            out_volume,
             "image",
             "kernelbot-runner"
         ]
     );
+    let (code, args) = wrapped_docker(
+        root.path(),
+        1,
+        &[
+            "container",
+            "run",
+            "--device=/dev/kfd",
+            "-v",
+            "./kernelbot-out:/out",
+            "image",
+        ],
+    );
+    assert_eq!(code, 0, "{args}");
+    assert!(args.starts_with("run\n--cpuset-cpus=8-15\n"), "{args}");
     // Anything but run/create passes through untouched.
     let (code, args) = wrapped_docker(root.path(), 0, &["pull", "image"]);
     assert_eq!((code, args.as_str()), (0, "pull\nimage\n"));
     for bad in [
         &["run", "--privileged", "image"][..],
+        &["run", "--privileged=1", "image"],
+        &["container", "run", "--privileged", "image"],
+        &["-H", "tcp://10.0.0.1:2375", "run", "image"],
+        &["--context", "other", "create", "image"],
         &["run", "--network", "host", "image"],
+        &["run", "--network=container:abc", "image"],
         &["run", "--pid=host", "image"],
         &["create", "--ipc", "host", "image"],
+        &["run", "--cap-add", "SYS_ADMIN", "image"],
+        &["run", "--cap-add=ALL", "image"],
+        &["run", "--device", "/dev/sda", "image"],
+        &["run", "-v", "/:/host", "image"],
+        &[
+            "run",
+            "--volume=/var/run/docker.sock:/var/run/docker.sock",
+            "image",
+        ],
+        &["run", "--mount", "type=bind,src=/,dst=/host", "image"],
+        &["run", "--security-opt", "seccomp=unconfined", "image"],
+        &["run", "--pids-limit", "-1", "image"],
+        &["run", "--cpuset-cpus=0-63", "image"],
+        &["run", "--runtime", "runc-unsafe", "image"],
     ] {
         let (code, out) = wrapped_docker(root.path(), 0, bad);
         assert_eq!(code, 125, "{bad:?}: {out}");
@@ -372,10 +422,42 @@ fn the_docker_wrapper_adds_the_cpu_set_and_pids_limit_and_refuses_the_host() {
     let out = Command::new(root.path().join("usr/local/lib/kernelbot/bin/docker"))
         .args(["run", "image"])
         .env_clear()
-        .env("KERNELBOT_REAL_DOCKER", "/bin/true")
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(125));
+}
+
+#[test]
+fn the_pre_command_hook_makes_a_fresh_output_directory() {
+    let root = tempfile::tempdir().unwrap();
+    let tools = stubs(1, 0);
+    let vars = [
+        ("QUEUE", "h100"),
+        ("NODE_CPUS", "8"),
+        ("NODE_MEMORY_GB", "40"),
+    ];
+    assert_eq!(setup(root.path(), tools.path(), &vars).code, 0);
+    let hook = "/etc/buildkite-agent/agent-0/hooks/pre-command";
+    assert_eq!(mode(root.path(), hook), 0o755);
+    let checkout = tempfile::tempdir().unwrap();
+    let out = checkout.path().join("kernelbot-out");
+    std::fs::create_dir(&out).unwrap();
+    std::fs::write(out.join("result.json"), "stale").unwrap();
+    let ran = Command::new("bash")
+        .arg(root.path().join(hook.trim_start_matches('/')))
+        .current_dir(checkout.path())
+        .status()
+        .unwrap();
+    assert!(ran.success());
+    assert_eq!(
+        std::fs::read_dir(&out).unwrap().count(),
+        0,
+        "a stale result is gone"
+    );
+    assert_eq!(
+        std::fs::metadata(&out).unwrap().permissions().mode() & 0o777,
+        0o755
+    );
 }
 
 #[test]
@@ -389,7 +471,7 @@ fn running_setup_twice_changes_nothing() {
     ];
     let first = setup(root.path(), tools.path(), &vars);
     assert!(
-        first.output.contains("done: 13 change(s)"),
+        first.output.contains("done: 15 change(s)"),
         "{}",
         first.output
     );
@@ -506,9 +588,14 @@ fn the_pipeline_runs_the_runner_on_the_submitted_queue() {
         ("propagate-environment", Value::Bool(false)),
         ("network", Value::from("none")),
         ("init", Value::Bool(true)),
+        ("tty", Value::Bool(false)),
+        ("interactive", Value::Bool(false)),
     ] {
         assert_eq!(cfg[key], value, "{key}");
     }
+    // Any value of it, `false` included, makes the plugin run the container as the agent's
+    // user, and the runner could then hand programs no uid of their own.
+    assert!(cfg.get("propagate-uid-gid").is_none());
     for key in ["privileged", "mount-ssh-agent", "propagate-aws-auth-tokens"] {
         assert!(
             cfg.get(key).is_none_or(|v| v == &Value::Bool(false)),
