@@ -45,6 +45,29 @@ impl Role {
             Self::Sweep => "sweep",
         }
     }
+
+    /// The secrets this function uses (and so may read); a function holds no other.
+    pub fn secret_keys(self) -> &'static [&'static str] {
+        match self {
+            Self::Submit => &[
+                "BUILDKITE_API_TOKEN",
+                "SUBMIT_API_TOKEN",
+                "DISCORD_WEBHOOK_URL",
+                "CALLBACK_SECRET",
+            ],
+            Self::Webhook => &[
+                "BUILDKITE_API_TOKEN",
+                "BUILDKITE_WEBHOOK_SECRET",
+                "DISCORD_WEBHOOK_URL",
+                "CALLBACK_SECRET",
+            ],
+            Self::Sweep => &[
+                "BUILDKITE_API_TOKEN",
+                "DISCORD_WEBHOOK_URL",
+                "CALLBACK_SECRET",
+            ],
+        }
+    }
 }
 
 #[derive(Debug, Clone)]

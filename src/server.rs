@@ -17,7 +17,7 @@ pub type Error = Box<dyn std::error::Error + Send + Sync>;
 /// Lambda this runs on the first one (see [`run`]).
 pub async fn dispatcher(role: Role) -> Result<Arc<Dispatcher>, Error> {
     let env = |name: &str| std::env::var(name).ok();
-    let secrets = crate::secrets::extension::load(&env).await?;
+    let secrets = crate::secrets::extension::load(&env, role.secret_keys()).await?;
     let lookup = crate::secrets::extension::overlay(env, secrets);
     let config = Arc::new(Config::from_lookup(role, &lookup)?);
     let store = crate::jobs::store::open(&config.store).await?;

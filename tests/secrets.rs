@@ -10,7 +10,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use kernelbot_dispatch::config::{Config, Role};
-use kernelbot_dispatch::secrets::extension::{SecretsError, load, overlay};
+use kernelbot_dispatch::secrets::extension::{KEYS, SecretsError, load, overlay};
 use secrecy::ExposeSecret;
 use serde_json::json;
 
@@ -20,8 +20,9 @@ const SESSION_TOKEN: &str = "session-token-of-this-sandbox";
 struct Extension {
     /// The secret's `SecretString`, by secret id.
     secrets: BTreeMap<String, String>,
-    /// Answers to give before the real one (the extension still starting, say).
-    failures: Vec<u16>,
+    /// Answers to give before the real one (the extension still starting, say): status and
+    /// body.
+    failures: Vec<(u16, &'static str)>,
     calls: usize,
 }
 
@@ -42,8 +43,8 @@ async fn secrets_manager_get(
         return (StatusCode::UNAUTHORIZED, "not authorized").into_response();
     }
     if !ext.failures.is_empty() {
-        let status = ext.failures.remove(0);
-        return StatusCode::from_u16(status).unwrap().into_response();
+        let (status, body) = ext.failures.remove(0);
+        return (StatusCode::from_u16(status).unwrap(), body).into_response();
     }
     let id = url::form_urlencoded::parse(q.unwrap_or_default().as_bytes())
         .find(|(k, _)| k == "secretId")
@@ -80,6 +81,12 @@ fn env(pairs: Vec<(&'static str, String)>) -> impl Fn(&str) -> Option<String> + 
     move |k: &str| map.get(k).cloned()
 }
 
+async fn load_all(
+    vars: &(dyn Fn(&str) -> Option<String> + Sync),
+) -> Result<BTreeMap<String, secrecy::SecretString>, SecretsError> {
+    load(vars, KEYS).await
+}
+
 fn stored() -> String {
     json!({
         "BUILDKITE_API_TOKEN": "bk-from-extension",
@@ -106,10 +113,18 @@ async fn secrets_come_from_the_extension_and_the_environment_wins() {
         // Set in the environment: kept over the extension's value.
         ("BUILDKITE_API_TOKEN", "bk-from-env".into()),
     ]);
-    let secrets = load(&vars).await.expect("read through the extension");
+    let secrets = load(&vars, Role::Submit.secret_keys())
+        .await
+        .expect("read through the extension");
     assert_eq!(ext.lock().unwrap().calls, 1);
     assert!(!secrets.contains_key("SOMETHING_ELSE"));
-    let lookup = overlay(vars, secrets);
+    // The submit function never holds the webhook secret, nor the webhook function the
+    // submission API's token.
+    assert!(!secrets.contains_key("BUILDKITE_WEBHOOK_SECRET"));
+    let for_webhook = load(&vars, Role::Webhook.secret_keys()).await.unwrap();
+    assert!(!for_webhook.contains_key("SUBMIT_API_TOKEN"));
+    assert!(for_webhook.contains_key("BUILDKITE_WEBHOOK_SECRET"));
+    let lookup = overlay(vars.clone(), secrets);
     let config = Config::from_lookup(Role::Submit, &lookup).unwrap();
     let tokens: Vec<&str> = config
         .submit_tokens
@@ -118,7 +133,7 @@ async fn secrets_come_from_the_extension_and_the_environment_wins() {
         .collect();
     assert_eq!(tokens, ["submit-from-extension", "second-token"]);
     assert_eq!(config.buildkite.token.expose_secret(), "bk-from-env");
-    let webhook = Config::from_lookup(Role::Webhook, &lookup).unwrap();
+    let webhook = Config::from_lookup(Role::Webhook, &overlay(vars, for_webhook)).unwrap();
     assert_eq!(webhook.webhook_auth.secrets.len(), 1);
 }
 
@@ -129,7 +144,7 @@ async fn without_a_secret_id_nothing_is_asked() {
         ("AWS_SESSION_TOKEN", SESSION_TOKEN.into()),
         ("PARAMETERS_SECRETS_EXTENSION_HTTP_PORT", port.to_string()),
     ]);
-    assert!(load(&vars).await.unwrap().is_empty());
+    assert!(load(&vars, KEYS).await.unwrap().is_empty());
     assert_eq!(ext.lock().unwrap().calls, 0);
 }
 
@@ -137,7 +152,12 @@ async fn without_a_secret_id_nothing_is_asked() {
 async fn a_starting_extension_is_waited_for() {
     let (port, ext) = start(Extension {
         secrets: BTreeMap::from([("s".into(), stored())]),
-        failures: vec![503, 500],
+        // Starting, failing, and Secrets Manager's throttling passed on as a 400.
+        failures: vec![
+            (503, ""),
+            (500, ""),
+            (400, "ThrottlingException: Rate exceeded"),
+        ],
         ..Default::default()
     })
     .await;
@@ -146,12 +166,12 @@ async fn a_starting_extension_is_waited_for() {
         ("AWS_SESSION_TOKEN", SESSION_TOKEN.into()),
         ("PARAMETERS_SECRETS_EXTENSION_HTTP_PORT", port.to_string()),
     ]);
-    let secrets = load(&vars).await.unwrap();
+    let secrets = load(&vars, KEYS).await.unwrap();
     assert_eq!(
         secrets["BUILDKITE_WEBHOOK_SECRET"].expose_secret(),
         "webhook-from-extension"
     );
-    assert_eq!(ext.lock().unwrap().calls, 3);
+    assert_eq!(ext.lock().unwrap().calls, 4);
 }
 
 #[tokio::test]
@@ -177,9 +197,9 @@ async fn failures_are_clear_and_never_show_a_secret() {
         }
         env(pairs)
     };
-    let err = load(&with("plain", None)).await.unwrap_err();
+    let err = load_all(&with("plain", None)).await.unwrap_err();
     assert!(matches!(err, SecretsError::MissingSessionToken), "{err}");
-    let err = load(&with("plain", Some("wrong-session")))
+    let err = load_all(&with("plain", Some("wrong-session")))
         .await
         .unwrap_err();
     assert!(
@@ -187,7 +207,7 @@ async fn failures_are_clear_and_never_show_a_secret() {
         "{err}"
     );
     assert!(!err.to_string().contains("wrong-session"));
-    let err = load(&with("missing", Some(SESSION_TOKEN)))
+    let err = load_all(&with("missing", Some(SESSION_TOKEN)))
         .await
         .unwrap_err();
     assert_eq!(
@@ -195,7 +215,7 @@ async fn failures_are_clear_and_never_show_a_secret() {
         "the secrets extension answered HTTP 400 for secret missing"
     );
     for id in ["plain", "typed"] {
-        let err = load(&with(id, Some(SESSION_TOKEN))).await.unwrap_err();
+        let err = load_all(&with(id, Some(SESSION_TOKEN))).await.unwrap_err();
         let text = format!("{err} {err:?}");
         assert!(matches!(err, SecretsError::Malformed { .. }), "{text}");
         assert!(!text.contains("hunter"), "{text}");
@@ -207,7 +227,7 @@ async fn failures_are_clear_and_never_show_a_secret() {
         ("AWS_SESSION_TOKEN", SESSION_TOKEN.into()),
         ("PARAMETERS_SECRETS_EXTENSION_HTTP_PORT", "1".into()),
     ]);
-    let err = load(&down).await.unwrap_err();
+    let err = load(&down, KEYS).await.unwrap_err();
     assert!(matches!(err, SecretsError::Unreachable(_)), "{err}");
     let bad_port = env(vec![
         ("KERNELBOT_SECRET_ID", "s".into()),
@@ -215,7 +235,7 @@ async fn failures_are_clear_and_never_show_a_secret() {
         ("PARAMETERS_SECRETS_EXTENSION_HTTP_PORT", "http".into()),
     ]);
     assert!(matches!(
-        load(&bad_port).await.unwrap_err(),
+        load(&bad_port, KEYS).await.unwrap_err(),
         SecretsError::BadPort(_)
     ));
 }

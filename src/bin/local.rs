@@ -20,8 +20,6 @@ use serde_json::{Value, json};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
-const WEBHOOK_SECRET: &str = "local-webhook-secret";
-
 /// A kernelbot-style Python task: `eval.py` is the harness (kernelbot's protocol: mode and
 /// cases file as arguments, `key: value` verdict lines on the POPCORN_FD pipe), and
 /// `submission.py` the user's kernel.
@@ -151,14 +149,17 @@ async fn run_local() -> Result<(), Error> {
     let serve = std::env::args().any(|a| a == "--serve");
     let api_token = submit_token()?;
 
-    let buildkite = BuildkiteStandin::start("local-bk-token", "local-org", "kernelbot").await?;
+    // Random, so nothing else on this machine can drive the stand-in's builds.
+    let buildkite_token = uuid::Uuid::new_v4().simple().to_string();
+    let webhook_secret = uuid::Uuid::new_v4().simple().to_string();
+    let buildkite = BuildkiteStandin::start(&buildkite_token, "local-org", "kernelbot").await?;
     let discord = DiscordStandin::start().await?;
     let vars: BTreeMap<&str, String> = BTreeMap::from([
         ("BUILDKITE_API_URL", buildkite.api_url.clone()),
-        ("BUILDKITE_API_TOKEN", "local-bk-token".into()),
+        ("BUILDKITE_API_TOKEN", buildkite_token.clone()),
         ("BUILDKITE_ORG", buildkite.org.clone()),
         ("BUILDKITE_PIPELINE", buildkite.pipeline.clone()),
-        ("BUILDKITE_WEBHOOK_SECRET", WEBHOOK_SECRET.into()),
+        ("BUILDKITE_WEBHOOK_SECRET", webhook_secret.clone()),
         ("DISCORD_API_URL", discord.api_url.clone()),
         ("SUBMIT_API_TOKEN", api_token.clone()),
     ]);
@@ -169,7 +170,7 @@ async fn run_local() -> Result<(), Error> {
     let agent = local_agent(std::env::current_exe()?);
     buildkite.autorun(
         &format!("{webhook_url}/webhooks/buildkite"),
-        WEBHOOK_SECRET,
+        &webhook_secret,
         agent,
     );
 

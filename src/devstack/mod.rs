@@ -11,10 +11,12 @@ use std::net::SocketAddr;
 
 use axum::Router;
 
-/// Serves `router` on a random loopback port until the process ends.
+/// Serves `router` on a random loopback port until the process ends, to requests addressed
+/// to that port only (see [`host`]).
 pub async fn spawn(router: Router) -> std::io::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
+    let router = host::loopback_only(router, addr.port());
     tokio::spawn(async move {
         let _ = axum::serve(listener, router).await;
     });

@@ -39,7 +39,12 @@ pub enum SecretsError {
     #[error("the secrets extension could not be reached")]
     Unreachable(#[source] reqwest::Error),
     #[error("the secrets extension answered HTTP {status} for secret {secret_id}")]
-    Refused { status: u16, secret_id: String },
+    Refused {
+        status: u16,
+        secret_id: String,
+        /// Secrets Manager throttled the call (the extension passes that on as a 400).
+        throttled: bool,
+    },
     #[error("secret {secret_id} is not a JSON object of strings")]
     Malformed { secret_id: String },
 }
@@ -49,7 +54,9 @@ impl Transient for SecretsError {
         match self {
             // The extension may still be starting, or Secrets Manager briefly unavailable.
             Self::Unreachable(_) => Again::After(None),
-            Self::Refused { status, .. } if *status >= 500 || *status == 429 => Again::After(None),
+            Self::Refused {
+                status, throttled, ..
+            } if *status >= 500 || *status == 429 || *throttled => Again::After(None),
             _ => Again::Never,
         }
     }
@@ -62,9 +69,12 @@ struct SecretValue {
     secret_string: Option<String>,
 }
 
-/// Our secrets from the extension; empty when `KERNELBOT_SECRET_ID` is not set.
+/// The secrets among `keys` that the extension holds; empty when `KERNELBOT_SECRET_ID` is not
+/// set. A function asks only for the keys it uses, so the public webhook function never holds
+/// the submission API's token.
 pub async fn load(
     lookup: &(dyn Fn(&str) -> Option<String> + Sync),
+    keys: &[&str],
 ) -> Result<BTreeMap<String, SecretString>, SecretsError> {
     let present = |k: &str| lookup(k).filter(|v| !v.trim().is_empty());
     let Some(secret_id) = present(SECRET_ID_VAR) else {
@@ -75,10 +85,12 @@ pub async fn load(
         None => DEFAULT_PORT,
         Some(p) => p.trim().parse().map_err(|_| SecretsError::BadPort(p))?,
     };
-    let mut url = url::Url::parse(&format!("http://localhost:{port}/secretsmanager/get"))
+    let mut url = url::Url::parse(&format!("http://127.0.0.1:{port}/secretsmanager/get"))
         .map_err(|_| SecretsError::BadPort(port.to_string()))?;
     url.query_pairs_mut().append_pair("secretId", &secret_id);
+    // Never through a proxy from the environment: the session token and the secret stay local.
     let client = reqwest::Client::builder()
+        .no_proxy()
         .timeout(CALL_TIMEOUT)
         .build()
         .map_err(SecretsError::Unreachable)?;
@@ -102,7 +114,7 @@ pub async fn load(
         serde_json::from_str(&value.secret_string.ok_or_else(malformed)?)
             .map_err(|_| malformed())?;
     let mut secrets = BTreeMap::new();
-    for key in KEYS {
+    for key in keys.iter().filter(|k| KEYS.contains(k)) {
         match fields.get(*key) {
             None => {}
             Some(serde_json::Value::String(v)) => {
@@ -133,9 +145,12 @@ async fn fetch(
         .map_err(SecretsError::Unreachable)?;
     let status = resp.status();
     if !status.is_success() {
+        // Only the error's type is read from the body, never shown.
+        let body = resp.text().await.unwrap_or_default();
         return Err(SecretsError::Refused {
             status: status.as_u16(),
             secret_id: secret_id.to_owned(),
+            throttled: body.contains("ThrottlingException"),
         });
     }
     resp.bytes()
