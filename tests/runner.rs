@@ -5,7 +5,6 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use kernelbot_dispatch::payload;
@@ -95,7 +94,13 @@ fn checkout() -> tempfile::TempDir {
 const GIT_CONFIG: &str = "[core]\n\trepositoryformatversion = 0\n";
 
 fn run_in(dir: &Path, vars: &[(&str, String)], user: Option<u32>) -> Run {
-    let mut cmd = Command::new(runner_binary());
+    // Another user may not reach the build directory: that run gets a copy it can.
+    let copy = user.map(|_| runner_copy());
+    let binary = copy.as_ref().map_or_else(
+        || PathBuf::from(env!("CARGO_BIN_EXE_runner")),
+        |(_, bin)| bin.clone(),
+    );
+    let mut cmd = Command::new(binary);
     cmd.current_dir(dir)
         .env_remove("KERNELBOT_PAYLOAD")
         .env_remove("SUBMISSION_PAYLOAD")
@@ -118,19 +123,13 @@ fn run_in(dir: &Path, vars: &[(&str, String)], user: Option<u32>) -> Run {
     }
 }
 
-/// The runner binary, copied where any user may run it (the build directory may be private).
-fn runner_binary() -> PathBuf {
-    static COPY: OnceLock<PathBuf> = OnceLock::new();
-    COPY.get_or_init(|| {
-        let dir =
-            std::env::temp_dir().join(format!("kernelbot-runner-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let bin = dir.join("kernelbot-runner");
-        std::fs::copy(env!("CARGO_BIN_EXE_runner"), &bin).unwrap();
-        bin
-    })
-    .clone()
+/// The runner binary, copied where any user may run it; gone with the directory.
+fn runner_copy() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let bin = dir.path().join("kernelbot-runner");
+    std::fs::copy(env!("CARGO_BIN_EXE_runner"), &bin).unwrap();
+    (dir, bin)
 }
 
 fn run_with(vars: &[(&str, String)]) -> Run {
