@@ -6,6 +6,8 @@ use crate::config::QueueMap;
 use crate::discord::target::{DiscordTarget, InvalidWebhookUrl};
 use crate::jobs::model::RunId;
 use crate::payload::{self, PayloadError};
+use crate::runner::EvalConfig;
+use crate::runner::config::InvalidConfig;
 
 pub const MAX_TITLE_CHARS: usize = 200;
 const FIELDS: &[&str] = &[
@@ -56,6 +58,20 @@ pub enum Invalid {
     /// 422: not a Discord webhook URL.
     #[error("discord.{0}")]
     WebhookUrl(#[from] InvalidWebhookUrl),
+    /// 422: a config the runner would refuse, found before it takes a GPU.
+    #[error("config: {0}")]
+    Config(#[from] InvalidConfig),
+}
+
+impl Invalid {
+    /// The field a 422 names, as a path from the body's top (`config.lang`).
+    pub fn field_path(&self) -> Option<String> {
+        match self {
+            Self::Config(e) if e.field.is_empty() => Some("config".into()),
+            Self::Config(e) => Some(format!("config.{}", e.field)),
+            _ => None,
+        }
+    }
 }
 
 fn field(field: &'static str, reason: impl Into<String>) -> Invalid {
@@ -154,6 +170,9 @@ pub fn parse(
         }
         Some(_) => return Err(field("discord", "must be an object")),
     };
+    // Last, once the body's shape is right: the runner's own rules, so a config it would
+    // refuse never takes a GPU slot.
+    EvalConfig::from_json(config.clone())?;
 
     Ok(Submission {
         run_id,
@@ -182,25 +201,54 @@ mod tests {
 
     const HOOK: &str = "https://discord.com/api/webhooks/1/tok";
 
+    fn valid() -> Value {
+        json!({"lang": "py", "mode": "test", "main": "eval.py", "sources": {"eval.py": "print(1)"}})
+    }
+
+    #[test]
+    fn a_config_the_runner_would_refuse_is_named_by_its_field() {
+        for (config, path, says) in [
+            (json!({"mode": "test"}), "config.lang", "lang is required"),
+            (
+                json!({"lang": "py", "mode": "fast"}),
+                "config.mode",
+                "mode must be one of",
+            ),
+            (
+                json!({"lang": "py", "mode": "test", "main": "a.py", "sources": {"a.py": "", "../x.py": ""}}),
+                "config.sources.../x.py",
+                "relative path",
+            ),
+            (
+                json!({"lang": "cu", "mode": "test", "sources": {"k.cu": ""}, "tests": [1]}),
+                "config.tests",
+                "each entry of tests",
+            ),
+        ] {
+            let err = try_parse(json!({"gpu": "H100_BK", "config": config})).unwrap_err();
+            assert!(matches!(err, Invalid::Config(_)), "{err}");
+            assert_eq!(err.field_path().as_deref(), Some(path));
+            assert!(err.to_string().contains(says), "{err}");
+        }
+    }
+
     #[test]
     fn a_full_submission_becomes_typed_values() {
-        let s = try_parse(
-            json!({"run_id": "r-1", "gpu": "H100_BK", "config": {"lang": "py"},
-            "discord": {"webhook_url": HOOK, "thread_id": "5"}, "title": " My kernel "}),
-        )
+        let s = try_parse(json!({"run_id": "r-1", "gpu": "H100_BK", "config": valid(),
+            "discord": {"webhook_url": HOOK, "thread_id": "5"}, "title": " My kernel "}))
         .unwrap();
         assert_eq!(
             (s.run_id.as_str(), s.queue.as_str(), s.title.as_deref()),
             ("r-1", "h100", Some("My kernel"))
         );
         assert_eq!(s.discord.unwrap().thread_id.as_deref(), Some("5"));
-        assert_eq!(payload::decode(&s.payload).unwrap(), json!({"lang": "py"}));
+        assert_eq!(payload::decode(&s.payload).unwrap(), valid());
         assert!(s.run_id_given);
     }
 
     #[test]
     fn a_missing_run_id_is_generated() {
-        let s = try_parse(json!({"gpu": "L40S_BK", "config": {}})).unwrap();
+        let s = try_parse(json!({"gpu": "L40S_BK", "config": valid()})).unwrap();
         assert!(!s.run_id_given);
         assert!(s.run_id.as_str().starts_with("run-"));
         assert!(s.discord.is_none());
@@ -209,12 +257,8 @@ mod tests {
     #[test]
     fn the_default_discord_target_applies_when_none_is_named() {
         let default = DiscordTarget::parse(HOOK, None).unwrap();
-        let s = parse(
-            br#"{"gpu":"H100_BK","config":{}}"#,
-            &queues(),
-            Some(&default),
-        )
-        .unwrap();
+        let body = json!({"gpu": "H100_BK", "config": valid()}).to_string();
+        let s = parse(body.as_bytes(), &queues(), Some(&default)).unwrap();
         assert_eq!(s.discord, Some(default));
     }
 
@@ -222,35 +266,38 @@ mod tests {
     fn each_bad_field_is_named() {
         let cases = [
             (json!([1]), "body is not a JSON object: expected an object"),
-            (json!({"config": {}}), "gpu: is required"),
-            (json!({"gpu": 5, "config": {}}), "gpu: must be a string"),
+            (json!({"config": valid()}), "gpu: is required"),
+            (
+                json!({"gpu": 5, "config": valid()}),
+                "gpu: must be a string",
+            ),
             (json!({"gpu": "H100_BK"}), "config: is required"),
             (
                 json!({"gpu": "H100_BK", "config": "x"}),
                 "config: must be an object",
             ),
             (
-                json!({"gpu": "H100_BK", "config": {}, "run_id": "a b"}),
+                json!({"gpu": "H100_BK", "config": valid(), "run_id": "a b"}),
                 "run_id: run_id must be 1-64 characters of A-Z, a-z, 0-9, '_', '.', '-'",
             ),
             (
-                json!({"gpu": "H100_BK", "config": {}, "title": "x".repeat(201)}),
+                json!({"gpu": "H100_BK", "config": valid(), "title": "x".repeat(201)}),
                 "title: must be at most 200 characters on one line",
             ),
             (
-                json!({"gpu": "H100_BK", "config": {}, "gpuu": 1}),
+                json!({"gpu": "H100_BK", "config": valid(), "gpuu": 1}),
                 "unknown field \"gpuu\"",
             ),
             (
-                json!({"gpu": "H100_BK", "config": {}, "discord": {}}),
+                json!({"gpu": "H100_BK", "config": valid(), "discord": {}}),
                 "discord: webhook_url is required",
             ),
             (
-                json!({"gpu": "H100_BK", "config": {}, "max_queue_secs": 3601}),
+                json!({"gpu": "H100_BK", "config": valid(), "max_queue_secs": 3601}),
                 "max_queue_secs: must be a whole number of seconds from 1 to 3600",
             ),
             (
-                json!({"gpu": "H100_BK", "config": {}, "max_queue_secs": "60"}),
+                json!({"gpu": "H100_BK", "config": valid(), "max_queue_secs": "60"}),
                 "max_queue_secs: must be a whole number of seconds from 1 to 3600",
             ),
         ];
@@ -269,12 +316,12 @@ mod tests {
 
     #[test]
     fn unknown_gpus_and_foreign_urls_are_unprocessable() {
-        let err = try_parse(json!({"gpu": "TPU", "config": {}})).unwrap_err();
+        let err = try_parse(json!({"gpu": "TPU", "config": valid()})).unwrap_err();
         assert!(
             matches!(&err, Invalid::UnknownGpu { gpu, known } if gpu == "TPU" && known.contains("H100_BK"))
         );
         let err = try_parse(
-            json!({"gpu": "H100_BK", "config": {}, "discord": {"webhook_url": "https://evil.example/api/webhooks/1/t"}}),
+            json!({"gpu": "H100_BK", "config": valid(), "discord": {"webhook_url": "https://evil.example/api/webhooks/1/t"}}),
         );
         assert_eq!(
             err.unwrap_err(),

@@ -84,7 +84,7 @@ async fn chaos(kind: StoreKind, default_jobs: u64) {
         submits.spawn(async move {
             let _slot = gate.acquire_owned().await;
             let body = json!({"run_id": run, "gpu": "H100_BK", "title": run,
-                "config": {"lang": "py", "mode": "test"},
+                "config": {"lang": "py", "mode": "test", "main": "eval.py", "sources": {"eval.py": "print(1)"}},
                 "discord": {"webhook_url": common::HOOK_URL}});
             let resp = client
                 .post(format!("{url}/submissions"))

@@ -106,7 +106,7 @@ async fn functions_under_the_lambda_emulator_complete_a_job() {
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(600);
     let body = json!({"run_id": "watch-1", "gpu": "H100_BK", "title": "under the emulator",
-        "config": {"lang": "py", "mode": "test"},
+        "config": {"lang": "py", "mode": "test", "main": "eval.py", "sources": {"eval.py": "print(1)"}},
         "discord": {"webhook_url": "https://discord.com/api/webhooks/222222222222222222/watch-token"}});
     let created = loop {
         match client

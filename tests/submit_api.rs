@@ -173,3 +173,45 @@ async fn webhook_bodies_that_are_not_events_get_400_after_verification() {
         .unwrap();
     assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE);
 }
+
+/// A config the runner would refuse is found at submit, on both stores: `422 invalid_config`
+/// naming the field, no job recorded, no build, no Discord message.
+#[tokio::test]
+async fn a_config_the_runner_would_refuse_gets_422_and_takes_no_gpu() {
+    for kind in [StoreKind::Sqlite, StoreKind::Dynamo] {
+        let app = TestApp::spawn(kind).await;
+        for (config, field, says) in [
+            (
+                json!({"lang": "rust", "mode": "test"}),
+                "config.lang",
+                "lang must be",
+            ),
+            (
+                json!({"lang": "py", "mode": "test", "main": "missing.py", "sources": {"eval.py": ""}}),
+                "config.main",
+                "is not one of the sources",
+            ),
+            (
+                json!({"lang": "cu", "mode": "test", "sources": {"/etc/cron.d/x": ""}}),
+                "config.sources./etc/cron.d/x",
+                "relative path",
+            ),
+            (
+                json!({"lang": "py", "mode": "test", "main": "eval.py", "sources": {"eval.py": ""}, "test_timeout": -5}),
+                "config.test_timeout",
+                "positive number of seconds",
+            ),
+        ] {
+            let mut body = submission("bad-config");
+            body["config"] = config;
+            let (status, err) = app.submit(&body).await;
+            assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{err}");
+            assert_eq!(err["error"], "invalid_config");
+            assert_eq!(err["field"], field, "{err}");
+            assert!(err["message"].as_str().unwrap().contains(says), "{err}");
+        }
+        assert!(app.buildkite.builds().is_empty());
+        assert!(app.discord.messages().is_empty());
+        assert_eq!(app.status("bad-config").await.0, StatusCode::NOT_FOUND);
+    }
+}

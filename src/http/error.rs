@@ -29,6 +29,9 @@ pub enum ApiError {
     /// 422
     #[error("{message}")]
     Unprocessable { code: &'static str, message: String },
+    /// 422 `invalid_config`: names the field (`config.<path>`).
+    #[error("{message}")]
+    InvalidConfig { field: String, message: String },
     /// 502: Buildkite refused or failed; the message is Buildkite's own words.
     #[error("{0}")]
     BadGateway(String),
@@ -57,6 +60,10 @@ impl From<Invalid> for ApiError {
             Invalid::WebhookUrl(_) => Self::Unprocessable {
                 code: "invalid_webhook_url",
                 message,
+            },
+            Invalid::Config(ref c) => Self::InvalidConfig {
+                field: e.field_path().unwrap_or_default(),
+                message: c.message.clone(),
             },
         }
     }
@@ -87,6 +94,7 @@ impl ApiError {
             Self::Conflict { code, .. } => (StatusCode::CONFLICT, *code),
             Self::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "too_large"),
             Self::Unprocessable { code, .. } => (StatusCode::UNPROCESSABLE_ENTITY, *code),
+            Self::InvalidConfig { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_config"),
             Self::BadGateway(_) => (StatusCode::BAD_GATEWAY, "buildkite_error"),
             Self::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
         }
@@ -99,10 +107,10 @@ impl IntoResponse for ApiError {
             tracing::error!(error = %detail, "request failed");
         }
         let (status, code) = self.status_and_code();
-        (
-            status,
-            Json(json!({"error": code, "message": self.to_string()})),
-        )
-            .into_response()
+        let mut body = json!({"error": code, "message": self.to_string()});
+        if let Self::InvalidConfig { field, .. } = &self {
+            body["field"] = json!(field);
+        }
+        (status, Json(body)).into_response()
     }
 }

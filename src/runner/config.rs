@@ -40,21 +40,53 @@ pub struct EvalConfig {
 
 const MODES: &[&str] = &["test", "benchmark", "profile", "leaderboard", "private"];
 
-fn files(v: Option<&Value>, key: &str) -> Result<BTreeMap<String, String>, String> {
+/// A config the runner cannot run: which field (a path inside the config, `""` for the
+/// whole) and why, in a sentence that names it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct InvalidConfig {
+    pub field: String,
+    pub message: String,
+}
+
+/// A name from the config as an error shows it: at most 64 characters, so an answer stays
+/// small whatever was sent.
+fn shown(name: &str) -> String {
+    let mut cut: String = name.chars().take(64).collect();
+    if cut.len() < name.len() {
+        cut.push('…');
+    }
+    cut
+}
+
+fn bad(field: impl Into<String>, message: impl Into<String>) -> InvalidConfig {
+    InvalidConfig {
+        field: field.into(),
+        message: message.into(),
+    }
+}
+
+fn files(v: Option<&Value>, key: &str) -> Result<BTreeMap<String, String>, InvalidConfig> {
     match v {
         None | Some(Value::Null) => Ok(BTreeMap::new()),
         Some(Value::Object(m)) => m
             .iter()
             .map(|(k, v)| match v {
                 Value::String(s) => Ok((k.clone(), s.clone())),
-                _ => Err(format!("{key}.{k} must be a string")),
+                _ => Err(bad(
+                    format!("{key}.{}", shown(k)),
+                    format!("{key}.{} must be a string", shown(k)),
+                )),
             })
             .collect(),
-        Some(_) => Err(format!("{key} must be an object of file name to content")),
+        Some(_) => Err(bad(
+            key,
+            format!("{key} must be an object of file name to content"),
+        )),
     }
 }
 
-fn cases(v: Option<&Value>, key: &str) -> Result<Vec<Map<String, Value>>, String> {
+fn cases(v: Option<&Value>, key: &str) -> Result<Vec<Map<String, Value>>, InvalidConfig> {
     match v {
         None | Some(Value::Null) => Ok(Vec::new()),
         Some(Value::Array(items)) => items
@@ -62,14 +94,14 @@ fn cases(v: Option<&Value>, key: &str) -> Result<Vec<Map<String, Value>>, String
             .map(|i| {
                 i.as_object()
                     .cloned()
-                    .ok_or_else(|| format!("each entry of {key} must be an object"))
+                    .ok_or_else(|| bad(key, format!("each entry of {key} must be an object")))
             })
             .collect(),
-        Some(_) => Err(format!("{key} must be a list")),
+        Some(_) => Err(bad(key, format!("{key} must be a list"))),
     }
 }
 
-fn strings(v: Option<&Value>, key: &str) -> Result<Vec<String>, String> {
+fn strings(v: Option<&Value>, key: &str) -> Result<Vec<String>, InvalidConfig> {
     match v {
         None | Some(Value::Null) => Ok(Vec::new()),
         Some(Value::Array(items)) => items
@@ -77,14 +109,14 @@ fn strings(v: Option<&Value>, key: &str) -> Result<Vec<String>, String> {
             .map(|i| {
                 i.as_str()
                     .map(str::to_owned)
-                    .ok_or_else(|| format!("{key} must be a list of strings"))
+                    .ok_or_else(|| bad(key, format!("{key} must be a list of strings")))
             })
             .collect(),
-        Some(_) => Err(format!("{key} must be a list of strings")),
+        Some(_) => Err(bad(key, format!("{key} must be a list of strings"))),
     }
 }
 
-fn timeout(obj: &Map<String, Value>, key: &str) -> Result<u64, String> {
+fn timeout(obj: &Map<String, Value>, key: &str) -> Result<u64, InvalidConfig> {
     match obj.get(key) {
         None | Some(Value::Null) => Ok(DEFAULT_TIMEOUT_SECS),
         Some(v) => v
@@ -96,8 +128,16 @@ fn timeout(obj: &Map<String, Value>, key: &str) -> Result<u64, String> {
             })
             .filter(|t| *t > 0)
             .map(|t| t.min(MAX_TIMEOUT_SECS))
-            .ok_or_else(|| format!("{key} must be a positive number of seconds")),
+            .ok_or_else(|| bad(key, format!("{key} must be a positive number of seconds"))),
     }
+}
+
+/// Source names must stay inside the work directory (kernelbot asserts the same).
+pub fn safe_name(name: &str) -> bool {
+    let p = std::path::Path::new(name);
+    !name.is_empty()
+        && p.components()
+            .all(|c| matches!(c, std::path::Component::Normal(_)))
 }
 
 /// Python's `str()` of a JSON value, as kernelbot's f-strings print test parameters.
@@ -126,20 +166,28 @@ pub fn build_test_string(cases: &[Map<String, Value>]) -> String {
 }
 
 impl EvalConfig {
-    pub fn from_json(value: Value) -> Result<Self, String> {
+    pub fn from_json(value: Value) -> Result<Self, InvalidConfig> {
         let Value::Object(obj) = value else {
-            return Err("config must be a JSON object".into());
+            return Err(bad("", "config must be a JSON object"));
         };
         let text = |key: &str| obj.get(key).and_then(Value::as_str).map(str::to_owned);
-        let lang = text("lang").ok_or("lang is required (\"py\" or \"cu\")")?;
+        let lang =
+            text("lang").ok_or_else(|| bad("lang", "lang is required (\"py\" or \"cu\")"))?;
         if !matches!(lang.as_str(), "py" | "cu") {
-            return Err(format!("lang must be \"py\" or \"cu\", not {lang:?}"));
+            return Err(bad(
+                "lang",
+                format!("lang must be \"py\" or \"cu\", not {:?}", shown(&lang)),
+            ));
         }
-        let mode = text("mode").ok_or("mode is required")?;
+        let mode = text("mode").ok_or_else(|| bad("mode", "mode is required"))?;
         if !MODES.contains(&mode.as_str()) {
-            return Err(format!(
-                "mode must be one of {}, not {mode:?}",
-                MODES.join(", ")
+            return Err(bad(
+                "mode",
+                format!(
+                    "mode must be one of {}, not {:?}",
+                    MODES.join(", "),
+                    shown(&mode)
+                ),
             ));
         }
         let mut sources = files(obj.get("sources"), "sources")?;
@@ -147,14 +195,30 @@ impl EvalConfig {
             sources = files(obj.get("files"), "files")?;
         }
         if sources.is_empty() {
-            return Err("sources is required (file name → content)".into());
+            return Err(bad("sources", "sources is required (file name → content)"));
+        }
+        for (key, names) in [
+            ("sources", &sources),
+            ("headers", &files(obj.get("headers"), "headers")?),
+        ] {
+            if let Some(name) = names.keys().find(|n| !safe_name(n)).map(|n| shown(n)) {
+                return Err(bad(
+                    format!("{key}.{name}"),
+                    format!("file name {name:?} must be a relative path inside the work directory"),
+                ));
+            }
         }
         let main = text("main");
         if lang == "py" {
             match &main {
                 Some(m) if sources.contains_key(m) => {}
-                Some(m) => return Err(format!("main {m:?} is not one of the sources")),
-                None => return Err("main is required for Python submissions".into()),
+                Some(m) => {
+                    return Err(bad(
+                        "main",
+                        format!("main {:?} is not one of the sources", shown(m)),
+                    ));
+                }
+                None => return Err(bad("main", "main is required for Python submissions")),
             }
         }
         let defines = match obj.get("defines") {
@@ -163,7 +227,7 @@ impl EvalConfig {
                 .iter()
                 .map(|(k, v)| (k.clone(), (!v.is_null()).then(|| python_str(v))))
                 .collect(),
-            Some(_) => return Err("defines must be an object".into()),
+            Some(_) => return Err(bad("defines", "defines must be an object")),
         };
         Ok(Self {
             lang,
@@ -282,7 +346,7 @@ mod tests {
             ),
         ] {
             let err = EvalConfig::from_json(v.clone()).unwrap_err();
-            assert!(err.contains(msg), "{v}: {err}");
+            assert!(err.message.contains(msg), "{v}: {err}");
         }
     }
 }

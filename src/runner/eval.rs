@@ -3,10 +3,10 @@
 //! mode's cases and timeout, and gate each mode on the previous one passing.
 
 use std::collections::BTreeMap;
-use std::path::{Component, Path};
+use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
-use super::config::{COMPILE_TIMEOUT_SECS, EvalConfig};
+use super::config::{COMPILE_TIMEOUT_SECS, EvalConfig, safe_name};
 use super::process::run_program;
 use super::sandbox::Sandbox;
 use super::system::{self, python_command};
@@ -99,12 +99,6 @@ fn now_iso() -> String {
         .to_string()
         .trim_end_matches('Z')
         .to_owned()
-}
-
-/// Source names must stay inside the work directory (kernelbot asserts the same).
-fn safe_name(name: &str) -> bool {
-    let p = Path::new(name);
-    !name.is_empty() && p.components().all(|c| matches!(c, Component::Normal(_)))
 }
 
 fn write_files(dir: &Path, files: &BTreeMap<String, String>) -> Result<(), String> {

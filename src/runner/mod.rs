@@ -46,7 +46,7 @@ pub enum RunnerError {
     #[error("{0}")]
     Payload(#[from] PayloadError),
     #[error("invalid config: {0}")]
-    Config(String),
+    Config(#[from] config::InvalidConfig),
 }
 
 /// A failed run's result: no runs, the reason in `error`.
@@ -62,7 +62,7 @@ pub fn failure(error: impl Into<String>) -> FullResult {
 /// Decodes and validates the payload.
 pub fn read_config(encoded: &str) -> Result<EvalConfig, RunnerError> {
     let value = payload::decode(encoded)?;
-    EvalConfig::from_json(value).map_err(RunnerError::Config)
+    Ok(EvalConfig::from_json(value)?)
 }
 
 /// The whole runner: `lookup` reads the environment, `out_dir` receives `result.json`.
