@@ -46,7 +46,7 @@ impl Role {
         }
     }
 
-    /// The secrets this function uses (and so may read); a function holds no other.
+    /// The secrets this function uses: the only ones it keeps from the secrets extension.
     pub fn secret_keys(self) -> &'static [&'static str] {
         match self {
             Self::Submit => &[

@@ -287,9 +287,10 @@ fn an_eight_gpu_amd_node_binds_rocm_devices() {
 const RENDER_NODES: &str =
     "renderD128 renderD129 renderD130 renderD131 renderD132 renderD133 renderD134 renderD135";
 
-/// The wrapper setup-node.sh installs, called the way the docker plugin calls docker, with
-/// the agent's hook sourced; the real docker is a stub that prints its arguments.
-fn wrapped_docker(root: &Path, idx: usize, args: &[&str]) -> (i32, String) {
+/// The wrapper setup-node.sh installs, called as the docker plugin calls docker, in `cwd`
+/// (the checkout), with the agent's hook sourced; the real docker is a stub that prints its
+/// arguments.
+fn wrapped_docker(root: &Path, idx: usize, cwd: &Path, args: &[String]) -> (i32, String) {
     let hook = root.join(format!("etc/buildkite-agent/agent-{idx}/hooks/environment"));
     let wrapper = root.join("usr/local/lib/kernelbot/bin/docker");
     let out = Command::new("bash")
@@ -301,6 +302,7 @@ fn wrapped_docker(root: &Path, idx: usize, args: &[&str]) -> (i32, String) {
         ))
         .arg("docker")
         .args(args)
+        .current_dir(cwd)
         .env_clear()
         .env("PATH", "/usr/bin:/bin")
         .output()
@@ -319,112 +321,198 @@ fn stub_docker() -> tempfile::TempDir {
     stub
 }
 
+/// `docker run`'s arguments as docker plugin v5 builds them from `pipeline.yml`'s options
+/// and the agent hook's `BUILDKITE_PLUGIN_DOCKER_*` values (its `commands/run.sh` order).
+fn plugin_args(cwd: &Path, hook: &BTreeMap<String, String>) -> Vec<String> {
+    let p = pipeline();
+    let cfg = p["steps"][0]["plugins"][0]
+        .as_mapping()
+        .unwrap()
+        .values()
+        .next()
+        .unwrap()
+        .clone();
+    let list = |key: &str| -> Vec<String> {
+        cfg[key]
+            .as_sequence()
+            .map(|s| {
+                s.iter()
+                    .filter_map(|v| v.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut args: Vec<String> = vec!["run".into()];
+    if cfg["tty"].as_bool() != Some(false) {
+        args.push("-t".into());
+    }
+    if cfg["interactive"].as_bool() != Some(false) {
+        args.push("-i".into());
+    }
+    args.extend(["--rm".into(), "--init".into()]);
+    for v in list("volumes") {
+        let v = match v.strip_prefix("./") {
+            Some(rest) => format!("{}//{rest}", cwd.display()),
+            None => v,
+        };
+        args.extend(["--volume".into(), v]);
+    }
+    for (i, _) in hook
+        .keys()
+        .filter(|k| k.starts_with("BUILDKITE_PLUGIN_DOCKER_DEVICES_"))
+        .enumerate()
+    {
+        args.extend([
+            "--device".into(),
+            hook[&format!("BUILDKITE_PLUGIN_DOCKER_DEVICES_{i}")].clone(),
+        ]);
+    }
+    for c in list("add-caps") {
+        args.extend(["--cap-add".into(), c]);
+    }
+    for c in list("drop-caps") {
+        args.extend(["--cap-drop".into(), c]);
+    }
+    for o in list("security-opts") {
+        args.extend(["--security-opt".into(), o]);
+    }
+    args.extend(["--workdir".into(), cfg["workdir"].as_str().unwrap().into()]);
+    for e in list("environment") {
+        args.extend(["--env".into(), e]);
+    }
+    args.extend(["--network".into(), cfg["network"].as_str().unwrap().into()]);
+    if let Some(gpus) = hook.get("BUILDKITE_PLUGIN_DOCKER_GPUS") {
+        args.extend(["--gpus".into(), gpus.clone()]);
+    }
+    args.extend([
+        "--shm-size".into(),
+        cfg["shm-size"].as_str().unwrap().into(),
+    ]);
+    args.push(format!("--cpus={}", hook["BUILDKITE_PLUGIN_DOCKER_CPUS"]));
+    args.push(format!(
+        "--memory={}",
+        hook["BUILDKITE_PLUGIN_DOCKER_MEMORY"]
+    ));
+    args.push(format!(
+        "--memory-swap={}",
+        hook["BUILDKITE_PLUGIN_DOCKER_MEMORY_SWAP"]
+    ));
+    args.extend(["--label".into(), "com.buildkite.job-id=0190-aaaa".into()]);
+    args.push(cfg["image"].as_str().unwrap().into());
+    args.extend([
+        "/bin/sh".into(),
+        "-e".into(),
+        "-c".into(),
+        "kernelbot-runner".into(),
+    ]);
+    args
+}
+
+fn strings(args: &[&str]) -> Vec<String> {
+    args.iter().map(|a| (*a).to_owned()).collect()
+}
+
 #[test]
-fn the_docker_wrapper_adds_the_cpu_set_and_pids_limit_and_refuses_the_host() {
-    let root = tempfile::tempdir().unwrap();
-    let tools = stubs(2, 0);
+fn the_docker_wrapper_runs_the_plugins_container_with_the_cpu_set_and_refuses_the_rest() {
     let stub = stub_docker();
     let real = stub.path().join("docker");
-    let vars = [
-        ("QUEUE", "h100"),
-        ("NODE_CPUS", "16"),
-        ("NODE_MEMORY_GB", "72"),
-        ("PIDS_LIMIT", "2048"),
-        ("REAL_DOCKER", real.to_str().unwrap()),
-    ];
-    assert_eq!(setup(root.path(), tools.path(), &vars).code, 0);
-    assert_eq!(
-        mode(root.path(), "/usr/local/lib/kernelbot/bin/docker"),
-        0o755
-    );
-    let out_volume = "/var/lib/buildkite-agent/gpu-1/builds/x/kernelbot-out:/out";
-    let (code, args) = wrapped_docker(
-        root.path(),
-        1,
-        &[
-            "run",
-            "--rm",
-            "--network",
-            "none",
-            "--security-opt",
-            "no-new-privileges:true",
-            "--volume",
-            out_volume,
-            "image",
-            "kernelbot-runner",
-        ],
-    );
-    assert_eq!(code, 0, "{args}");
-    assert_eq!(
-        args.lines().collect::<Vec<_>>(),
-        [
-            "run",
-            "--cpuset-cpus=8-15",
-            "--pids-limit=2048",
-            "--rm",
-            "--network",
-            "none",
-            "--security-opt",
-            "no-new-privileges:true",
-            "--volume",
-            out_volume,
-            "image",
-            "kernelbot-runner"
-        ]
-    );
-    let (code, args) = wrapped_docker(
-        root.path(),
-        1,
-        &[
-            "container",
-            "run",
-            "--device=/dev/kfd",
-            "-v",
-            "./kernelbot-out:/out",
-            "image",
-        ],
-    );
-    assert_eq!(code, 0, "{args}");
-    assert!(args.starts_with("run\n--cpuset-cpus=8-15\n"), "{args}");
-    // Anything but run/create passes through untouched.
-    let (code, args) = wrapped_docker(root.path(), 0, &["pull", "image"]);
-    assert_eq!((code, args.as_str()), (0, "pull\nimage\n"));
-    for bad in [
-        &["run", "--privileged", "image"][..],
-        &["run", "--privileged=1", "image"],
-        &["container", "run", "--privileged", "image"],
-        &["-H", "tcp://10.0.0.1:2375", "run", "image"],
-        &["--context", "other", "create", "image"],
-        &["run", "--network", "host", "image"],
-        &["run", "--network=container:abc", "image"],
-        &["run", "--pid=host", "image"],
-        &["create", "--ipc", "host", "image"],
-        &["run", "--cap-add", "SYS_ADMIN", "image"],
-        &["run", "--cap-add=ALL", "image"],
-        &["run", "--device", "/dev/sda", "image"],
-        &["run", "-v", "/:/host", "image"],
-        &[
-            "run",
-            "--volume=/var/run/docker.sock:/var/run/docker.sock",
-            "image",
-        ],
-        &["run", "--mount", "type=bind,src=/,dst=/host", "image"],
-        &["run", "--security-opt", "seccomp=unconfined", "image"],
-        &["run", "--pids-limit", "-1", "image"],
-        &["run", "--cpuset-cpus=0-63", "image"],
-        &["run", "--runtime", "runc-unsafe", "image"],
-    ] {
-        let (code, out) = wrapped_docker(root.path(), 0, bad);
-        assert_eq!(code, 125, "{bad:?}: {out}");
-        assert!(out.contains("refusing"), "{out}");
+    let checkout = tempfile::tempdir().unwrap();
+    for (nvidia, amd, idx, cpuset) in [(2, 0, 1, "8-15"), (0, 2, 1, "8-15")] {
+        let root = tempfile::tempdir().unwrap();
+        let tools = stubs(nvidia, amd);
+        let vars = [
+            ("QUEUE", "h100"),
+            ("NODE_CPUS", "16"),
+            ("NODE_MEMORY_GB", "72"),
+            ("PIDS_LIMIT", "2048"),
+            ("RENDER_NODES", "renderD128 renderD129"),
+            ("REAL_DOCKER", real.to_str().unwrap()),
+        ];
+        let s = setup(root.path(), tools.path(), &vars);
+        assert_eq!(s.code, 0, "{}", s.output);
+        assert_eq!(
+            mode(root.path(), "/usr/local/lib/kernelbot/bin/docker"),
+            0o755
+        );
+        let hook = hook_env(root.path(), idx);
+        let args = plugin_args(checkout.path(), &hook);
+        let (code, out) = wrapped_docker(root.path(), idx, checkout.path(), &args);
+        assert_eq!(code, 0, "the plugin's own container must run: {out}");
+        let mut want = vec![
+            "run".to_owned(),
+            format!("--cpuset-cpus={cpuset}"),
+            "--pids-limit=2048".to_owned(),
+        ];
+        want.extend(args[1..].iter().cloned());
+        assert_eq!(out.lines().collect::<Vec<_>>(), want);
+
+        // Each of these, added to the plugin's arguments, is refused.
+        let base = &args[..args.len() - 5];
+        let other_gpu = if nvidia > 0 {
+            strings(&["--gpus", "device=0"])
+        } else {
+            strings(&["--device", "/dev/dri/renderD128"])
+        };
+        let bad: Vec<Vec<String>> = vec![
+            strings(&["--privileged"]),
+            strings(&["--privileged=1"]),
+            strings(&["--label", "--network", "--privileged"]),
+            strings(&["--network", "host"]),
+            strings(&["--network=container:abc"]),
+            strings(&["--pid=host"]),
+            strings(&["--ipc", "host"]),
+            strings(&["--cap-add", "SYS_ADMIN"]),
+            strings(&["--cap-add=ALL"]),
+            strings(&["--device", "/dev/sda"]),
+            strings(&["--gpus", "all"]),
+            other_gpu,
+            strings(&["-v", "/:/host"]),
+            strings(&["-v=/:/host"]),
+            strings(&["-itv", "/:/host"]),
+            strings(&["--volume", "kernelbot-out:/out"]),
+            strings(&["--volume=/var/lib/buildkite-agent/gpu-0/builds/x/kernelbot-out:/out"]),
+            strings(&["--mount", "type=bind,src=/,dst=/host"]),
+            strings(&["--security-opt", "seccomp=unconfined"]),
+            strings(&["--pids-limit", "-1"]),
+            strings(&["--cpuset-cpus=0-63"]),
+            strings(&["--runtime", "runc-unsafe"]),
+            strings(&["-u", "1000"]),
+            strings(&["--env", "NVIDIA_VISIBLE_DEVICES=all"]),
+        ];
+        for extra in bad {
+            let mut attempt = base.to_vec();
+            attempt.extend(extra.iter().cloned());
+            attempt.extend(args[args.len() - 5..].iter().cloned());
+            let (code, out) = wrapped_docker(root.path(), idx, checkout.path(), &attempt);
+            assert_eq!(code, 125, "{extra:?}: {out}");
+            assert!(out.contains("refusing"), "{out}");
+        }
+        for cmd in [
+            &["-H", "tcp://10.0.0.1:2375", "run", "image"][..],
+            &["update", "--pids-limit", "-1", "c"],
+            &["exec", "--privileged", "c", "sh"],
+            &["container", "update", "--cpuset-cpus", "0-63", "c"],
+            &["compose", "run", "x"],
+        ] {
+            let (code, out) = wrapped_docker(root.path(), idx, checkout.path(), &strings(cmd));
+            assert_eq!(code, 125, "{cmd:?}: {out}");
+        }
+        // Everything else passes through untouched.
+        let (code, out) = wrapped_docker(
+            root.path(),
+            idx,
+            checkout.path(),
+            &strings(&["pull", "image"]),
+        );
+        assert_eq!((code, out.as_str()), (0, "pull\nimage\n"));
+        // Outside an agent's hook (no CPU set), nothing runs.
+        let out = Command::new(root.path().join("usr/local/lib/kernelbot/bin/docker"))
+            .args(["run", "image"])
+            .env_clear()
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(125));
     }
-    // Outside an agent's hook (no CPU set), nothing runs.
-    let out = Command::new(root.path().join("usr/local/lib/kernelbot/bin/docker"))
-        .args(["run", "image"])
-        .env_clear()
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(125));
 }
 
 #[test]

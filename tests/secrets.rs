@@ -118,8 +118,8 @@ async fn secrets_come_from_the_extension_and_the_environment_wins() {
         .expect("read through the extension");
     assert_eq!(ext.lock().unwrap().calls, 1);
     assert!(!secrets.contains_key("SOMETHING_ELSE"));
-    // The submit function never holds the webhook secret, nor the webhook function the
-    // submission API's token.
+    // The submit function keeps no webhook secret, nor the webhook function the submission
+    // API's token.
     assert!(!secrets.contains_key("BUILDKITE_WEBHOOK_SECRET"));
     let for_webhook = load(&vars, Role::Webhook.secret_keys()).await.unwrap();
     assert!(!for_webhook.contains_key("SUBMIT_API_TOKEN"));

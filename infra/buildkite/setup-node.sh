@@ -151,12 +151,14 @@ install_packages() {
   fi
 }
 
-# The docker every job of this node calls (first on the agents' PATH): `docker run` gets what
-# the docker plugin has no option for, the agent's CPU set and a pids limit, from the
-# environment hook. A container without them, or asking for privileges, host or other
-# containers' namespaces, devices other than GPUs, mounts other than the output directory,
-# or its own CPU set or pids limit, does not run. This guards against a mistaken pipeline;
-# it is no boundary against whoever controls the agent (its user is in the docker group).
+# The docker every job of this node calls (first on the agents' PATH). `docker run` (and
+# `create`) is parsed the way docker reads the options the docker plugin emits (an option it
+# does not know is refused) and gets what the plugin has no option for: the agent's CPU set
+# and a pids limit, from the environment hook. Refused: privileges or capabilities beyond the
+# runner's five, host or other containers' namespaces, another GPU or device, any mount but the
+# job's own output directory, users, entrypoints, and `update`/`exec`/`compose`, which could
+# change or enter a container afterwards. This guards against a mistaken pipeline; it is no
+# boundary against whoever controls the agent (its user is in the docker group).
 docker_wrapper() {
   cat <<WRAPPER
 #!/usr/bin/env bash
@@ -165,63 +167,63 @@ set -euo pipefail
 real="${REAL_DOCKER}"
 WRAPPER
   cat <<'WRAPPER'
+unset DOCKER_HOST DOCKER_CONTEXT
 refuse() {
   echo "kernelbot docker wrapper: refusing $1" >&2
   exit 125
 }
-# Global options, or `docker container run`: find the subcommand first.
-sub="" pos=0
-for arg in "$@"; do
-  pos=$((pos + 1))
-  case "$arg" in
-    run | create) sub="$arg"; break ;;
-    container | -*) continue ;;
-    *) break ;;
-  esac
-done
-if [[ -z "$sub" ]]; then
-  # `docker -H host run ...`: a global option's value ended the search early.
-  if [[ "${1:-}" == -* ]]; then
-    for arg in "$@"; do
-      [[ "$arg" != run && "$arg" != create ]] || refuse "options before \`$arg\`"
-    done
-  fi
-  exec "$real" "$@"
-fi
-if ((pos == 2)) && [[ "$1" == container ]]; then
-  shift
-elif ((pos != 1)); then
-  refuse "options before \`$sub\` (${*:1:pos-1})"
-fi
+case "${1:-}" in
+  run | create) sub="$1" && shift ;;
+  container)
+    case "${2:-}" in
+      run | create) sub="$2" && shift 2 ;;
+      update | exec) refuse "docker container $2" ;;
+      *) exec "$real" "$@" ;;
+    esac ;;
+  update | exec | compose) refuse "docker $1" ;;
+  -*) refuse "global options ($1)" ;;
+  *) exec "$real" "$@" ;;
+esac
 [[ -n "${KERNELBOT_CPUSET:-}" ]] || refuse "a container without KERNELBOT_CPUSET (not set by the agent's hook)"
 [[ "${KERNELBOT_PIDS_LIMIT:-}" =~ ^[1-9][0-9]*$ ]] || refuse "a container without a KERNELBOT_PIDS_LIMIT"
+# The plugin expands `./kernelbot-out` to `$PWD//kernelbot-out`.
+out_dirs=("$PWD/kernelbot-out:/out" "$PWD//kernelbot-out:/out")
 check() {
   local opt="$1" value="$2"
   case "$opt" in
-    --privileged | --cap-add | --volumes-from | --mount | --cgroup-parent | --userns | --uts | --cgroupns | --cpuset-cpus | --cpuset-mems | --pids-limit | --device-cgroup-rule)
-      refuse "$opt" ;;
-    --pid | --network | --net | --ipc)
+    --cap-add)
+      value="${value^^}"
+      case "${value#CAP_}" in CHOWN | DAC_OVERRIDE | KILL | SETGID | SETUID) ;; *) refuse "$opt $2" ;; esac ;;
+    --pid | --network | --ipc)
       [[ "$value" != host && "$value" != container:* ]] || refuse "$opt $value" ;;
     --security-opt)
-      [[ "$value" == no-new-privileges* ]] || refuse "$opt $value" ;;
-    --device)
-      [[ "$value" =~ ^/dev/(kfd|dri/renderD[0-9]+|nvidia[a-z0-9-]*)(:|$) ]] || refuse "$opt $value" ;;
+      [[ "$value" == no-new-privileges || "$value" == no-new-privileges:true ]] || refuse "$opt $value" ;;
     -v | --volume)
-      [[ "$value" =~ ^(\./|/)?([^:]*/)?kernelbot-out:/out$ ]] || refuse "$opt $value" ;;
+      [[ "$value" == "${out_dirs[0]}" || "$value" == "${out_dirs[1]}" ]] || refuse "$opt $value" ;;
+    --device)
+      [[ "$value" == /dev/kfd || (-n "${KERNELBOT_RENDER_NODE:-}" && "$value" == "/dev/dri/$KERNELBOT_RENDER_NODE") ]] || refuse "$opt $value" ;;
+    --gpus)
+      [[ "$value" == "device=${KERNELBOT_GPU_INDEX:-none}" ]] || refuse "$opt $value" ;;
+    -e | --env)
+      [[ "$value" != NVIDIA_VISIBLE_DEVICES* ]] || refuse "$opt $value" ;;
     --runtime)
       [[ "$value" == nvidia ]] || refuse "$opt $value" ;;
+    # Values that change nothing the node relies on.
+    --stop-timeout | --cap-drop | --ulimit | -w | --workdir | --platform | --storage-opt | --log-driver | --log-opt | --shm-size | --cpus | --memory | --memory-swap | --memory-swappiness | -l | --label | --name | --hostname | --device-read-bps | --device-write-bps | --device-read-iops | --device-write-iops) ;;
+    *) refuse "$opt (an option this wrapper does not know)" ;;
   esac
 }
-shift
 args=("$@")
 for ((i = 0; i < ${#args[@]}; i++)); do
   arg="${args[i]}"
   case "$arg" in
-    --privileged* | --cap-add*) refuse "$arg" ;;
+    -t | -i | -it | -ti | --tty | --interactive | --rm | --init | --read-only) ;;
+    --) break ;;
     --*=*) check "${arg%%=*}" "${arg#*=}" ;;
-    --pid | --network | --net | --ipc | --security-opt | --device | -v | --volume | --runtime | --mount | --volumes-from | --cgroup-parent | --userns | --uts | --cgroupns | --cpuset-cpus | --cpuset-mems | --pids-limit | --device-cgroup-rule)
+    -*)
       check "$arg" "${args[i + 1]:-}"
       i=$((i + 1)) ;;
+    *) break ;; # the image: what follows is the container's command
   esac
 done
 exec "$real" "$sub" --cpuset-cpus="$KERNELBOT_CPUSET" --pids-limit="$KERNELBOT_PIDS_LIMIT" "$@"
@@ -249,6 +251,8 @@ export BUILDKITE_PLUGIN_DOCKER_MEMORY_SWAP=${memory}
 # A fresh clone for every job: nothing a job left in the checkout reaches the next one.
 export BUILDKITE_CLEAN_CHECKOUT=true
 export PATH="${WRAPPER_DIR}:\${PATH}"
+# The docker plugin would mount these into the container: the agent's job API and binary.
+unset BUILDKITE_AGENT_JOB_API_SOCKET BUILDKITE_AGENT_JOB_API_TOKEN BUILDKITE_AGENT_BINARY_PATH
 HOOK
   if [[ "$vendor" == nvidia ]]; then
     cat <<HOOK
@@ -263,6 +267,7 @@ export ROCR_VISIBLE_DEVICES=0
 export HIP_VISIBLE_DEVICES=0
 export BUILDKITE_PLUGIN_DOCKER_DEVICES_0=/dev/kfd
 export BUILDKITE_PLUGIN_DOCKER_DEVICES_1=/dev/dri/${render}
+export KERNELBOT_RENDER_NODE=${render}
 HOOK
   fi
 }

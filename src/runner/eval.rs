@@ -303,12 +303,21 @@ fn compile_cuda(eval: &Evaluation, config: &EvalConfig, dir: &Path) -> CompileRe
     );
     let version = match probe.exit_code {
         0 => probe.stdout,
-        _ => {
+        127 => {
             return nvcc_failure(
                 "nvcc --version",
                 "nvcc was not found on this node".into(),
                 127,
                 false,
+            );
+        }
+        code => {
+            // It is there but did not answer (a timeout, the budget, permissions): say so.
+            return nvcc_failure(
+                "nvcc --version",
+                format!("nvcc --version failed (exit {code}): {}", probe.stderr),
+                code,
+                true,
             );
         }
     };

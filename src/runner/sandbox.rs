@@ -330,8 +330,10 @@ impl Sandbox {
                 .filter(|p| p.alive() && p.pid != me && (p.ppid == me || Some(p.uid) == uid))
                 .collect::<Vec<_>>()
         };
-        // Counted before the first kill, which would hide them.
+        // Counted before the first kill, which would hide them; a timed-out program itself
+        // was not left behind.
         let mut seen: BTreeSet<u32> = strays().iter().map(|p| p.pid).collect();
+        seen.remove(&pgid);
         kill_group(pgid);
         // Everything of the uid goes at least once, whatever a scan sees: a process may hide
         // behind a leader that looks ended (a zombie whose other threads still run).
@@ -345,8 +347,10 @@ impl Sandbox {
             if strays.is_empty() || started.elapsed() > CLEANUP_LIMIT {
                 break strays;
             }
-            for p in &strays {
+            for p in strays.iter().filter(|p| p.pid != pgid) {
                 seen.insert(p.pid);
+            }
+            for p in &strays {
                 // Our own children stay ours until reaped, so their pid cannot be reused.
                 if p.ppid == me {
                     // SAFETY: plain syscall on a child of ours.

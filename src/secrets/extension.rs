@@ -70,8 +70,9 @@ struct SecretValue {
 }
 
 /// The secrets among `keys` that the extension holds; empty when `KERNELBOT_SECRET_ID` is not
-/// set. A function asks only for the keys it uses, so the public webhook function never holds
-/// the submission API's token.
+/// set. A function keeps only the keys it uses: the public webhook function does not keep the
+/// submission API's token. (The extension answers with the whole secret and IAM grants the
+/// whole secret; a deployment wanting a hard line gives each function a secret of its own.)
 pub async fn load(
     lookup: &(dyn Fn(&str) -> Option<String> + Sync),
     keys: &[&str],
