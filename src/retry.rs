@@ -198,10 +198,15 @@ mod tests {
 
     #[tokio::test]
     async fn no_try_starts_that_would_outlive_the_deadline() {
-        let near = Deadline::after(Duration::from_millis(500));
-        let wait = Again::After(Some(Duration::from_millis(150)));
-        // One try, one pause of 150-250 ms, then too little time is left for another.
-        assert_eq!(tries(quick(), near, wait).await, 2);
+        let near = Deadline::after(Duration::from_millis(900));
+        let wait = Again::After(Some(Duration::from_millis(400)));
+        // One try, one pause of 400-500 ms (a try needs 250 ms more), then 400-500 ms are
+        // left, too little for another: 150 ms of slack either way for a loaded machine.
+        let patient = Policy {
+            max_wait: Duration::from_secs(1),
+            ..quick()
+        };
+        assert_eq!(tries(patient, near, wait).await, 2);
         assert!(
             Deadline::after(Duration::from_millis(100))
                 .call_timeout(Duration::from_secs(5))

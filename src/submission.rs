@@ -35,6 +35,8 @@ pub struct Submission {
     pub discord: Option<DiscordTarget>,
     /// The config, encoded for `KERNELBOT_PAYLOAD`.
     pub payload: String,
+    /// `config.mode == "private"`: Discord shows the verdict only.
+    pub private: bool,
 }
 
 /// Why a submission was refused. Each variant names its HTTP status in `http::error`.
@@ -172,7 +174,7 @@ pub fn parse(
     };
     // Last, once the body's shape is right: the runner's own rules, so a config it would
     // refuse never takes a GPU slot.
-    EvalConfig::from_json(config.clone())?;
+    let private = EvalConfig::from_json(config.clone())?.mode == "private";
 
     Ok(Submission {
         run_id,
@@ -183,6 +185,7 @@ pub fn parse(
         max_queue_secs,
         discord,
         payload,
+        private,
     })
 }
 

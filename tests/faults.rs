@@ -272,6 +272,41 @@ pub async fn storage_error_body_stays_out_of_discord(kind: StoreKind) {
     }
 }
 
+/// A `private` run: every Discord message is its verdict line and build link, with no number
+/// and unit anywhere; the status API still holds the whole result.
+pub async fn private_run_shows_the_verdict_only(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    let mut body = submission("private-1");
+    body["config"]["mode"] = json!("private");
+    assert_eq!(app.submit(&body).await.0, StatusCode::ACCEPTED);
+    assert!(app.job("private-1").await.private, "stored with the job");
+    app.buildkite.start_eval(1);
+    app.event("job.started", 1).await;
+    assert_eq!(
+        app.finish(1, "passed", Some(sample_result(false))).await,
+        StatusCode::OK
+    );
+    let messages = app.discord.messages();
+    assert_eq!(messages.len(), 1);
+    let message = messages.values().next().unwrap();
+    let content = message["content"].as_str().unwrap();
+    assert!(
+        content.contains("✅ Passed: every run succeeded."),
+        "{content}"
+    );
+    assert!(content.contains("Build [#1]"), "{content}");
+    assert!(
+        message["embeds"].as_array().is_none_or(|e| e.is_empty()),
+        "{message}"
+    );
+    let text = app.discord_text();
+    for unit in ["⏱", " ms", " µs", " ns", " s ", "Passed 3/3"] {
+        assert!(!text.contains(unit), "{unit:?} shown: {text}");
+    }
+    let (_, view) = app.status("private-1").await;
+    assert!(view["result"]["result"]["runs"].is_object(), "{view}");
+}
+
 /// A signed `build.running` replayed with the header `build.finished`: refused, nothing moves.
 pub async fn forged_event_header(kind: StoreKind) {
     let app = TestApp::spawn(kind).await;
@@ -673,6 +708,10 @@ macro_rules! faults {
         #[tokio::test]
         async fn an_incompressible_2mb_result_is_stored_reported_and_read_once() {
             incompressible_result($kind).await
+        }
+        #[tokio::test]
+        async fn a_private_run_shows_only_its_verdict_in_discord() {
+            private_run_shows_the_verdict_only($kind).await
         }
         #[tokio::test]
         async fn a_storage_error_body_never_reaches_discord() {

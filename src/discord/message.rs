@@ -164,6 +164,15 @@ pub fn render(job: &Job) -> Message {
             vec![],
         ),
         JobState::Finished => match &job.outcome {
+            // A private run shows one verdict line and the build link: no timing, no report.
+            Some(outcome) if job.private => (
+                format!(
+                    "{head}\n> {}\n> {}",
+                    verdict_sentence(outcome.verdict, &job.queue),
+                    capitalised(&build_link(job))
+                ),
+                vec![],
+            ),
             Some(outcome) => final_report(job, &head, outcome),
             None => (
                 format!("{head} ❌ failure\n> Finished without an outcome"),

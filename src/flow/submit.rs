@@ -184,6 +184,7 @@ impl Dispatcher {
                 now,
             );
             job.max_queue_secs = sub.max_queue_secs;
+            job.private = sub.private;
             // Held while this create is in flight; if this function dies, the sweep looks the
             // build up once the hold has passed, then creates it.
             job.creation = Some(Creation {

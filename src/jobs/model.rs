@@ -264,6 +264,8 @@ pub struct Job {
     pub max_queue_secs: Option<u64>,
     /// Someone asked to cancel the job; its build is canceled until it ends.
     pub cancel_requested: bool,
+    /// A `private` run (`config.mode`): Discord shows its verdict and build link only.
+    pub private: bool,
     /// Why a submission failed (`failed` only).
     pub failure: Option<String>,
     /// The build's end and what its `result.json` said (`finished` only).
@@ -295,6 +297,7 @@ impl Job {
             scheduled_at: None,
             max_queue_secs: None,
             cancel_requested: false,
+            private: false,
             failure: None,
             outcome: None,
             created_at: now,

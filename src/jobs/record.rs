@@ -77,6 +77,8 @@ pub struct JobRecord {
     pub max_queue_secs: Option<u64>,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub cancel_requested: bool,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub private: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -197,6 +199,7 @@ impl JobRecord {
             scheduled_at: job.scheduled_at,
             max_queue_secs: job.max_queue_secs,
             cancel_requested: job.cancel_requested,
+            private: job.private,
             failure: job.failure.clone(),
             outcome: encoded.json,
             outcome_z: encoded.zlib_b64,
@@ -304,6 +307,7 @@ impl JobRecord {
             scheduled_at: self.scheduled_at,
             max_queue_secs: self.max_queue_secs,
             cancel_requested: self.cancel_requested,
+            private: self.private,
             failure: self.failure,
             outcome: decode_outcome(self.outcome.as_deref(), self.outcome_z.as_deref())?,
             created_at: self.created_at,
