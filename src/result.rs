@@ -340,6 +340,15 @@ impl Verdict {
     }
 }
 
+/// How long a run waited for an agent and ran, in seconds, when Buildkite said.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Timings {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queued_secs: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ran_secs: Option<f64>,
+}
+
 /// How a finished job ended: the build's own final state and what `result.json` said.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Outcome {
@@ -349,6 +358,9 @@ pub struct Outcome {
     /// Why the job failed when no run says so itself (build canceled, artifact missing, ...).
     pub error: Option<String>,
     pub result: Option<FullResult>,
+    /// Queued and ran for, from the build's timestamps (absent in records from before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timings: Option<Timings>,
 }
 
 impl Outcome {
@@ -379,7 +391,14 @@ impl Outcome {
             verdict,
             error,
             result,
+            timings: None,
         }
+    }
+
+    /// The same ending with the build's timings.
+    pub fn with_timings(mut self, timings: Timings) -> Self {
+        self.timings = (timings != Timings::default()).then_some(timings);
+        self
     }
 
     /// An ending decided by us rather than by a build's result (deadlines, vanished builds).
@@ -389,6 +408,7 @@ impl Outcome {
             verdict,
             error: Some(reason.into()),
             result: None,
+            timings: None,
         }
     }
 
@@ -403,6 +423,7 @@ impl Outcome {
                 None => reason.to_owned(),
             }),
             result: None,
+            timings: self.timings,
         }
     }
 }

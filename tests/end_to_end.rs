@@ -97,6 +97,8 @@ pub async fn happy_path(kind: StoreKind) {
         text.contains("✅ success") && text.contains("Passed 3/3 tests"),
         "{text}"
     );
+    // Waited from the build's creation to the evaluation's start, ran until it ended.
+    assert!(text.contains("⏱ Queued for 2 s, ran for 45.5 s"), "{text}");
     assert_eq!(final_edits(&app), 1);
     assert_eq!(app.buildkite.storage_downloads(), 1);
     assert_eq!(app.buildkite.storage_auth_rejections(), 0);
@@ -107,6 +109,10 @@ pub async fn happy_path(kind: StoreKind) {
     assert_eq!(
         (view["state"].as_str(), view["result"]["verdict"].as_str()),
         (Some("finished"), Some("passed"))
+    );
+    assert_eq!(
+        view["result"]["timings"],
+        json!({"queued_secs": 2.0, "ran_secs": 45.5})
     );
     assert_eq!(view["build"]["number"], 1);
 }

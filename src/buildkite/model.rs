@@ -2,6 +2,10 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use std::time::SystemTime;
+
+pub use crate::result::Timings;
+
 use serde::{Deserialize, Serialize};
 
 /// What we send to create a build.
@@ -26,6 +30,8 @@ pub struct Build {
     pub blocked: bool,
     #[serde(default)]
     pub meta_data: Option<HashMap<String, serde_json::Value>>,
+    #[serde(default)]
+    pub created_at: Option<String>,
     /// Absent from webhook payloads; present from the REST API.
     #[serde(default)]
     pub jobs: Vec<BuildJob>,
@@ -43,6 +49,8 @@ pub struct BuildJob {
     pub step_key: Option<String>,
     #[serde(default)]
     pub started_at: Option<String>,
+    #[serde(default)]
+    pub finished_at: Option<String>,
 }
 
 /// Build states after which nothing more happens.
@@ -53,6 +61,29 @@ pub const TERMINAL_STATES: &[&str] = &[
 impl Build {
     /// The run id we set in the build's meta-data when we created it; builds without it are
     /// not ours.
+    /// How long the evaluation waited for an agent (from the build's creation to its last
+    /// evaluation job's start) and how long it ran, from Buildkite's timestamps.
+    pub fn timings(&self) -> Timings {
+        let at = |t: &Option<String>| {
+            t.as_deref()
+                .and_then(|t| humantime::parse_rfc3339_weak(t).ok())
+        };
+        let secs = |from: Option<SystemTime>, to: Option<SystemTime>| {
+            to?.duration_since(from?).ok().map(|d| d.as_secs_f64())
+        };
+        let eval = self
+            .jobs
+            .iter()
+            .rev()
+            .find(|j| j.step_key.as_deref() == Some("evaluate"));
+        let (started, finished) =
+            eval.map_or((None, None), |j| (at(&j.started_at), at(&j.finished_at)));
+        Timings {
+            queued_secs: secs(at(&self.created_at), started),
+            ran_secs: secs(started, finished),
+        }
+    }
+
     pub fn run_id(&self) -> Option<&str> {
         self.meta_data.as_ref()?.get("run_id")?.as_str()
     }
@@ -107,6 +138,24 @@ pub fn pick_result<'a>(build: &Build, artifacts: &'a [Artifact]) -> Option<&'a A
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn timings_come_from_the_last_evaluation_job() {
+        let b: Build = serde_json::from_str(
+            r#"{"id":"x","number":3,"created_at":"2026-11-21T10:00:00.000Z","jobs":[
+              {"id":"a","step_key":"evaluate","started_at":"2026-11-21T10:00:05Z","finished_at":"2026-11-21T10:00:06Z"},
+              {"id":"u","step_key":null,"started_at":"2026-11-21T10:00:01Z","finished_at":"2026-11-21T10:00:02Z"},
+              {"id":"b","step_key":"evaluate","started_at":"2026-11-21T10:01:00.250Z","finished_at":"2026-11-21T10:03:10.250Z"}]}"#,
+        )
+        .unwrap();
+        let t = b.timings();
+        assert_eq!((t.queued_secs, t.ran_secs), (Some(60.25), Some(130.0)));
+        let unstarted: Build = serde_json::from_str(
+            r#"{"id":"x","number":3,"created_at":"2026-11-21T10:00:00Z","jobs":[{"id":"a","step_key":"evaluate"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(unstarted.timings(), Timings::default());
+    }
 
     #[test]
     fn reads_run_id_and_blocked_state() {

@@ -157,6 +157,8 @@ impl Inner {
                     json!({"id": j, "type": "script", "name": ":rocket: Kernel Evaluation",
                     "step_key": "evaluate", "state": b.state,
                     "started_at": b.eval_started.then_some("2026-11-21T10:00:02.000Z"),
+                    "finished_at": (b.eval_started && crate::buildkite::model::TERMINAL_STATES.contains(&b.state.as_str()))
+                        .then_some("2026-11-21T10:00:47.500Z"),
                     "artifacts_url": format!("{api}/jobs/{j}/artifacts")})
                 })
                 .collect();

@@ -208,13 +208,16 @@ pub fn verdict_sentence(verdict: Verdict, queue: &str) -> String {
 
 fn final_report(job: &Job, head: &str, outcome: &Outcome) -> (String, Vec<Embed>) {
     let passed = outcome.verdict == Verdict::Passed;
-    let content = format!(
+    let mut content = format!(
         "{head} {}\n> {}\n> {} ({})",
         if passed { "✅ success" } else { "❌ failure" },
         verdict_sentence(outcome.verdict, &job.queue),
         capitalised(&build_link(job)),
         outcome.build_state
     );
+    if let Some(line) = outcome.timings.as_ref().and_then(timing_line) {
+        content.push_str(&format!("\n> ⏱ {line}"));
+    }
     let mut lines = Vec::new();
     if let Some(error) = &outcome.error {
         lines.push(format!("❌ {error}"));
@@ -238,6 +241,30 @@ fn final_report(job: &Job, head: &str, outcome: &Outcome) -> (String, Vec<Embed>
         fields,
     };
     (content, vec![embed])
+}
+
+/// "Queued for 2 s, ran for 45.5 s", from what Buildkite's timestamps gave.
+fn timing_line(t: &crate::result::Timings) -> Option<String> {
+    let parts: Vec<String> = [("Queued for", t.queued_secs), ("ran for", t.ran_secs)]
+        .into_iter()
+        .filter_map(|(what, secs)| secs.map(|s| format!("{what} {}", format_secs(s))))
+        .collect();
+    (!parts.is_empty()).then(|| capitalised(&parts.join(", ")))
+}
+
+/// A wait or run time as people read it: `45.5 s`, `3 min 7 s`, `2 h 5 min`.
+pub fn format_secs(secs: f64) -> String {
+    let secs = secs.max(0.0);
+    if secs < 60.0 {
+        let text = format!("{secs:.1}");
+        return format!("{} s", text.trim_end_matches(".0"));
+    }
+    let whole = secs.round() as u64;
+    if whole < 3600 {
+        format!("{} min {} s", whole / 60, whole % 60)
+    } else {
+        format!("{} h {} min", whole / 3600, (whole % 3600) / 60)
+    }
 }
 
 fn capitalised(s: &str) -> String {
@@ -518,6 +545,21 @@ mod tests {
             msg.embeds[0].description.as_deref(),
             Some("❌ Build canceled")
         );
+    }
+
+    #[test]
+    fn formats_waits_and_runs() {
+        assert_eq!(format_secs(2.0), "2 s");
+        assert_eq!(format_secs(45.5), "45.5 s");
+        assert_eq!(format_secs(187.4), "3 min 7 s");
+        assert_eq!(format_secs(7_500.0), "2 h 5 min");
+        assert_eq!(format_secs(-1.0), "0 s");
+        let t = crate::result::Timings {
+            queued_secs: Some(2.0),
+            ran_secs: None,
+        };
+        assert_eq!(timing_line(&t).as_deref(), Some("Queued for 2 s"));
+        assert_eq!(timing_line(&crate::result::Timings::default()), None);
     }
 
     #[test]

@@ -178,7 +178,7 @@ impl Dispatcher {
                 (None, Some(e.public()))
             }
         };
-        Ok(Outcome::judge(&state, result, error))
+        Ok(Outcome::judge(&state, result, error).with_timings(build.timings()))
     }
 
     async fn fetch_result(

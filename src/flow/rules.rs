@@ -315,6 +315,7 @@ mod tests {
             state: state.into(),
             blocked: false,
             meta_data: None,
+            created_at: None,
             jobs,
         };
         assert_eq!(
