@@ -174,7 +174,7 @@ pub fn parse(
     };
     // Last, once the body's shape is right: the runner's own rules, so a config it would
     // refuse never takes a GPU slot.
-    let private = EvalConfig::from_json(config.clone())?.mode == "private";
+    let private = EvalConfig::from_json(config)?.mode == "private";
 
     Ok(Submission {
         run_id,

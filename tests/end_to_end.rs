@@ -602,10 +602,4 @@ macro_rules! scenarios {
     };
 }
 
-mod sqlite {
-    scenarios!(StoreKind::Sqlite);
-}
-
-mod dynamodb {
-    scenarios!(StoreKind::Dynamo);
-}
+crate::on_both_stores!(scenarios);

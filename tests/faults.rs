@@ -772,13 +772,7 @@ macro_rules! faults {
     };
 }
 
-mod sqlite {
-    faults!(StoreKind::Sqlite);
-}
-
-mod dynamodb {
-    faults!(StoreKind::Dynamo);
-}
+crate::on_both_stores!(faults);
 
 mod review {
     //! Cases found by reading the code as an attacker and a flaky network would.
@@ -877,11 +871,5 @@ mod review {
         };
     }
 
-    mod sqlite {
-        cases!(StoreKind::Sqlite);
-    }
-
-    mod dynamodb {
-        cases!(StoreKind::Dynamo);
-    }
+    crate::on_both_stores!(cases);
 }

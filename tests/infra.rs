@@ -61,6 +61,12 @@ fn setup(root: &Path, stubs: &Path, vars: &[(&str, &str)]) -> Setup {
     }
 }
 
+/// Setup stopped, saying why.
+fn assert_refused(s: &Setup, says: &str) {
+    assert_ne!(s.code, 0, "{}", s.output);
+    assert!(s.output.contains(says), "{}", s.output);
+}
+
 fn read(root: &Path, path: &str) -> String {
     std::fs::read_to_string(root.join(path.trim_start_matches('/')))
         .unwrap_or_else(|e| panic!("{path}: {e}"))
@@ -275,12 +281,7 @@ fn an_eight_gpu_amd_node_binds_rocm_devices() {
             ("RENDER_NODES", "renderD128 renderD129"),
         ],
     );
-    assert_ne!(short.code, 0);
-    assert!(
-        short.output.contains("found 2 render node(s) for 8 GPUs"),
-        "{}",
-        short.output
-    );
+    assert_refused(&short, "found 2 render node(s) for 8 GPUs");
     assert!(!other.path().join("etc").exists());
 }
 
@@ -614,12 +615,7 @@ fn missing_or_impossible_inputs_stop_setup_with_a_reason() {
             ("NODE_MEMORY_GB", "100"),
         ],
     );
-    assert_ne!(too_few.code, 0);
-    assert!(
-        too_few.output.contains("4 CPUs cannot be shared by 8 GPUs"),
-        "{}",
-        too_few.output
-    );
+    assert_refused(&too_few, "4 CPUs cannot be shared by 8 GPUs");
     let no_gpu = setup(root.path(), stubs(0, 0).path(), &[("QUEUE", "h100")]);
     assert!(no_gpu.output.contains("no GPU found"), "{}", no_gpu.output);
     assert!(!root.path().join("etc").exists(), "nothing was written");

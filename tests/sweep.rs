@@ -166,10 +166,4 @@ macro_rules! sweeps {
     };
 }
 
-mod sqlite {
-    sweeps!(StoreKind::Sqlite);
-}
-
-mod dynamodb {
-    sweeps!(StoreKind::Dynamo);
-}
+crate::on_both_stores!(sweeps);

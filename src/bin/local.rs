@@ -13,9 +13,8 @@ use kernelbot_dispatch::config::{Config, Role};
 use kernelbot_dispatch::devstack::agent::{RUNNER_COMMAND, local_agent};
 use kernelbot_dispatch::devstack::buildkite::BuildkiteStandin;
 use kernelbot_dispatch::devstack::discord::{DiscordStandin, render_for_terminal};
-use kernelbot_dispatch::devstack::host::loopback_only;
 use kernelbot_dispatch::flow::Dispatcher;
-use kernelbot_dispatch::{http, jobs, telemetry};
+use kernelbot_dispatch::{devstack, http, jobs, telemetry};
 use serde_json::{Value, json};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -88,17 +87,9 @@ async fn start_function(
         vars.get(k).cloned().or_else(|| std::env::var(k).ok())
     })?);
     let store = jobs::store::open(&config.store).await?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    let url = format!("http://{addr}");
-    let app = loopback_only(
-        router(Arc::new(Dispatcher::new(config, store)?)),
-        addr.port(),
-    );
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    Ok(url)
+    // Served like the stand-ins: loopback only, answering to its own Host only.
+    let addr = devstack::spawn(router(Arc::new(Dispatcher::new(config, store)?))).await?;
+    Ok(format!("http://{addr}"))
 }
 
 fn main() -> Result<(), Error> {

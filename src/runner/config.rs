@@ -166,7 +166,7 @@ pub fn build_test_string(cases: &[Map<String, Value>]) -> String {
 }
 
 impl EvalConfig {
-    pub fn from_json(value: Value) -> Result<Self, InvalidConfig> {
+    pub fn from_json(value: &Value) -> Result<Self, InvalidConfig> {
         let Value::Object(obj) = value else {
             return Err(bad("", "config must be a JSON object"));
         };
@@ -237,9 +237,9 @@ impl EvalConfig {
             headers: files(obj.get("headers"), "headers")?,
             tests: cases(obj.get("tests"), "tests")?,
             benchmarks: cases(obj.get("benchmarks"), "benchmarks")?,
-            test_timeout: timeout(&obj, "test_timeout")?,
-            benchmark_timeout: timeout(&obj, "benchmark_timeout")?,
-            ranked_timeout: timeout(&obj, "ranked_timeout")?,
+            test_timeout: timeout(obj, "test_timeout")?,
+            benchmark_timeout: timeout(obj, "benchmark_timeout")?,
+            ranked_timeout: timeout(obj, "ranked_timeout")?,
             ranking_by: text("ranking_by").unwrap_or_else(|| "last".into()),
             seed: obj.get("seed").and_then(Value::as_i64),
             multi_gpu: obj
@@ -300,7 +300,7 @@ mod tests {
 
     #[test]
     fn reads_kernelbot_configs_and_the_older_files_key() {
-        let c = EvalConfig::from_json(json!({"lang": "py", "mode": "leaderboard", "main": "eval.py",
+        let c = EvalConfig::from_json(&json!({"lang": "py", "mode": "leaderboard", "main": "eval.py",
             "files": {"eval.py": "x"}, "benchmarks": [{"n": 1}, {"n": 2}], "ranked_timeout": 30, "seed": 7}))
         .unwrap();
         assert_eq!(c.sources.keys().collect::<Vec<_>>(), ["eval.py"]);
@@ -315,7 +315,7 @@ mod tests {
     #[test]
     fn timeouts_are_clamped_to_the_budget() {
         let c = EvalConfig::from_json(
-            json!({"lang": "cu", "mode": "test", "sources": {"a.cu": ""},
+            &json!({"lang": "cu", "mode": "test", "sources": {"a.cu": ""},
             "test_timeout": u64::MAX, "benchmark_timeout": 1e300, "ranked_timeout": 0.5}),
         )
         .unwrap();
@@ -345,7 +345,7 @@ mod tests {
                 "test_timeout must be",
             ),
         ] {
-            let err = EvalConfig::from_json(v.clone()).unwrap_err();
+            let err = EvalConfig::from_json(&v).unwrap_err();
             assert!(err.message.contains(msg), "{v}: {err}");
         }
     }

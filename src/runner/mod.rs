@@ -62,7 +62,7 @@ pub fn failure(error: impl Into<String>) -> FullResult {
 /// Decodes and validates the payload.
 pub fn read_config(encoded: &str) -> Result<EvalConfig, RunnerError> {
     let value = payload::decode(encoded)?;
-    Ok(EvalConfig::from_json(value)?)
+    Ok(EvalConfig::from_json(&value)?)
 }
 
 /// The whole runner: `lookup` reads the environment, `out_dir` receives `result.json`.

@@ -26,6 +26,21 @@ pub const BK_TOKEN: &str = "test-buildkite-token";
 pub const SECRET: &str = "test-webhook-secret";
 pub const HOOK_URL: &str = "https://discord.com/api/webhooks/111111111111111111/hook-token_1";
 
+/// Registers a file's scenarios once per store: `mod sqlite` and `mod dynamodb`, each
+/// expanding `$cases!(StoreKind::…)`, so every scenario runs on both.
+#[macro_export]
+macro_rules! on_both_stores {
+    ($cases:ident) => {
+        mod sqlite {
+            $cases!($crate::common::StoreKind::Sqlite);
+        }
+
+        mod dynamodb {
+            $cases!($crate::common::StoreKind::Dynamo);
+        }
+    };
+}
+
 #[derive(Clone, Copy, Debug)]
 pub enum StoreKind {
     Sqlite,
