@@ -152,10 +152,11 @@ async fn without_a_secret_id_nothing_is_asked() {
 async fn a_starting_extension_is_waited_for() {
     let (port, ext) = start(Extension {
         secrets: BTreeMap::from([("s".into(), stored())]),
-        // Starting, failing, and Secrets Manager's throttling passed on as a 400.
+        // Starting, failing, rate limited, and Secrets Manager's throttling passed on as a 400.
         failures: vec![
             (503, ""),
             (500, ""),
+            (429, ""),
             (400, "ThrottlingException: Rate exceeded"),
         ],
         ..Default::default()
@@ -171,7 +172,7 @@ async fn a_starting_extension_is_waited_for() {
         secrets["BUILDKITE_WEBHOOK_SECRET"].expose_secret(),
         "webhook-from-extension"
     );
-    assert_eq!(ext.lock().unwrap().calls, 4);
+    assert_eq!(ext.lock().unwrap().calls, 5);
 }
 
 #[tokio::test]
