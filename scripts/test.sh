@@ -13,7 +13,8 @@ if ! cmp -s scripts/requirements.txt "$stamp" 2>/dev/null; then
   cp scripts/requirements.txt "$stamp"
 fi
 export PATH="$PWD/.venv/bin:$PATH"
-export MOTO_SERVER="$PWD/.venv/bin/moto_server"
+# moto, with its writes made atomic as DynamoDB's are (see the script).
+export MOTO_SERVER="$PWD/scripts/moto-atomic-server"
 
 # shellcheck (Debian's package) lints the node scripts.
 if ! command -v shellcheck >/dev/null 2>&1; then

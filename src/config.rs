@@ -88,6 +88,23 @@ pub struct DiscordConfig {
     pub default_target: Option<DiscordTarget>,
 }
 
+/// Where signed completion callbacks go (`CALLBACK_URL`), and the keys that sign them.
+#[derive(Clone)]
+pub struct CallbackConfig {
+    pub url: Url,
+    /// Every key signs while a rotation is under way (`CALLBACK_SECRET`, space-separated).
+    pub keys: Vec<crate::callback::SigningKey>,
+}
+
+impl std::fmt::Debug for CallbackConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CallbackConfig")
+            .field("url", &self.url.as_str())
+            .field("keys", &format_args!("[{} redacted]", self.keys.len()))
+            .finish()
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreConfig {
     Dynamo { table: String },
@@ -146,6 +163,8 @@ pub struct Config {
     pub job_max_age: Duration,
     /// Buildkite calls one sweep pass may make.
     pub sweep_max_calls: u32,
+    /// Signed callbacks on every state change; `None` when `CALLBACK_URL` is unset.
+    pub callback: Option<CallbackConfig>,
 }
 
 impl std::fmt::Debug for WebhookAuth {
@@ -202,6 +221,26 @@ impl Env<'_> {
             return Err(ConfigError::Missing(name));
         }
         Ok(secrets)
+    }
+
+    /// `CALLBACK_URL` and the `CALLBACK_SECRET` keys that must come with it.
+    fn callback(&self) -> Result<Option<CallbackConfig>, ConfigError> {
+        if self.get("CALLBACK_URL").is_none() {
+            return Ok(None);
+        }
+        let url = self.url("CALLBACK_URL", "")?;
+        let raw = self
+            .get("CALLBACK_SECRET")
+            .ok_or(ConfigError::Missing("CALLBACK_SECRET"))?;
+        let keys = raw
+            .split_whitespace()
+            .map(crate::callback::SigningKey::parse)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| ConfigError::Invalid {
+                name: "CALLBACK_SECRET",
+                reason: e.to_string(),
+            })?;
+        Ok(Some(CallbackConfig { url, keys }))
     }
 
     fn number(&self, name: &'static str, default: u64) -> Result<u64, ConfigError> {
@@ -314,6 +353,7 @@ impl Config {
                     reason: "too large".into(),
                 }
             })?,
+            callback: env.callback()?,
         })
     }
 }
@@ -394,6 +434,47 @@ mod tests {
                 Err(ConfigError::Invalid { name: n, .. }) => assert_eq!(n, name),
                 other => panic!("{name}: {other:?}"),
             }
+        }
+    }
+
+    #[test]
+    fn callbacks_need_a_signing_key_that_is_never_shown() {
+        let key = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+        let url = ("CALLBACK_URL", "https://kernelbot.example/cb");
+        assert!(load(Role::Sweep, BASE).unwrap().callback.is_none());
+        assert_eq!(
+            load(Role::Sweep, &[BASE, &[url]].concat()).unwrap_err(),
+            ConfigError::Missing("CALLBACK_SECRET")
+        );
+        let two = format!("{key} whsec_c2Vjb25k");
+        let cfg = load(
+            Role::Sweep,
+            &[BASE, &[url, ("CALLBACK_SECRET", &two)]].concat(),
+        )
+        .unwrap();
+        assert_eq!(cfg.callback.as_ref().unwrap().keys.len(), 2);
+        assert!(!format!("{cfg:?}").contains("MfKQ9r8"));
+        for bad in [
+            "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+            "whsec_not*base64",
+            "whsec_",
+        ] {
+            let err = load(
+                Role::Sweep,
+                &[BASE, &[url, ("CALLBACK_SECRET", bad)]].concat(),
+            )
+            .unwrap_err();
+            assert!(
+                matches!(
+                    &err,
+                    ConfigError::Invalid {
+                        name: "CALLBACK_SECRET",
+                        ..
+                    }
+                ),
+                "{bad}: {err:?}"
+            );
+            assert!(!err.to_string().contains(bad), "{err}");
         }
     }
 

@@ -5,6 +5,7 @@
 //! final Discord report. See `README.md` for the flow and `DESIGN` contracts.
 
 pub mod buildkite;
+pub mod callback;
 pub mod config;
 pub mod devstack;
 pub mod discord;

@@ -107,6 +107,12 @@ fn main() -> Result<(), Error> {
     tokio::runtime::Runtime::new()?.block_on(run_local())
 }
 
+fn data_dir() -> std::path::PathBuf {
+    std::path::PathBuf::from(
+        std::env::var("KERNELBOT_DATA_DIR").unwrap_or_else(|_| "./.kernelbot".into()),
+    )
+}
+
 /// The submission API's token: `SUBMIT_API_TOKEN` when set, else a fresh random one. It is
 /// written (owner-only) to `<data dir>/submit-token` for scripts, and printed for people.
 fn submit_token() -> Result<String, Error> {
@@ -118,9 +124,7 @@ fn submit_token() -> Result<String, Error> {
             uuid::Uuid::new_v4().simple()
         ),
     };
-    let dir = std::path::PathBuf::from(
-        std::env::var("KERNELBOT_DATA_DIR").unwrap_or_else(|_| "./.kernelbot".into()),
-    );
+    let dir = data_dir();
     std::fs::create_dir_all(&dir)?;
     let path = dir.join("submit-token");
     let mut file = std::fs::OpenOptions::new()
@@ -145,6 +149,13 @@ async fn run_local() -> Result<(), Error> {
     let webhook_secret = uuid::Uuid::new_v4().simple().to_string();
     let buildkite = BuildkiteStandin::start(&buildkite_token, "local-org", "kernelbot").await?;
     let discord = DiscordStandin::start().await?;
+    // One idle GPU agent per queue, for `GET /queues/{gpu}`.
+    buildkite.set_agents(&[
+        ("local-b200-gpu0", "b200", "connected", false),
+        ("local-h100-gpu0", "h100", "connected", false),
+        ("local-mi300-gpu0", "mi300", "connected", false),
+        ("local-test-gpu0", "test", "connected", false),
+    ]);
     let vars: BTreeMap<&str, String> = BTreeMap::from([
         ("BUILDKITE_API_URL", buildkite.api_url.clone()),
         ("BUILDKITE_API_TOKEN", buildkite_token.clone()),
@@ -169,6 +180,10 @@ async fn run_local() -> Result<(), Error> {
         "submit   {submit_url}  (Authorization: Bearer {api_token}; also in <data dir>/submit-token)"
     );
     println!("webhook  {webhook_url}/webhooks/buildkite");
+    // For scripts (the launcher's tests): where the submit API listens, once it does.
+    let url_file = data_dir().join("submit-url");
+    std::fs::write(url_file.with_extension("tmp"), format!("{submit_url}\n"))?;
+    std::fs::rename(url_file.with_extension("tmp"), &url_file)?;
     println!(
         "buildkite stand-in {}   discord stand-in {}\n",
         buildkite.api_url, discord.api_url

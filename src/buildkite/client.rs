@@ -14,7 +14,7 @@ use secrecy::{ExposeSecret, SecretString};
 use serde::de::DeserializeOwned;
 use url::Url;
 
-use super::model::{Artifact, Build, NewBuild};
+use super::model::{Agent, Artifact, Build, NewBuild};
 use crate::config::BuildkiteConfig;
 use crate::retry::{self, Again, Deadline, Policy, Transient};
 
@@ -23,6 +23,8 @@ pub const MAX_ARTIFACT_BYTES: u64 = 8 * 1024 * 1024;
 const API_TIMEOUT: Duration = Duration::from_secs(10);
 const STORAGE_TIMEOUT: Duration = Duration::from_secs(30);
 const MAX_ARTIFACT_PAGES: u32 = 10;
+/// 1000 agents: far more than any donated fleet.
+const MAX_AGENT_PAGES: u32 = 10;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BuildkiteError {
@@ -431,6 +433,27 @@ impl BuildkiteClient {
                     url = n;
                 }
                 _ => return Ok(all),
+            }
+        }
+        Ok(all)
+    }
+
+    /// Every agent of the organization, following the `Link: rel="next"` pages (100 a page,
+    /// [`MAX_AGENT_PAGES`] at most).
+    pub async fn list_agents(&self, deadline: Deadline) -> Result<Vec<Agent>, BuildkiteError> {
+        let mut url = format!(
+            "{}/organizations/{}/agents?per_page=100",
+            self.base.as_str().trim_end_matches('/'),
+            self.org
+        );
+        let mut all = Vec::new();
+        for _ in 0..MAX_AGENT_PAGES {
+            let resp = self.read(&url, deadline).await?;
+            let next = next_link(resp.headers());
+            all.extend(Self::json::<Vec<Agent>>(resp).await?);
+            match next {
+                Some(n) if n.starts_with(self.base.as_str().trim_end_matches('/')) => url = n,
+                _ => break,
             }
         }
         Ok(all)

@@ -5,4 +5,4 @@ pub mod model;
 pub mod webhook;
 
 pub use client::{BuildkiteClient, BuildkiteError};
-pub use model::{Artifact, Build, NewBuild};
+pub use model::{Agent, Artifact, Build, NewBuild};

@@ -18,6 +18,38 @@ pub struct NewBuild {
     pub meta_data: BTreeMap<String, String>,
 }
 
+/// An agent as the agents API lists it (`read_agents`).
+#[derive(Clone, Debug, Deserialize)]
+pub struct Agent {
+    pub name: String,
+    #[serde(default)]
+    pub connection_state: String,
+    /// Its tags, `"key=value"` (`"queue=h100"`).
+    #[serde(default)]
+    pub meta_data: Vec<String>,
+    /// The job it is running; `null` when idle.
+    #[serde(default)]
+    pub job: Option<serde_json::Value>,
+}
+
+impl Agent {
+    /// The queue its `queue=` tag names (Buildkite's `default` when it has none).
+    pub fn queue(&self) -> &str {
+        self.meta_data
+            .iter()
+            .find_map(|t| t.strip_prefix("queue="))
+            .unwrap_or("default")
+    }
+
+    pub fn is_connected(&self) -> bool {
+        self.connection_state == "connected"
+    }
+
+    pub fn is_busy(&self) -> bool {
+        self.job.as_ref().is_some_and(|j| !j.is_null())
+    }
+}
+
 #[derive(Clone, Debug, Deserialize)]
 pub struct Build {
     pub id: String,

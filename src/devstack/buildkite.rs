@@ -100,6 +100,10 @@ struct Inner {
     storage_downloads: usize,
     api_calls: Vec<String>,
     autorun: Option<AutoRun>,
+    /// What `GET /organizations/{org}/agents` lists, as the API shows agents.
+    agents: Vec<Value>,
+    /// The agents API answers this status instead (403: a token without `read_agents`).
+    agents_failure: Option<u16>,
 }
 
 #[derive(Clone)]
@@ -193,6 +197,8 @@ impl BuildkiteStandin {
             storage_downloads: 0,
             api_calls: Vec::new(),
             autorun: None,
+            agents: Vec::new(),
+            agents_failure: None,
         }));
         let p = "/v2/organizations/{org}/pipelines/{pipeline}/builds";
         let router = Router::new()
@@ -212,6 +218,7 @@ impl BuildkiteStandin {
                 get(get_pipeline),
             )
             .route("/storage/{id}", get(storage))
+            .route("/v2/organizations/{org}/agents", get(list_agents))
             .layer(axum::middleware::map_response_with_state(
                 inner.clone(),
                 rate_limit_headers,
@@ -238,6 +245,33 @@ impl BuildkiteStandin {
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
         lock(&self.inner)
+    }
+
+    /// Sets the organization's agents: `(name, queue tag, connection state, busy)`.
+    pub fn set_agents(&self, agents: &[(&str, &str, &str, bool)]) {
+        self.lock().agents = agents
+            .iter()
+            .enumerate()
+            .map(|(i, (name, queue, connection, busy))| {
+                json!({"id": format!("agent-{i}"), "name": name, "connection_state": connection,
+                       "hostname": "gpu-node-1", "meta_data": [format!("queue={queue}"), format!("gpu={i}")],
+                       "job": busy.then(|| json!({"id": format!("job-{i}"), "state": "running"}))})
+            })
+            .collect();
+    }
+
+    /// The agents API answers `status` from now on (`None`: it lists the agents again).
+    pub fn fail_agents(&self, status: Option<u16>) {
+        self.lock().agents_failure = status;
+    }
+
+    /// How many times the agents API was called.
+    pub fn agent_calls(&self) -> usize {
+        self.lock()
+            .api_calls
+            .iter()
+            .filter(|c| c.ends_with("/agents"))
+            .count()
     }
 
     /// Every build created, in order.
@@ -760,6 +794,63 @@ async fn list_builds(
             .append_pair("page", &(page + 1).to_string())
             .finish();
         let next = format!("<{}{}?{rest}>; rel=\"next\"", s.base, req.uri().path());
+        if let Ok(v) = next.parse() {
+            response.headers_mut().insert(header::LINK, v);
+        }
+    }
+    response
+}
+
+/// `GET /v2/organizations/{org}/agents`, paged like the builds listing.
+async fn list_agents(
+    State(inner): State<Shared>,
+    Path(org): Path<String>,
+    RawQuery(query): RawQuery,
+    req: Request,
+) -> Response {
+    let mut s = lock(&inner);
+    s.api_calls
+        .push(format!("{} {}", req.method(), req.uri().path()));
+    if !authorized(&s, &req) {
+        return bk_error(StatusCode::UNAUTHORIZED, "No valid API token provided");
+    }
+    if org != s.org {
+        return bk_error(StatusCode::NOT_FOUND, "Not Found");
+    }
+    if let Some(code) = s.agents_failure {
+        let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        return bk_error(status, "Your API token does not have the read_agents scope");
+    }
+    let pairs: Vec<(String, String)> =
+        url::form_urlencoded::parse(query.unwrap_or_default().as_bytes())
+            .map(|(k, v)| (k.into_owned(), v.into_owned()))
+            .collect();
+    let number = |k: &str, default: usize| {
+        pairs
+            .iter()
+            .find(|(key, _)| key == k)
+            .and_then(|(_, v)| v.parse::<usize>().ok())
+            .unwrap_or(default)
+    };
+    let (per_page, page) = (
+        number("per_page", 30).clamp(1, 100),
+        number("page", 1).max(1),
+    );
+    let list: Vec<Value> = s
+        .agents
+        .iter()
+        .skip((page - 1) * per_page)
+        .take(per_page)
+        .cloned()
+        .collect();
+    let mut response = Json(list).into_response();
+    if s.agents.len() > page * per_page {
+        let next = format!(
+            "<{}{}?per_page={per_page}&page={}>; rel=\"next\"",
+            s.base,
+            req.uri().path(),
+            page + 1
+        );
         if let Ok(v) = next.parse() {
             response.headers_mut().insert(header::LINK, v);
         }

@@ -1,4 +1,4 @@
-//! Local stand-ins for Buildkite and Discord that speak their documented wire formats,
+//! Local stand-ins for Buildkite, Discord and a callback receiver that speak their documented wire formats,
 //! failure modes included (302 to storage, 422, 429 with `retry_after`, 404, 5xx, slow
 //! answers). The local run and the tests use them; production never does.
 
@@ -6,6 +6,7 @@ pub mod agent;
 pub mod buildkite;
 pub mod discord;
 pub mod host;
+pub mod receiver;
 
 use std::net::SocketAddr;
 

@@ -1,4 +1,5 @@
-//! The outbox: sending a job's Discord status until nothing is owed.
+//! The outboxes: sending a job's Discord status and its signed callbacks until nothing is
+//! owed. Both run side by side; each is a compare-and-swap on its own part of the job.
 //!
 //! A sender first takes the job's message (a lease, by compare-and-swap), renders the job as
 //! it is then, sends, and records what Discord said. Only one sender holds a message at a
@@ -9,7 +10,8 @@
 use tracing::{info, warn};
 
 use super::Dispatcher;
-use super::rules::{self, LEASE_SLACK_MS, Sent};
+use super::rules::{self, Answered, LEASE_SLACK_MS, Sent};
+use crate::callback::CallbackError;
 use crate::discord::{DiscordError, render};
 use crate::jobs::{Job, RunId, StoreError, update};
 use crate::retry::Deadline;
@@ -31,8 +33,80 @@ fn sent_of(result: Result<Option<String>, DiscordError>) -> Sent {
 }
 
 impl Dispatcher {
-    /// Drives the job's Discord outbox within `deadline`; returns the job as last seen.
+    /// Drives both outboxes of the job within `deadline`; returns the job as last seen.
     pub async fn deliver(
+        &self,
+        run_id: &RunId,
+        deadline: Deadline,
+    ) -> Result<Option<Job>, StoreError> {
+        let (discord, callback) = tokio::join!(
+            self.deliver_discord(run_id, deadline),
+            self.deliver_callback(run_id, deadline)
+        );
+        let newest = [discord?, callback?]
+            .into_iter()
+            .flatten()
+            .max_by_key(|j| j.version);
+        Ok(newest)
+    }
+
+    /// Drives the job's callback outbox within `deadline`; returns the job as last seen.
+    pub async fn deliver_callback(
+        &self,
+        run_id: &RunId,
+        deadline: Deadline,
+    ) -> Result<Option<Job>, StoreError> {
+        let Some(sender) = &self.callbacks else {
+            return Ok(update(self.store.as_ref(), run_id, rules::abandon_callback)
+                .await?
+                .job());
+        };
+        let owner = uuid::Uuid::new_v4().simple().to_string();
+        let mut last = None;
+        for _ in 0..MAX_SENDS {
+            if deadline.remaining() < sender.timeout() + RECORD_RESERVE {
+                info!(%run_id, "no time left for the callback; the sweep will send it");
+                break;
+            }
+            let now = self.clock.now();
+            let until = now + deadline.remaining().as_millis() as i64 + LEASE_SLACK_MS;
+            let claimed = update(self.store.as_ref(), run_id, |j| {
+                rules::claim_callback(j, &owner, now, until)
+            })
+            .await?;
+            let job = match claimed {
+                crate::jobs::Updated::Written(job) => job,
+                other => return Ok(other.job().or(last)),
+            };
+            let answer = match crate::callback::event::render(&job) {
+                Some(event) => match sender.send(&event, deadline).await {
+                    Ok(()) => Answered::Accepted,
+                    Err(CallbackError::Gone) => Answered::Gone,
+                    Err(e) => Answered::Failed(e.to_string()),
+                },
+                None => Answered::Failed("the callback could not be rendered".into()),
+            };
+            if let Answered::Failed(e) = &answer {
+                warn!(%run_id, state = %job.state, error = %e, "the callback was not accepted");
+            }
+            let sent = job.state;
+            let after = update(self.store.as_ref(), run_id, |j| {
+                rules::record_callback(j, &owner, sent, &answer, self.clock.now())
+            })
+            .await?
+            .job();
+            let again =
+                after.as_ref().is_some_and(Job::owes_callback) && answer == Answered::Accepted;
+            last = after;
+            if !again {
+                break;
+            }
+        }
+        Ok(last)
+    }
+
+    /// Drives the job's Discord outbox within `deadline`; returns the job as last seen.
+    pub async fn deliver_discord(
         &self,
         run_id: &RunId,
         deadline: Deadline,

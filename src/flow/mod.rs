@@ -1,6 +1,6 @@
 //! The job's path through the system, arrow by arrow of the flow in DESIGN.md:
 //! [`submit`] records a job and creates (or defers) its build, [`events`] moves it forward on
-//! signed webhooks, [`deliver`] drains the Discord outbox, [`sweep`] finishes whatever the
+//! signed webhooks, [`deliver`] drains the Discord and callback outboxes, [`sweep`] finishes whatever the
 //! others left undone. The decisions they act on are pure functions in [`rules`].
 //!
 //! Data flows one way: http → flow → (buildkite | discord | jobs).
@@ -9,6 +9,7 @@ pub mod cancel;
 pub mod deliver;
 pub mod events;
 mod follow;
+pub mod queues;
 pub mod rules;
 pub mod submit;
 pub mod sweep;
@@ -18,6 +19,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use crate::buildkite::{BuildkiteClient, BuildkiteError};
+use crate::callback::CallbackSender;
 use crate::config::Config;
 use crate::discord::Notifier;
 use crate::jobs::model::{Millis, now_millis};
@@ -36,6 +38,8 @@ pub struct Dispatcher {
     pub store: Arc<dyn crate::jobs::JobStore>,
     pub buildkite: BuildkiteClient,
     pub discord: Notifier,
+    /// Signed callbacks, when `CALLBACK_URL` is set.
+    pub callbacks: Option<CallbackSender>,
     pub config: Arc<Config>,
     pub clock: Clock,
     pub metrics: Metrics,
@@ -95,6 +99,12 @@ impl Dispatcher {
             store,
             buildkite: BuildkiteClient::new(&config.buildkite).map_err(|e| e.to_string())?,
             discord: Notifier::new(config.discord.api_url.clone()).map_err(|e| e.to_string())?,
+            callbacks: config
+                .callback
+                .as_ref()
+                .map(CallbackSender::new)
+                .transpose()
+                .map_err(|e| e.to_string())?,
             config,
             clock: Clock::default(),
             metrics: Metrics::for_function("local"),

@@ -160,6 +160,91 @@ pub fn record(job: &Job, owner: &str, rendered: JobState, sent: &Sent, now: Mill
     Some(next)
 }
 
+/// Takes the job's callback for `owner` until `until`, if one is owed and no one else holds
+/// it: only one sender at a time, so an accepted callback is never sent again.
+pub fn claim_callback(job: &Job, owner: &str, now: Millis, until: Millis) -> Option<Job> {
+    let c = job.callback.as_ref()?;
+    if !c.owes(job.state) || c.lease.as_ref().is_some_and(|l| l.until > now) {
+        return None;
+    }
+    let mut next = job.clone();
+    next.callback.as_mut()?.lease = Some(Lease {
+        owner: owner.to_owned(),
+        until,
+    });
+    Some(next)
+}
+
+/// What the callback receiver said.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Answered {
+    /// 2xx.
+    Accepted,
+    /// 410: nothing more is sent for this run.
+    Gone,
+    /// Anything else (or no answer): sent again later, for up to 24 h.
+    Failed(String),
+}
+
+/// Records what the receiver said to `owner`'s callback for state `sent`, and releases the
+/// lease.
+pub fn record_callback(
+    job: &Job,
+    owner: &str,
+    sent: JobState,
+    answer: &Answered,
+    now: Millis,
+) -> Option<Job> {
+    let mut next = job.clone();
+    let c = next.callback.as_mut()?;
+    if c.lease.as_ref().is_none_or(|l| l.owner != owner) {
+        return None;
+    }
+    c.lease = None;
+    match answer {
+        Answered::Accepted => {
+            c.delivered = Some(c.delivered.map_or(sent.rank(), |d| d.max(sent.rank())));
+            if job.state == sent {
+                c.attempts = 0;
+                c.pending_since = None;
+                c.last_error = None;
+            }
+            if sent.is_terminal() {
+                c.status = DeliveryStatus::Delivered;
+            }
+        }
+        Answered::Gone => {
+            c.status = DeliveryStatus::Gone;
+            c.last_error = Some("the receiver answered 410 Gone".into());
+        }
+        // A failure of a state the job has since left does not count against the new one.
+        Answered::Failed(e) if job.state == sent => {
+            c.attempts += 1;
+            c.last_error = Some(e.clone());
+            let since = *c.pending_since.get_or_insert(now);
+            if sent.is_terminal() && now - since >= GIVE_UP_AFTER_MS {
+                c.status = DeliveryStatus::GivenUp;
+            }
+        }
+        Answered::Failed(_) => {}
+    }
+    Some(next)
+}
+
+/// Gives up the job's owed callback when no receiver is configured any more: it would
+/// otherwise stay in the sweep's outbox for ever.
+pub fn abandon_callback(job: &Job) -> Option<Job> {
+    if !job.owes_callback() {
+        return None;
+    }
+    let mut next = job.clone();
+    let c = next.callback.as_mut()?;
+    c.status = DeliveryStatus::GivenUp;
+    c.last_error = Some("CALLBACK_URL is no longer set".into());
+    c.lease = None;
+    Some(next)
+}
+
 fn give_up(o: &mut crate::jobs::Outbox) {
     o.status = DeliveryStatus::GivenUp;
     o.target = None;
@@ -578,5 +663,116 @@ mod tests {
             scheduled.creation, None,
             "a recorded build ends the creation"
         );
+    }
+
+    fn with_callback(state: JobState) -> Job {
+        let mut j = job(JobState::Submitted);
+        j.callback = Some(crate::jobs::CallbackOutbox::new(0));
+        j.apply(&Transition::to(state, 10)).unwrap()
+    }
+
+    #[test]
+    fn one_callback_sender_at_a_time_and_an_accepted_one_is_never_owed_again() {
+        let running = with_callback(JobState::Running);
+        let held = claim_callback(&running, "a", 100, 1_000).expect("owed");
+        assert_eq!(claim_callback(&held, "b", 200, 1_000), None, "held by a");
+        assert!(
+            claim_callback(&held, "b", 1_000, 2_000).is_some(),
+            "a's lease passed"
+        );
+        assert_eq!(
+            record_callback(&held, "b", JobState::Running, &Answered::Accepted, 300),
+            None
+        );
+        let done =
+            record_callback(&held, "a", JobState::Running, &Answered::Accepted, 300).unwrap();
+        assert!(!done.owes_callback());
+        assert_eq!(claim_callback(&done, "c", 400, 1_000), None);
+        let finished = done
+            .apply(&Transition::to(JobState::Finished, 500))
+            .unwrap();
+        assert!(
+            finished.owes_callback(),
+            "a new state owes its own callback"
+        );
+    }
+
+    #[test]
+    fn failures_are_retried_for_a_day_and_a_410_stops_at_once() {
+        let finished = with_callback(JobState::Finished);
+        let mut j = finished.clone();
+        for now in [1_000, 2_000] {
+            let held = claim_callback(&j, "s", now, now + 10).unwrap();
+            j = record_callback(
+                &held,
+                "s",
+                JobState::Finished,
+                &Answered::Failed("500".into()),
+                now,
+            )
+            .unwrap();
+        }
+        let c = j.callback.as_ref().unwrap();
+        assert_eq!(
+            (c.attempts, c.pending_since, c.status),
+            (2, Some(1_000), DeliveryStatus::Active)
+        );
+        let late = 1_000 + GIVE_UP_AFTER_MS;
+        let held = claim_callback(&j, "s", late, late + 10).unwrap();
+        let j = record_callback(
+            &held,
+            "s",
+            JobState::Finished,
+            &Answered::Failed("500".into()),
+            late,
+        )
+        .unwrap();
+        assert_eq!(j.callback.as_ref().unwrap().status, DeliveryStatus::GivenUp);
+        assert!(!j.owes_callback());
+
+        let held = claim_callback(&finished, "s", 5, 10).unwrap();
+        let gone = record_callback(&held, "s", JobState::Finished, &Answered::Gone, 5).unwrap();
+        assert_eq!(gone.callback.as_ref().unwrap().status, DeliveryStatus::Gone);
+        assert!(!gone.owes_callback());
+    }
+
+    #[test]
+    fn an_earlier_states_answer_does_not_touch_the_later_state_now_owed() {
+        let running = with_callback(JobState::Running);
+        let held = claim_callback(&running, "s", 100, 1_000).unwrap();
+        // The build finished while the `running` callback was in flight.
+        let finished = held
+            .apply(&Transition::to(JobState::Finished, 150))
+            .unwrap();
+        let failed = record_callback(
+            &finished,
+            "s",
+            JobState::Running,
+            &Answered::Failed("503".into()),
+            200,
+        )
+        .unwrap();
+        let c = failed.callback.as_ref().unwrap();
+        assert_eq!(
+            (c.attempts, c.pending_since, c.lease.as_ref()),
+            (0, None, None)
+        );
+        let accepted =
+            record_callback(&finished, "s", JobState::Running, &Answered::Accepted, 200).unwrap();
+        assert!(accepted.owes_callback(), "finished is still owed");
+        assert_eq!(
+            accepted.callback.unwrap().delivered,
+            Some(JobState::Running.rank())
+        );
+    }
+
+    #[test]
+    fn a_submitted_job_owes_no_callback_and_an_unset_receiver_gives_up() {
+        let mut submitted = job(JobState::Submitted);
+        submitted.callback = Some(crate::jobs::CallbackOutbox::new(0));
+        assert_eq!(claim_callback(&submitted, "s", 0, 10), None);
+        assert_eq!(abandon_callback(&submitted), None);
+        let abandoned = abandon_callback(&with_callback(JobState::Finished)).unwrap();
+        assert_eq!(abandoned.callback.unwrap().status, DeliveryStatus::GivenUp);
     }
 }

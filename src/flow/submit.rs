@@ -185,6 +185,9 @@ impl Dispatcher {
             );
             job.max_queue_secs = sub.max_queue_secs;
             job.private = sub.private;
+            if self.callbacks.is_some() {
+                job.callback = Some(crate::jobs::CallbackOutbox::new(now));
+            }
             // Held while this create is in flight; if this function dies, the sweep looks the
             // build up once the hold has passed, then creates it.
             job.creation = Some(Creation {

@@ -46,6 +46,10 @@ pub struct SweepReport {
     pub oldest_pending_secs: u64,
     /// Open jobs past a deadline when the pass began.
     pub past_deadline: usize,
+    /// Signed callbacks accepted in this pass, still owed after it, and given up in it.
+    pub callbacks_sent: usize,
+    pub callbacks_pending: usize,
+    pub callbacks_given_up: usize,
 }
 
 impl std::fmt::Display for SweepReport {
@@ -157,6 +161,16 @@ impl Dispatcher {
                     Unit::Count,
                     report.past_deadline as f64,
                 ),
+                (
+                    "CallbacksPending",
+                    Unit::Count,
+                    report.callbacks_pending as f64,
+                ),
+                (
+                    "CallbacksGivenUp",
+                    Unit::Count,
+                    report.callbacks_given_up as f64,
+                ),
             ],
         );
     }
@@ -178,6 +192,11 @@ impl Dispatcher {
             .iter()
             .chain(outbox.iter())
             .filter(|j| j.owes_discord())
+            .collect();
+        let callbacks: Vec<&Job> = open
+            .iter()
+            .chain(outbox.iter())
+            .filter(|j| j.owes_callback())
             .collect();
         let mut still_pending = Vec::new();
         for job in owing {
@@ -204,7 +223,40 @@ impl Dispatcher {
             })
             .max()
             .unwrap_or(0);
+        for job in callbacks {
+            let pending = deadline.remaining() < PASS_RESERVE
+                || self
+                    .deliver_callback_counted(&job.run_id, self.slice(deadline), report)
+                    .await?;
+            report.callbacks_pending += usize::from(pending);
+        }
         buildkite
+    }
+
+    /// Delivers one job's owed callback; whether one is still owed after.
+    async fn deliver_callback_counted(
+        &self,
+        run_id: &RunId,
+        deadline: Deadline,
+        report: &mut SweepReport,
+    ) -> Result<bool, DispatchError> {
+        let after = match self.deliver_callback(run_id, deadline).await? {
+            Some(job) => job,
+            None => match self.store.get(run_id).await? {
+                Some(job) => job,
+                None => return Ok(false),
+            },
+        };
+        if after.owes_callback() {
+            return Ok(true);
+        }
+        match after.callback.as_ref().map(|c| c.status) {
+            Some(crate::jobs::DeliveryStatus::GivenUp | crate::jobs::DeliveryStatus::Gone) => {
+                report.callbacks_given_up += 1;
+            }
+            _ => report.callbacks_sent += 1,
+        }
+        Ok(false)
     }
 
     /// Deferred creates, then the builds of open jobs due for a look.
@@ -403,6 +455,17 @@ impl Dispatcher {
             .deliver_counted(run_id, owed, deadline, &mut report)
             .await?;
         report.reports_pending = usize::from(pending);
+        let owes_callback = self
+            .store
+            .get(run_id)
+            .await?
+            .is_some_and(|j| j.owes_callback());
+        if owes_callback {
+            let pending = self
+                .deliver_callback_counted(run_id, deadline, &mut report)
+                .await?;
+            report.callbacks_pending = usize::from(pending);
+        }
         Ok(report)
     }
 
@@ -416,7 +479,7 @@ impl Dispatcher {
         report: &mut SweepReport,
     ) -> Result<bool, DispatchError> {
         // `deliver` sees nothing when it had no time to try: the job as stored says.
-        let after = match self.deliver(run_id, deadline).await? {
+        let after = match self.deliver_discord(run_id, deadline).await? {
             Some(job) => job,
             None => match self.store.get(run_id).await? {
                 Some(job) => job,

@@ -7,6 +7,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 use crate::flow::DispatchError;
+use crate::flow::queues::QueueError;
 use crate::submission::Invalid;
 
 #[derive(Debug, thiserror::Error)]
@@ -74,6 +75,23 @@ impl From<DispatchError> for ApiError {
         match e {
             DispatchError::BuildRefused { source, .. } => {
                 Self::BadGateway(format!("Buildkite did not create the build: {source}"))
+            }
+            other => Self::Unavailable(other.to_string()),
+        }
+    }
+}
+
+impl From<QueueError> for ApiError {
+    fn from(e: QueueError) -> Self {
+        match e {
+            QueueError::UnknownGpu { .. } => Self::NotFound(e.to_string()),
+            // Buildkite's own words stay in the log.
+            QueueError::Buildkite(source) => {
+                tracing::warn!(error = %source, "the agents API failed");
+                Self::BadGateway(format!(
+                    "the Buildkite agents API failed: {}",
+                    source.public()
+                ))
             }
             other => Self::Unavailable(other.to_string()),
         }

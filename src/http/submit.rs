@@ -11,7 +11,9 @@ use secrecy::ExposeSecret;
 use serde_json::{Value, json};
 
 use super::{ApiError, deadline_of, healthz, read_body};
+use crate::flow::queues::QueueStatus;
 use crate::flow::{Canceled, Dispatcher, Submitted};
+use crate::jobs::model::rfc3339;
 use crate::jobs::{Job, RunId};
 use crate::submission;
 
@@ -24,6 +26,7 @@ pub fn router(dispatcher: Arc<Dispatcher>) -> Router {
         .route("/submissions", post(create))
         .route("/submissions/{run_id}", get(show))
         .route("/submissions/{run_id}/cancel", post(cancel))
+        .route("/queues/{gpu}", get(queue))
         .route("/healthz", get(healthz))
         .with_state(dispatcher)
 }
@@ -45,11 +48,6 @@ fn authorize(d: &Dispatcher, headers: &HeaderMap) -> Result<(), ApiError> {
     }
 }
 
-fn millis_rfc3339(ms: i64) -> String {
-    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.max(0) as u64);
-    humantime::format_rfc3339_millis(t).to_string()
-}
-
 fn build_json(job: &Job) -> Value {
     job.build.as_ref().map_or(
         Value::Null,
@@ -69,7 +67,7 @@ fn rank_name(rank: u8) -> &'static str {
 /// Where the job's Discord status stands, for operators (never the webhook token).
 fn delivery_json(job: &Job) -> Value {
     let Some(o) = &job.discord else {
-        return json!({"discord": null});
+        return json!({"discord": null, "callback": callback_json(job)});
     };
     let status = if o.owes(job.state) {
         "pending"
@@ -81,9 +79,28 @@ fn delivery_json(job: &Job) -> Value {
         "shown": o.shown.map(rank_name),
         "message_id": o.message_id,
         "attempts": o.attempts,
-        "pending_since": o.pending_since.map(millis_rfc3339),
+        "pending_since": o.pending_since.map(rfc3339),
         "last_error": o.last_error,
-    }})
+    }, "callback": callback_json(job)})
+}
+
+fn callback_json(job: &Job) -> Value {
+    let Some(c) = &job.callback else {
+        return Value::Null;
+    };
+    let status = if c.owes(job.state) {
+        "pending"
+    } else {
+        c.status.as_str()
+    };
+    json!({
+        "status": status,
+        // The top rank is the job's own end (`finished` or `failed`).
+        "delivered": c.delivered.map(|r| if r == job.state.rank() { job.state.as_str() } else { rank_name(r) }),
+        "attempts": c.attempts,
+        "pending_since": c.pending_since.map(rfc3339),
+        "last_error": c.last_error,
+    })
 }
 
 /// The job as `GET /submissions/{run_id}` shows it.
@@ -96,8 +113,8 @@ pub fn job_view(job: &Job) -> Value {
         "title": job.title,
         "build": build_json(job),
         "failure": job.failure,
-        "created_at": millis_rfc3339(job.created_at),
-        "updated_at": millis_rfc3339(job.updated_at),
+        "created_at": rfc3339(job.created_at),
+        "updated_at": rfc3339(job.updated_at),
         "verdict": job.outcome.as_ref().map(|o| o.verdict),
         "result": job.outcome,
         "delivery": delivery_json(job),
@@ -166,4 +183,15 @@ async fn show(
         .map_err(|e| ApiError::Unavailable(e.to_string()))?
         .ok_or_else(not_found)?;
     Ok(Json(job_view(&job)))
+}
+
+/// `GET /queues/{gpu}`: the queue's agents and open jobs.
+async fn queue(
+    State(d): State<Arc<Dispatcher>>,
+    Path(gpu): Path<String>,
+    request: Request,
+) -> Result<Json<QueueStatus>, ApiError> {
+    authorize(&d, request.headers())?;
+    let deadline = deadline_of(request.extensions());
+    Ok(Json(d.queue_status(&gpu, deadline).await?))
 }

@@ -15,11 +15,15 @@ use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::error::{DisplayErrorContext, ProvideErrorMetadata};
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure};
 
-use super::model::{Job, Millis, RunId};
+use super::model::{Job, JobState, Millis, RunId};
 use super::record::JobRecord;
-use super::store::{CURSOR_KEY, Created, JobStore, Replaced, Shard, StoreError};
+use super::store::{CURSOR_KEY, CacheEntry, Created, JobStore, Replaced, Shard, StoreError};
 
 pub const OPEN_JOBS_INDEX: &str = "open-jobs";
+/// Open jobs by queue (sparse: only unfinished jobs carry `open_queue`), for queue status.
+pub const QUEUE_JOBS_INDEX: &str = "queue-jobs";
+/// 1 MB pages of two small attributes: tens of thousands of open jobs, far past any queue.
+const MAX_QUEUE_PAGES: usize = 10;
 
 /// One DynamoDB call, retries included, never takes longer than this: a function must keep
 /// time for its answer and for Discord.
@@ -211,6 +215,89 @@ impl JobStore for DynamoStore {
                 _ => return Ok(jobs),
             }
         }
+    }
+
+    async fn open_in_queue(&self, queue: &str) -> Result<Vec<(JobState, Millis)>, StoreError> {
+        let mut jobs = Vec::new();
+        let mut start: Option<Item> = None;
+        for _ in 0..MAX_QUEUE_PAGES {
+            let out = self
+                .client
+                .query()
+                .table_name(&self.table)
+                .index_name(QUEUE_JOBS_INDEX)
+                .key_condition_expression("#q = :q")
+                .projection_expression("#s, #created")
+                .expression_attribute_names("#q", "open_queue")
+                .expression_attribute_names("#s", "state")
+                .expression_attribute_names("#created", "created_at")
+                .expression_attribute_values(":q", s(queue))
+                .set_exclusive_start_key(start.take())
+                .send()
+                .await
+                .map_err(|e| unavailable(e.into_service_error()))?;
+            for item in out.items.unwrap_or_default() {
+                let state = item
+                    .get("state")
+                    .and_then(|v| v.as_s().ok())
+                    .ok_or_else(|| StoreError::Corrupt("open job without a state".into()))?;
+                let created = item
+                    .get("created_at")
+                    .and_then(|v| v.as_n().ok())
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(0);
+                jobs.push((state.parse().map_err(StoreError::Corrupt)?, created));
+            }
+            match out.last_evaluated_key {
+                Some(key) => start = Some(key),
+                None => break,
+            }
+        }
+        Ok(jobs)
+    }
+
+    async fn cached(&self, key: &str) -> Result<Option<CacheEntry>, StoreError> {
+        let Some(item) = self.get_item(key).await? else {
+            return Ok(None);
+        };
+        let number = |name: &str| {
+            item.get(name)
+                .and_then(|v| v.as_n().ok())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0)
+        };
+        Ok(Some(CacheEntry {
+            value: item.get("cache_value").and_then(|v| v.as_s().ok()).cloned(),
+            fetched_at: number("fetched_at"),
+            claimed_at: number("claimed_at"),
+        }))
+    }
+
+    async fn put_cached(
+        &self,
+        key: &str,
+        entry: &CacheEntry,
+        expected: Option<Millis>,
+    ) -> Result<bool, StoreError> {
+        let mut item = Item::from([
+            ("run_id".to_owned(), s(key)),
+            ("fetched_at".to_owned(), n(entry.fetched_at)),
+            ("claimed_at".to_owned(), n(entry.claimed_at)),
+        ]);
+        if let Some(v) = &entry.value {
+            item.insert("cache_value".to_owned(), s(v.clone()));
+        }
+        let written = match expected {
+            None => {
+                self.put_if(item, "attribute_not_exists(run_id)", &[], &[])
+                    .await?
+            }
+            Some(at) => {
+                self.put_if(item, "#c = :c", &[("#c", "claimed_at")], &[(":c", n(at))])
+                    .await?
+            }
+        };
+        Ok(written.is_ok())
     }
 
     async fn sweep_cursor(&self) -> Result<Option<String>, StoreError> {

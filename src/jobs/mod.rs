@@ -6,5 +6,7 @@ pub mod record;
 pub mod sqlite;
 pub mod store;
 
-pub use model::{BuildRef, Creation, DeliveryStatus, Job, JobState, Outbox, RunId, Transition};
-pub use store::{Created, JobStore, Replaced, Shard, StoreError, Updated, update};
+pub use model::{
+    BuildRef, CallbackOutbox, Creation, DeliveryStatus, Job, JobState, Outbox, RunId, Transition,
+};
+pub use store::{CacheEntry, Created, JobStore, Replaced, Shard, StoreError, Updated, update};

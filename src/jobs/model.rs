@@ -140,6 +140,12 @@ pub fn now_millis() -> Millis {
         .unwrap_or(0)
 }
 
+/// `ms` as an RFC 3339 UTC time with milliseconds.
+pub fn rfc3339(ms: Millis) -> String {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.max(0) as u64);
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
 /// How long a job is kept before the table's TTL removes it.
 pub const RETENTION_SECS: i64 = 90 * 24 * 3600;
 
@@ -234,6 +240,45 @@ impl Outbox {
     }
 }
 
+/// The job's signed callbacks (`CALLBACK_URL`): the newest state the receiver accepted, and
+/// how the state now owed is going. Like the Discord outbox, only the current state is owed:
+/// an earlier one still pending is dropped once a later one is delivered.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CallbackOutbox {
+    /// When the job entered its current state: the callback's `timestamp`.
+    pub entered_at: Millis,
+    /// Rank of the newest state the receiver accepted (2xx).
+    pub delivered: Option<u8>,
+    /// `Active` while callbacks may be owed; `Delivered` once the last one was accepted;
+    /// `Gone` after a 410; `GivenUp` after 24 h of failures.
+    pub status: DeliveryStatus,
+    pub attempts: u32,
+    pub pending_since: Option<Millis>,
+    pub last_error: Option<String>,
+    pub lease: Option<Lease>,
+}
+
+impl CallbackOutbox {
+    pub fn new(now: Millis) -> Self {
+        Self {
+            entered_at: now,
+            delivered: None,
+            status: DeliveryStatus::Active,
+            attempts: 0,
+            pending_since: None,
+            last_error: None,
+            lease: None,
+        }
+    }
+
+    /// Whether the callback of a job in `state` is still owed (`submitted` sends none).
+    pub fn owes(&self, state: JobState) -> bool {
+        state != JobState::Submitted
+            && self.status == DeliveryStatus::Active
+            && self.delivered.is_none_or(|d| d < state.rank())
+    }
+}
+
 /// A build still to be created: the payload waits in the job until its build exists.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Creation {
@@ -255,6 +300,8 @@ pub struct Job {
     pub title: Option<String>,
     /// Where status is shown; `None` when the job reports to no Discord webhook.
     pub discord: Option<Outbox>,
+    /// Signed callbacks owed; `None` when the deployment sends none.
+    pub callback: Option<CallbackOutbox>,
     pub build: Option<BuildRef>,
     /// The build still to be created (`submitted` jobs without a build only).
     pub creation: Option<Creation>,
@@ -292,6 +339,7 @@ impl Job {
             queue,
             title,
             discord: discord.map(Outbox::new),
+            callback: None,
             build: None,
             creation: None,
             scheduled_at: None,
@@ -316,6 +364,11 @@ impl Job {
         self.discord.as_ref().is_some_and(|o| o.owes(self.state))
     }
 
+    /// Whether a callback is owed for the job as it is now.
+    pub fn owes_callback(&self) -> bool {
+        self.callback.as_ref().is_some_and(|c| c.owes(self.state))
+    }
+
     /// The job after `t`, or `None` when `t` would not move it forward (a duplicate or a
     /// late event): the caller then changes nothing and sends nothing.
     pub fn apply(&self, t: &Transition) -> Option<Job> {
@@ -331,6 +384,13 @@ impl Job {
             // A new state owes a new render: its own tries and its own 24 hours.
             o.attempts = 0;
             o.pending_since = None;
+        }
+        if let Some(c) = next.callback.as_mut() {
+            // A new state: a new callback with its own time, tries and 24 hours.
+            c.entered_at = t.at;
+            c.attempts = 0;
+            c.pending_since = None;
+            c.last_error = None;
         }
         next.state = t.to;
         next.updated_at = t.at;

@@ -6,7 +6,9 @@
 use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize};
 
-use super::model::{BuildRef, Creation, DeliveryStatus, Job, JobState, Lease, Outbox};
+use super::model::{
+    BuildRef, CallbackOutbox, Creation, DeliveryStatus, Job, JobState, Lease, Outbox,
+};
 use super::store::StoreError;
 use crate::discord::target::DiscordTarget;
 use crate::payload;
@@ -58,6 +60,23 @@ pub struct JobRecord {
     pub discord_lease_owner: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub discord_lease_until: Option<i64>,
+    /// Absent when the job sends no callbacks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub callback_status: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub callback_entered_at: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub callback_delivered: Option<u8>,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub callback_attempts: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub callback_pending_since: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub callback_error: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub callback_lease_owner: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub callback_lease_until: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub build_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -89,6 +108,9 @@ pub struct JobRecord {
     pub updated_at: i64,
     /// TTL attribute (Unix seconds).
     pub expires_at: i64,
+    /// Sparse-index key of the queue index: the job's queue while it is unfinished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub open_queue: Option<String>,
     /// Sparse-index key: [`OPEN`] while unfinished, [`OUTBOX`] while a report is owed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sweep_shard: Option<String>,
@@ -172,7 +194,7 @@ fn decode_outcome(
 fn shard(job: &Job) -> Option<String> {
     if !job.state.is_terminal() {
         Some(OPEN.to_owned())
-    } else if job.owes_discord() {
+    } else if job.owes_discord() || job.owes_callback() {
         Some(OUTBOX.to_owned())
     } else {
         None
@@ -207,6 +229,7 @@ impl JobRecord {
             updated_at: job.updated_at,
             expires_at: job.expires_at(),
             sweep_shard: shard(job),
+            open_queue: (!job.state.is_terminal()).then(|| job.queue.clone()),
             version: job.version,
             write_id: write_id.to_owned(),
             ..Self::default()
@@ -214,7 +237,40 @@ impl JobRecord {
         if let Some(o) = &job.discord {
             record.set_outbox(o);
         }
+        if let Some(c) = &job.callback {
+            record.set_callback(c);
+        }
         record
+    }
+
+    fn set_callback(&mut self, c: &CallbackOutbox) {
+        self.callback_status = Some(c.status.as_str().to_owned());
+        self.callback_entered_at = Some(c.entered_at);
+        self.callback_delivered = c.delivered;
+        self.callback_attempts = c.attempts;
+        self.callback_pending_since = c.pending_since;
+        self.callback_error.clone_from(&c.last_error);
+        self.callback_lease_owner = c.lease.as_ref().map(|l| l.owner.clone());
+        self.callback_lease_until = c.lease.as_ref().map(|l| l.until);
+    }
+
+    fn callback(&mut self) -> Result<Option<CallbackOutbox>, StoreError> {
+        let Some(status) = self.callback_status.take() else {
+            return Ok(None);
+        };
+        Ok(Some(CallbackOutbox {
+            entered_at: self.callback_entered_at.unwrap_or(self.updated_at),
+            delivered: self.callback_delivered,
+            status: status.parse().map_err(StoreError::Corrupt)?,
+            attempts: self.callback_attempts,
+            pending_since: self.callback_pending_since,
+            last_error: self.callback_error.take(),
+            lease: self
+                .callback_lease_owner
+                .take()
+                .zip(self.callback_lease_until)
+                .map(|(owner, until)| Lease { owner, until }),
+        }))
     }
 
     fn set_outbox(&mut self, o: &Outbox) {
@@ -283,6 +339,7 @@ impl JobRecord {
             .map_err(|_| StoreError::Corrupt(format!("run_id {:?}", self.run_id)))?;
         let state: JobState = self.state.parse().map_err(StoreError::Corrupt)?;
         let discord = self.outbox(state)?;
+        let callback = self.callback()?;
         let build = match (self.build_id, self.build_number, self.build_url) {
             (Some(id), Some(number), web_url) => Some(BuildRef {
                 id,
@@ -298,6 +355,7 @@ impl JobRecord {
             queue: self.queue,
             title: self.title,
             discord,
+            callback,
             build,
             creation: self.create_payload.map(|payload| Creation {
                 payload,
@@ -445,6 +503,27 @@ mod tests {
         assert_eq!(record.discord_token, None);
         assert_eq!(record.clone().into_job().unwrap(), done);
         assert_eq!(JobRecord::from_job(&owing, "w").into_job().unwrap(), owing);
+    }
+
+    #[test]
+    fn a_callback_outbox_round_trips_and_keeps_a_finished_job_in_the_outbox_shard() {
+        let mut owing = job(JobState::Finished);
+        owing.discord = None;
+        let mut c = CallbackOutbox::new(7_000);
+        c.delivered = Some(JobState::Running.rank());
+        c.attempts = 2;
+        c.pending_since = Some(8_000);
+        c.last_error = Some("the callback receiver answered 500".into());
+        c.lease = Some(Lease {
+            owner: "o".into(),
+            until: 9_000,
+        });
+        owing.callback = Some(c);
+        let record = JobRecord::from_job(&owing, "w");
+        assert_eq!(record.sweep_shard.as_deref(), Some(OUTBOX));
+        assert_eq!(record.clone().into_job().unwrap(), owing);
+        owing.callback.as_mut().unwrap().status = DeliveryStatus::Delivered;
+        assert_eq!(JobRecord::from_job(&owing, "w").sweep_shard, None);
     }
 
     #[test]

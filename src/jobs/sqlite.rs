@@ -12,9 +12,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
-use super::model::{Job, Millis, RunId};
+use super::model::{Job, JobState, Millis, RunId};
 use super::record::JobRecord;
-use super::store::{CURSOR_KEY, Created, JobStore, MAX_ITEM_BYTES, Replaced, Shard, StoreError};
+use super::store::{
+    CURSOR_KEY, CacheEntry, Created, JobStore, MAX_ITEM_BYTES, Replaced, Shard, StoreError,
+};
 
 pub const FILE_NAME: &str = "jobs.sqlite3";
 
@@ -47,6 +49,17 @@ fn read(conn: &Connection, run_id: &str) -> Result<Option<JobRecord>, StoreError
     .optional()
     .map_err(unavailable)?
     .map(|t| parse(&t))
+    .transpose()
+}
+
+fn read_cached(conn: &Connection, key: &str) -> Result<Option<CacheEntry>, StoreError> {
+    conn.query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| {
+        r.get::<_, Option<String>>(0)
+    })
+    .optional()
+    .map_err(unavailable)?
+    .flatten()
+    .map(|t| serde_json::from_str(&t).map_err(|e| StoreError::Corrupt(e.to_string())))
     .transpose()
 }
 
@@ -204,6 +217,62 @@ impl JobStore for SqliteStore {
                     .and_then(JobRecord::into_job)
             })
             .collect()
+        })
+        .await
+    }
+
+    async fn open_in_queue(&self, queue: &str) -> Result<Vec<(JobState, Millis)>, StoreError> {
+        let queue = queue.to_owned();
+        self.with(move |conn| {
+            // The shard index holds only open jobs; their queue is read from the record.
+            let mut stmt = conn
+                .prepare(
+                    "SELECT json_extract(record, '$.state'), created_at FROM jobs
+                     WHERE shard = ?1 AND json_extract(record, '$.queue') = ?2",
+                )
+                .map_err(unavailable)?;
+            let rows = stmt
+                .query_map(params![Shard::Open.key(), queue], |r| {
+                    Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?))
+                })
+                .map_err(unavailable)?;
+            rows.map(|r| {
+                let (state, created) = r.map_err(unavailable)?;
+                Ok((state.parse().map_err(StoreError::Corrupt)?, created))
+            })
+            .collect()
+        })
+        .await
+    }
+
+    async fn cached(&self, key: &str) -> Result<Option<CacheEntry>, StoreError> {
+        let key = key.to_owned();
+        self.with(move |conn| read_cached(conn, &key)).await
+    }
+
+    async fn put_cached(
+        &self,
+        key: &str,
+        entry: &CacheEntry,
+        expected: Option<Millis>,
+    ) -> Result<bool, StoreError> {
+        let key = key.to_owned();
+        let text = serde_json::to_string(entry).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        self.with(move |conn| {
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(unavailable)?;
+            if read_cached(&tx, &key)?.map(|e| e.claimed_at) != expected {
+                return Ok(false);
+            }
+            tx.execute(
+                "INSERT INTO meta (key, value) VALUES (?1, ?2)
+                 ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                params![key, text],
+            )
+            .map_err(unavailable)?;
+            tx.commit().map_err(unavailable)?;
+            Ok(true)
         })
         .await
     }

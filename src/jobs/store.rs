@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use super::model::{Job, Millis, RunId};
+use super::model::{Job, JobState, Millis, RunId};
 use crate::config::StoreConfig;
 
 #[derive(Debug, thiserror::Error)]
@@ -80,10 +80,34 @@ pub trait JobStore: Send + Sync {
         limit: usize,
     ) -> Result<Vec<Job>, StoreError>;
 
+    /// The state and creation time of every open job of `queue` (an index, not a scan).
+    async fn open_in_queue(&self, queue: &str) -> Result<Vec<(JobState, Millis)>, StoreError>;
+
+    /// A value every instance shares (the agents list), kept under `key`.
+    async fn cached(&self, key: &str) -> Result<Option<CacheEntry>, StoreError>;
+
+    /// Writes `entry` under `key` if the entry there is still the one claimed at `expected`
+    /// (`None`: there is none); whether it was written.
+    async fn put_cached(
+        &self,
+        key: &str,
+        entry: &CacheEntry,
+        expected: Option<Millis>,
+    ) -> Result<bool, StoreError>;
+
     /// Where the last sweep pass stopped following builds (its budget ran out), if it did.
     async fn sweep_cursor(&self) -> Result<Option<String>, StoreError>;
 
     async fn set_sweep_cursor(&self, cursor: Option<&str>) -> Result<(), StoreError>;
+}
+
+/// A shared cached value: what was fetched and when, and when a refresh was last claimed
+/// (the claim is what limits refreshes across instances).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct CacheEntry {
+    pub value: Option<String>,
+    pub fetched_at: Millis,
+    pub claimed_at: Millis,
 }
 
 /// The key the sweep's bookmark is kept under: `~` is not allowed in a run id, so it never

@@ -141,6 +141,13 @@ pub async fn create_table(client: &Client, name: &str) {
                             &g["Projection"],
                             "ProjectionType",
                         )))
+                        .set_non_key_attributes(
+                            g["Projection"]["NonKeyAttributes"].as_sequence().map(|a| {
+                                a.iter()
+                                    .filter_map(|v| v.as_str().map(str::to_owned))
+                                    .collect()
+                            }),
+                        )
                         .build(),
                 )
                 .build()

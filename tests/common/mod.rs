@@ -11,6 +11,7 @@ use std::time::Duration;
 use kernelbot_dispatch::config::{Config, Role};
 use kernelbot_dispatch::devstack::buildkite::{BuildkiteStandin, deliver, unix_now};
 use kernelbot_dispatch::devstack::discord::{DiscordCall, DiscordStandin};
+use kernelbot_dispatch::devstack::receiver::ReceiverStandin;
 use kernelbot_dispatch::flow::Dispatcher;
 use kernelbot_dispatch::http;
 use kernelbot_dispatch::jobs::dynamo::DynamoStore;
@@ -71,6 +72,8 @@ pub struct TestApp {
     pub webhook_url: String,
     pub buildkite: BuildkiteStandin,
     pub discord: DiscordStandin,
+    /// Where callbacks go when the app was started with a `CALLBACK_SECRET`.
+    pub receiver: ReceiverStandin,
     pub store: Arc<dyn JobStore>,
     /// The sweep function's dispatcher.
     pub sweeper: Arc<Dispatcher>,
@@ -120,6 +123,7 @@ impl TestApp {
             .await
             .expect("buildkite stand-in");
         let discord = DiscordStandin::start().await.expect("discord stand-in");
+        let receiver = ReceiverStandin::start().await.expect("receiver stand-in");
         let (store, dir) = open_store(kind).await;
         let mut env: BTreeMap<String, String> = BTreeMap::from([
             ("BUILDKITE_API_URL".into(), buildkite.api_url.clone()),
@@ -133,6 +137,9 @@ impl TestApp {
             ("DISCORD_API_URL".into(), discord.api_url.clone()),
             ("SUBMIT_API_TOKEN".into(), API_TOKEN.into()),
         ]);
+        if vars.iter().any(|(k, _)| *k == "CALLBACK_SECRET") {
+            env.insert("CALLBACK_URL".into(), receiver.url.clone());
+        }
         for (k, v) in vars {
             env.insert((*k).into(), (*v).into());
         }
@@ -153,6 +160,7 @@ impl TestApp {
                 .clone()
                 .with_retry(quick_retries())
                 .with_timeout(timeout);
+            d.callbacks = d.callbacks.clone().map(|c| c.with_timeout(timeout));
             Arc::new(d)
         };
         let submit_router = http::submit::router(dispatcher(Role::Submit));
@@ -165,6 +173,7 @@ impl TestApp {
             webhook_url: format!("{webhook_url}/webhooks/buildkite"),
             buildkite,
             discord,
+            receiver,
             store,
             sweeper,
             submit_router,

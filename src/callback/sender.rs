@@ -1,0 +1,89 @@
+//! Posts one signed callback. One attempt per call: the outbox redelivers (the sweep, for
+//! up to 24 h), so a slow or failing receiver never holds a function.
+
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use url::Url;
+
+use super::event::Event;
+use super::signature::{self, SigningKey};
+use crate::config::CallbackConfig;
+use crate::retry::Deadline;
+
+/// A receiver that has not answered in this long is tried again later.
+const TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum CallbackError {
+    /// 410: the receiver wants no more callbacks for this run.
+    #[error("the callback receiver answered 410 Gone")]
+    Gone,
+    /// Any other answer than 2xx: tried again later. The body is not kept (it is theirs).
+    #[error("the callback receiver answered {0}")]
+    Refused(u16),
+    /// No answer: a timeout or a connection error (the URL is left out of the text).
+    #[error("the callback receiver did not answer: {0}")]
+    Unreachable(String),
+}
+
+#[derive(Clone)]
+pub struct CallbackSender {
+    http: reqwest::Client,
+    url: Url,
+    keys: Vec<SigningKey>,
+    timeout: Duration,
+}
+
+impl CallbackSender {
+    pub fn new(config: &CallbackConfig) -> Result<Self, reqwest::Error> {
+        Ok(Self {
+            http: reqwest::Client::builder()
+                .redirect(reqwest::redirect::Policy::none())
+                .build()?,
+            url: config.url.clone(),
+            keys: config.keys.clone(),
+            timeout: TIMEOUT,
+        })
+    }
+
+    #[must_use]
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Sends `event` once, signed for this attempt's time.
+    pub async fn send(&self, event: &Event, deadline: Deadline) -> Result<(), CallbackError> {
+        let Some(timeout) = deadline.call_timeout(self.timeout) else {
+            return Err(CallbackError::Unreachable("no time left".into()));
+        };
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        let answer = self
+            .http
+            .post(self.url.clone())
+            .timeout(timeout)
+            .header("content-type", "application/json")
+            .header("webhook-id", &event.id)
+            .header("webhook-timestamp", now.to_string())
+            .header(
+                "webhook-signature",
+                signature::header(&self.keys, &event.id, now, &event.body),
+            )
+            .body(event.body.clone())
+            .send()
+            .await
+            .map_err(|e| CallbackError::Unreachable(e.without_url().to_string()))?;
+        match answer.status() {
+            s if s.is_success() => Ok(()),
+            StatusCode::GONE => Err(CallbackError::Gone),
+            s => Err(CallbackError::Refused(s.as_u16())),
+        }
+    }
+}

@@ -1,0 +1,285 @@
+//! `GET /queues/{gpu}`: who can run a queue's jobs and how many wait. Agents come from
+//! Buildkite's agents API through a cache every instance shares in the store: a burst of
+//! calls across instances costs at most one listing a minute. Open jobs come from the store's
+//! queue index.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::Dispatcher;
+use crate::buildkite::{Agent, BuildkiteError};
+use crate::jobs::model::Millis;
+use crate::jobs::{CacheEntry, JobState, StoreError};
+use crate::retry::Deadline;
+
+/// The store key of the shared agents list (`~` never starts a run id).
+pub const AGENTS_KEY: &str = "~agents";
+/// The agents list is refreshed at most this often, by one instance.
+pub const REFRESH_MS: Millis = 60_000;
+/// While another instance fetches the first list, wait this long for it at most.
+const WAIT_FOR_FIRST: Duration = Duration::from_secs(3);
+
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    #[error("unknown gpu {gpu:?}; known: {known}")]
+    UnknownGpu { gpu: String, known: String },
+    /// The agents API refused or failed.
+    #[error("the Buildkite agents API failed: {0}")]
+    Buildkite(#[source] BuildkiteError),
+    /// Another instance is fetching the first agents list; try again shortly.
+    #[error("the agents list is being fetched; try again shortly")]
+    Pending,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// An agent as the cache keeps it: connected agents only.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SeenAgent {
+    pub name: String,
+    pub queue: String,
+    pub busy: bool,
+}
+
+#[derive(Debug, PartialEq, Serialize)]
+pub struct AgentView {
+    pub name: String,
+    pub busy: bool,
+}
+
+#[derive(Debug, PartialEq, Serialize)]
+pub struct Agents {
+    pub total: usize,
+    pub idle: usize,
+    pub busy: usize,
+    pub list: Vec<AgentView>,
+}
+
+#[derive(Debug, PartialEq, Serialize)]
+pub struct Jobs {
+    /// `submitted` and `scheduled`.
+    pub queued: usize,
+    pub running: usize,
+}
+
+/// The answer of `GET /queues/{gpu}`.
+#[derive(Debug, PartialEq, Serialize)]
+pub struct QueueStatus {
+    pub gpu: String,
+    pub queue: String,
+    pub agents: Agents,
+    pub jobs: Jobs,
+    /// How long the oldest queued job has waited; `None` when none waits.
+    pub oldest_queued_secs: Option<u64>,
+}
+
+/// The queue's status from the agents seen and its open jobs, at `now`.
+pub fn summarize(
+    gpu: &str,
+    queue: &str,
+    agents: &[SeenAgent],
+    open: &[(JobState, Millis)],
+    now: Millis,
+) -> QueueStatus {
+    let mut list: Vec<AgentView> = agents
+        .iter()
+        .filter(|a| a.queue == queue)
+        .map(|a| AgentView {
+            name: a.name.clone(),
+            busy: a.busy,
+        })
+        .collect();
+    list.sort_by(|a, b| a.name.cmp(&b.name));
+    let busy = list.iter().filter(|a| a.busy).count();
+    let queued = || {
+        open.iter()
+            .filter(|(s, _)| matches!(s, JobState::Submitted | JobState::Scheduled))
+    };
+    QueueStatus {
+        gpu: gpu.to_owned(),
+        queue: queue.to_owned(),
+        agents: Agents {
+            total: list.len(),
+            idle: list.len() - busy,
+            busy,
+            list,
+        },
+        jobs: Jobs {
+            queued: queued().count(),
+            running: open.iter().filter(|(s, _)| *s == JobState::Running).count(),
+        },
+        oldest_queued_secs: queued()
+            .map(|(_, created)| *created)
+            .min()
+            .map(|oldest| ((now - oldest).max(0) / 1000) as u64),
+    }
+}
+
+/// What the cache keeps of the agents API's answer.
+pub fn seen(agents: &[Agent]) -> Vec<SeenAgent> {
+    agents
+        .iter()
+        .filter(|a| a.is_connected())
+        .map(|a| SeenAgent {
+            name: a.name.clone(),
+            queue: a.queue().to_owned(),
+            busy: a.is_busy(),
+        })
+        .collect()
+}
+
+fn parse(entry: &CacheEntry) -> Option<Vec<SeenAgent>> {
+    serde_json::from_str(entry.value.as_deref()?).ok()
+}
+
+impl Dispatcher {
+    pub async fn queue_status(
+        &self,
+        gpu: &str,
+        deadline: Deadline,
+    ) -> Result<QueueStatus, QueueError> {
+        let queue = self
+            .config
+            .queues
+            .queue_for(gpu)
+            .ok_or_else(|| QueueError::UnknownGpu {
+                gpu: gpu.to_owned(),
+                known: self.config.queues.gpus().collect::<Vec<_>>().join(", "),
+            })?
+            .to_owned();
+        let agents = self.agents(deadline).await?;
+        let open = self.store.open_in_queue(&queue).await?;
+        Ok(summarize(gpu, &queue, &agents, &open, self.clock.now()))
+    }
+
+    /// The agents list: the cached one while under a minute old; else whoever claims the
+    /// refresh first lists the agents, and everyone else serves the last list meanwhile.
+    async fn agents(&self, deadline: Deadline) -> Result<Vec<SeenAgent>, QueueError> {
+        let now = self.clock.now();
+        let entry = self.store.cached(AGENTS_KEY).await?;
+        let cached = entry.as_ref().and_then(parse);
+        if let (Some(e), Some(list)) = (&entry, &cached)
+            && now - e.fetched_at < REFRESH_MS
+        {
+            return Ok(list.clone());
+        }
+        if entry
+            .as_ref()
+            .is_none_or(|e| now - e.claimed_at >= REFRESH_MS)
+        {
+            let claim = CacheEntry {
+                value: entry.as_ref().and_then(|e| e.value.clone()),
+                fetched_at: entry.as_ref().map_or(0, |e| e.fetched_at),
+                claimed_at: now,
+            };
+            let expected = entry.as_ref().map(|e| e.claimed_at);
+            if self.store.put_cached(AGENTS_KEY, &claim, expected).await? {
+                return self.refresh_agents(now, deadline).await;
+            }
+        }
+        match cached {
+            Some(list) => Ok(list),
+            None => self.wait_for_agents(deadline).await,
+        }
+    }
+
+    /// Lists the agents (this instance holds the minute's claim made at `claimed_at`).
+    async fn refresh_agents(
+        &self,
+        claimed_at: Millis,
+        deadline: Deadline,
+    ) -> Result<Vec<SeenAgent>, QueueError> {
+        let agents = self
+            .buildkite
+            .list_agents(deadline)
+            .await
+            .map_err(QueueError::Buildkite)?;
+        let list = seen(&agents);
+        let entry = CacheEntry {
+            value: serde_json::to_string(&list).ok(),
+            fetched_at: self.clock.now(),
+            claimed_at,
+        };
+        // Lost only to a later claim, whose list is as good.
+        self.store
+            .put_cached(AGENTS_KEY, &entry, Some(claimed_at))
+            .await?;
+        Ok(list)
+    }
+
+    /// The first list, fetched by another instance.
+    async fn wait_for_agents(&self, deadline: Deadline) -> Result<Vec<SeenAgent>, QueueError> {
+        let until = Deadline::after(WAIT_FOR_FIRST.min(deadline.remaining()));
+        while until.remaining() > Duration::ZERO {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            if let Some(list) = self
+                .store
+                .cached(AGENTS_KEY)
+                .await?
+                .as_ref()
+                .and_then(parse)
+            {
+                return Ok(list);
+            }
+        }
+        Err(QueueError::Pending)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn agent(name: &str, queue: &str, busy: bool) -> SeenAgent {
+        SeenAgent {
+            name: name.into(),
+            queue: queue.into(),
+            busy,
+        }
+    }
+
+    #[test]
+    fn counts_only_this_queues_agents_and_open_jobs() {
+        let agents = [
+            agent("h100-gpu1", "h100", true),
+            agent("h100-gpu0", "h100", false),
+            agent("b200-gpu0", "b200", true),
+        ];
+        let open = [
+            (JobState::Submitted, 10_000),
+            (JobState::Scheduled, 4_000),
+            (JobState::Running, 1_000),
+        ];
+        let status = summarize("H100_BK", "h100", &agents, &open, 65_000);
+        assert_eq!(
+            (status.agents.total, status.agents.idle, status.agents.busy),
+            (2, 1, 1)
+        );
+        assert_eq!(status.agents.list[0].name, "h100-gpu0", "sorted by name");
+        assert_eq!((status.jobs.queued, status.jobs.running), (2, 1));
+        assert_eq!(
+            status.oldest_queued_secs,
+            Some(61),
+            "the running job is not waiting"
+        );
+        let empty = summarize("H100_BK", "h100", &[], &[(JobState::Running, 0)], 9_000);
+        assert_eq!(empty.oldest_queued_secs, None);
+        assert_eq!(empty.agents.total, 0);
+    }
+
+    #[test]
+    fn only_connected_agents_are_kept_with_their_queue_tag() {
+        let agents: Vec<Agent> = serde_json::from_value(serde_json::json!([
+            {"name": "a", "connection_state": "connected", "meta_data": ["queue=h100", "gpu=0"], "job": {"id": "j"}},
+            {"name": "b", "connection_state": "disconnected", "meta_data": ["queue=h100"], "job": null},
+            {"name": "c", "connection_state": "connected", "meta_data": [], "job": null},
+            {"name": "d", "connection_state": "lost", "meta_data": ["queue=h100"]}
+        ]))
+        .unwrap();
+        assert_eq!(
+            seen(&agents),
+            [agent("a", "h100", true), agent("c", "default", false)]
+        );
+    }
+}
