@@ -307,6 +307,60 @@ pub async fn private_run_shows_the_verdict_only(kind: StoreKind) {
     assert!(view["result"]["result"]["runs"].is_object(), "{view}");
 }
 
+/// A run that did not pass: its final message carries kernelbot's full report as
+/// `report.txt`, with each failing test's message; a private one carries none, and no timing.
+pub async fn failing_run_attaches_the_full_report(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    assert_eq!(
+        app.submit(&submission("report-1")).await.0,
+        StatusCode::ACCEPTED
+    );
+    let mut private = submission("report-private");
+    private["config"]["mode"] = json!("private");
+    assert_eq!(app.submit(&private).await.0, StatusCode::ACCEPTED);
+    for number in [1, 2] {
+        app.buildkite.start_eval(number);
+        app.event("job.started", number).await;
+        app.finish(number, "passed", Some(sample_result(true)))
+            .await;
+    }
+    let messages: Vec<serde_json::Value> = app.discord.messages().into_values().collect();
+    assert_eq!(messages.len(), 2);
+    let shown = |m: &serde_json::Value| format!("{}{}", m["content"], m["embeds"]);
+    let is_public = |m: &&serde_json::Value| shown(m).contains("Passed 2/3");
+    let public = messages
+        .iter()
+        .find(is_public)
+        .expect("the public run's message");
+    let attachments = public["attachments"].as_array().expect("attachments");
+    assert_eq!(attachments.len(), 1, "{public}");
+    assert_eq!(attachments[0]["filename"], "report.txt");
+    let report = attachments[0]["content"].as_str().unwrap_or_default();
+    assert!(report.contains("test 2: fail  size: 16384"), "{report}");
+    assert!(
+        report.contains("  error: mismatch at index 7: 0.5 != 0.25"),
+        "each failing test's message: {report}"
+    );
+    assert!(report.contains("test 0: pass  size: 1024"), "{report}");
+    // The message itself stays the short report.
+    assert!(!shown(public).contains("mismatch"), "{public}");
+
+    let private = messages
+        .iter()
+        .find(|m| !is_public(m))
+        .expect("the private run's message");
+    assert!(
+        private["attachments"]
+            .as_array()
+            .is_none_or(|a| a.is_empty()),
+        "{private}"
+    );
+    let text = shown(private);
+    for unit in ["⏱", " s ", "Passed 2/3", "mismatch"] {
+        assert!(!text.contains(unit), "{unit:?} shown: {text}");
+    }
+}
+
 /// A signed `build.running` replayed with the header `build.finished`: refused, nothing moves.
 pub async fn forged_event_header(kind: StoreKind) {
     let app = TestApp::spawn(kind).await;
@@ -708,6 +762,10 @@ macro_rules! faults {
         #[tokio::test]
         async fn an_incompressible_2mb_result_is_stored_reported_and_read_once() {
             incompressible_result($kind).await
+        }
+        #[tokio::test]
+        async fn a_failing_run_attaches_the_full_report() {
+            failing_run_attaches_the_full_report($kind).await
         }
         #[tokio::test]
         async fn a_private_run_shows_only_its_verdict_in_discord() {

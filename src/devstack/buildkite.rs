@@ -999,7 +999,8 @@ pub fn sample_result(failing_test: bool) -> Vec<u8> {
                         "exit_code": if failing_test { 112 } else { 0 }, "duration": 3.5,
                         "result": {"check": status, "test-count": "3", "test.0.spec": "size: 1024", "test.0.status": "pass",
                                    "test.1.spec": "size: 4096", "test.1.status": "pass",
-                                   "test.2.spec": "size: 16384", "test.2.status": status}},
+                                   "test.2.spec": "size: 16384", "test.2.status": status,
+                                   "test.2.error": if failing_test { "mismatch at index 7: 0.5 != 0.25" } else { "" }}},
                 "profile": null}
         }
     });

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{FromRequest, Multipart, Path, RawQuery, Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{patch, post};
@@ -263,6 +263,12 @@ async fn handle(
         match s.messages.get(mid) {
             Some(old) if old["webhook_id"] == json!(webhook_id) => {
                 let mut msg = body.clone();
+                // An edit that names no attachments keeps the message's own, as Discord does.
+                if msg.get("attachments").is_none()
+                    && let Some(a) = old.get("attachments")
+                {
+                    msg["attachments"] = a.clone();
+                }
                 msg["id"] = json!(mid);
                 msg["webhook_id"] = json!(webhook_id);
                 s.messages.insert(mid.clone(), msg.clone());
@@ -298,22 +304,88 @@ async fn handle(
     response
 }
 
+/// The message of a request: a JSON body, or Discord's multipart form (`payload_json` and
+/// `files[n]`), whose files are kept in the message's `attachments` (with their text, for
+/// tests to read) as Discord would list them.
+async fn message_of(request: Request) -> Result<Value, Response> {
+    let multipart = request
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("multipart/form-data"));
+    let invalid = |why: &str| {
+        error(
+            StatusCode::BAD_REQUEST,
+            50035,
+            &format!("Invalid Form Body: {why}"),
+        )
+    };
+    if !multipart {
+        let Json(body) = Json::<Value>::from_request(request, &())
+            .await
+            .map_err(|_| invalid("not JSON"))?;
+        return Ok(body);
+    }
+    let mut form = Multipart::from_request(request, &())
+        .await
+        .map_err(|_| invalid("not multipart"))?;
+    let mut body = None;
+    let mut files = BTreeMap::new();
+    while let Some(field) = form.next_field().await.map_err(|_| invalid("bad part"))? {
+        let name = field.name().unwrap_or_default().to_owned();
+        let filename = field.file_name().map(str::to_owned);
+        let bytes = field.bytes().await.map_err(|_| invalid("bad part"))?;
+        if name == "payload_json" {
+            body =
+                Some(serde_json::from_slice::<Value>(&bytes).map_err(|_| invalid("payload_json"))?);
+        } else if let Some(n) = name
+            .strip_prefix("files[")
+            .and_then(|r| r.strip_suffix(']'))
+        {
+            files.insert(n.to_owned(), (filename.unwrap_or_default(), bytes));
+        }
+    }
+    let mut body = body.ok_or_else(|| invalid("payload_json missing"))?;
+    let mut listed = Vec::new();
+    for a in body["attachments"].as_array().cloned().unwrap_or_default() {
+        let id = a["id"].to_string();
+        let (filename, bytes) = files
+            .remove(&id)
+            .ok_or_else(|| invalid("attachment without its file"))?;
+        listed.push(
+            json!({"id": id, "filename": a["filename"].as_str().unwrap_or(&filename),
+            "size": bytes.len(), "content": String::from_utf8_lossy(&bytes)}),
+        );
+    }
+    if !files.is_empty() {
+        return Err(invalid("file without an attachment entry"));
+    }
+    body["attachments"] = json!(listed);
+    Ok(body)
+}
+
 async fn execute(
     State(inner): State<Shared>,
     Path((id, token)): Path<(String, String)>,
     RawQuery(query): RawQuery,
-    Json(body): Json<Value>,
+    request: Request,
 ) -> Response {
-    handle(inner, "POST", id, token, None, query, body).await
+    match message_of(request).await {
+        Ok(body) => handle(inner, "POST", id, token, None, query, body).await,
+        Err(refused) => refused,
+    }
 }
 
 async fn edit(
     State(inner): State<Shared>,
     Path((id, token, message_id)): Path<(String, String, String)>,
     RawQuery(query): RawQuery,
-    Json(body): Json<Value>,
+    request: Request,
 ) -> Response {
-    handle(inner, "PATCH", id, token, Some(message_id), query, body).await
+    match message_of(request).await {
+        Ok(body) => handle(inner, "PATCH", id, token, Some(message_id), query, body).await,
+        Err(refused) => refused,
+    }
 }
 
 /// Prints a message the way a reader would see it in a channel.

@@ -26,6 +26,19 @@ pub struct Message {
     /// Always sent, edits too: an edit without it falls back to Discord's default parsing,
     /// and user-supplied text (titles, test names) must never ping anyone.
     pub allowed_mentions: AllowedMentions,
+    /// The files this message carries (`files[n]` parts of a multipart body).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub attachments: Vec<AttachmentRef>,
+    /// The report file's text, sent as `files[0]` (never part of the JSON).
+    #[serde(skip)]
+    pub file: Option<String>,
+}
+
+/// An entry of `attachments`: the `files[<id>]` part and its name.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct AttachmentRef {
+    pub id: u32,
+    pub filename: &'static str,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
@@ -180,10 +193,23 @@ pub fn render(job: &Job) -> Message {
             ),
         },
     };
+    // A run that did not pass carries kernelbot's full report (never a private one).
+    let file = match (&job.outcome, job.state, job.private) {
+        (Some(outcome), JobState::Finished, false) => super::report::attachment(outcome),
+        _ => None,
+    };
     Message {
         content,
         embeds,
         allowed_mentions: AllowedMentions::default(),
+        attachments: file
+            .iter()
+            .map(|_| AttachmentRef {
+                id: 0,
+                filename: super::report::FILENAME,
+            })
+            .collect(),
+        file,
     }
     .fit()
 }
@@ -477,6 +503,8 @@ mod tests {
     #[test]
     fn fit_keeps_every_part_within_discord_limits() {
         let msg = Message {
+            attachments: Vec::new(),
+            file: None,
             content: "x".repeat(5000),
             embeds: vec![Embed {
                 title: Some("t".repeat(400)),

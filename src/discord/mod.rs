@@ -2,6 +2,7 @@
 
 pub mod message;
 pub mod notifier;
+pub mod report;
 pub mod target;
 
 pub use message::{Message, render};

@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use reqwest::multipart::{Form, Part};
 use reqwest::{Method, Response, StatusCode};
 use serde::Deserialize;
 use url::Url;
@@ -135,6 +136,22 @@ async fn classify(resp: Response) -> DiscordError {
     }
 }
 
+/// Discord's multipart form: the message as `payload_json`, the report as `files[0]`.
+fn form(message: &Message, text: &str) -> Result<Form, DiscordError> {
+    let json = serde_json::to_string(message)
+        .map_err(|e| DiscordError::unavailable(format!("message not serialisable: {e}")))?;
+    let file = Part::text(text.to_owned())
+        .file_name(super::report::FILENAME)
+        .mime_str("text/plain; charset=utf-8")
+        .map_err(transport)?;
+    let payload = Part::text(json)
+        .mime_str("application/json")
+        .map_err(transport)?;
+    Ok(Form::new()
+        .part("payload_json", payload)
+        .part("files[0]", file))
+}
+
 impl Notifier {
     pub fn new(base: Url) -> Result<Self, DiscordError> {
         let http = reqwest::Client::builder()
@@ -203,14 +220,12 @@ impl Notifier {
         let timeout = deadline
             .call_timeout(self.timeout)
             .ok_or_else(|| DiscordError::unavailable("no time left for the call"))?;
-        let resp = self
-            .http
-            .request(method, url.clone())
-            .timeout(timeout)
-            .json(message)
-            .send()
-            .await
-            .map_err(transport)?;
+        let request = self.http.request(method, url.clone()).timeout(timeout);
+        let request = match &message.file {
+            None => request.json(message),
+            Some(text) => request.multipart(form(message, text)?),
+        };
+        let resp = request.send().await.map_err(transport)?;
         if resp.status().is_success() {
             Ok(resp)
         } else {
