@@ -1,0 +1,24 @@
+"""kernelbot's side of kernelbot-dispatch: a launcher that submits to the service and a
+callback route that receives its signed job callbacks, joined by an inbox."""
+
+from .callbacks import CallbackApp, callback_app
+from .events import CallbackEvent
+from .inbox import DEFAULT_RETENTION, Inbox, MemoryInbox, SqliteInbox
+from .launcher import DispatchError, DispatchLauncher, gpu_name
+from .results import FullResult, full_result_from_json, full_result_to_json
+
+__all__ = [
+    "DEFAULT_RETENTION",
+    "CallbackApp",
+    "CallbackEvent",
+    "DispatchError",
+    "DispatchLauncher",
+    "FullResult",
+    "Inbox",
+    "MemoryInbox",
+    "SqliteInbox",
+    "callback_app",
+    "full_result_from_json",
+    "full_result_to_json",
+    "gpu_name",
+]

@@ -1,0 +1,361 @@
+"""A kernelbot launcher that runs submissions through kernelbot-dispatch.
+
+Instead of polling Buildkite until a build ends (kernelbot's Buildkite launcher), it submits
+to the service's API and waits for the service's signed callbacks, which the callback route
+(see :mod:`.callbacks`) puts in a shared :class:`~.inbox.Inbox`. Only when no callback came
+for ``fallback_after`` seconds does it poll the service, slowly; a callback still wins.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import random
+import uuid
+from typing import Any
+
+import httpx
+
+from .events import STATE_RANK, TERMINAL_RANK, CallbackEvent
+from .inbox import Inbox
+from .results import FullResult, failed_result, full_result_from_json
+
+try:
+    from libkernelbot.launchers.launcher import Launcher as _Base
+except ImportError:  # not running inside kernelbot
+
+    class _Base:  # type: ignore[no-redef]
+        """kernelbot's ``Launcher`` shape: a name and the GPU enum it serves."""
+
+        def __init__(self, name: str, gpus: type[enum.Enum]):
+            self.name = name
+            self.gpus = gpus
+
+
+try:
+    from libkernelbot.consts import BuildkiteGPU as _DefaultGPUs
+except ImportError:
+
+    class _DefaultGPUs(enum.Enum):  # type: ignore[no-redef]
+        """The GPUs the service's default ``GPU_QUEUES`` serves, named as kernelbot does."""
+
+        B200_BK = "B200_BK"
+        H100_BK = "H100_BK"
+        MI300_BK = "MI300_BK"
+        L40S_BK = "L40S_BK"
+
+
+log = logging.getLogger(__name__)
+
+#: Statuses worth another try with the same run id (the API's idempotency key).
+RETRYABLE = {429, 500, 502, 503, 504}
+
+
+class DispatchError(Exception):
+    """The API refused a submission for good; ``str()`` is what kernelbot shows the user."""
+
+
+def gpu_name(gpu: Any) -> str:
+    """``H100_BK`` from a name, an enum member or kernelbot's ``GPU`` record."""
+    if isinstance(gpu, str):
+        return gpu
+    name = getattr(gpu, "name", None)
+    return name if isinstance(name, str) else str(getattr(gpu, "value", gpu))
+
+
+def new_run_id() -> str:
+    return f"kb-{uuid.uuid4().hex}"
+
+
+def _api_error(answer: httpx.Response) -> tuple[str | None, str]:
+    """The API's ``{"error", "message", "field"}``: its code, and one line for the user."""
+    try:
+        body = answer.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        return None, f"kernelbot-dispatch answered {answer.status_code}"
+    code = body.get("error")
+    text = f"{body.get('message') or code} ({answer.status_code} {code})"
+    if body.get("field"):
+        text += f"; field `{body['field']}`"
+    return code, text
+
+
+def _json_object(answer: httpx.Response) -> dict[str, Any]:
+    """The answer's JSON object, or ``{}`` when it holds none (read as "nothing known")."""
+    try:
+        body = answer.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def _link(build: Any) -> str:
+    if isinstance(build, dict) and build.get("web_url"):
+        return f"build [#{build.get('number')}](<{build['web_url']}>)"
+    return "no build yet"
+
+
+class DispatchLauncher(_Base):
+    """Runs kernelbot submissions on kernelbot-dispatch (Buildkite behind a webhook service).
+
+    ``http`` may be a shared ``httpx.AsyncClient``; the token is sent per request. Without
+    one the launcher makes its own (close it with :meth:`aclose`).
+    """
+
+    def __init__(
+        self,
+        api_url: str,
+        api_token: str,
+        inbox: Inbox,
+        *,
+        gpus: type[enum.Enum] | None = None,
+        fallback_after: float = 300.0,
+        poll_interval: float = 60.0,
+        http: httpx.AsyncClient | None = None,
+        name: str = "Dispatch",
+        submit_attempts: int = 5,
+        retry_backoff: float = 1.0,
+        request_timeout: float = 30.0,
+        cancel_timeout: float = 5.0,
+    ):
+        super().__init__(name=name, gpus=gpus or _DefaultGPUs)
+        self.api_url = api_url.rstrip("/")
+        self.inbox = inbox
+        self.fallback_after = fallback_after
+        self.poll_interval = poll_interval
+        self.submit_attempts = max(1, submit_attempts)
+        self.retry_backoff = retry_backoff
+        self.request_timeout = request_timeout
+        self.cancel_timeout = cancel_timeout
+        self._auth = {"Authorization": f"Bearer {api_token}"}
+        self._own_http = http is None
+        self._http = http or httpx.AsyncClient(timeout=request_timeout)
+
+    async def aclose(self) -> None:
+        if self._own_http:
+            await self._http.aclose()
+
+    # -- kernelbot's launcher interface -------------------------------------------------
+
+    async def run_submission(self, config: dict, gpu_type: Any, status: Any) -> FullResult:
+        """Submits ``config`` to ``gpu_type``'s queue and returns kernelbot's ``FullResult``.
+
+        The run id is chosen here, before the POST: it is the API's idempotency key (a
+        retried POST cannot make a second job) and callbacks may arrive before the answer
+        (the inbox holds them). Cancelling the task cancels the job.
+        """
+        run_id = new_run_id()
+        gpu = gpu_name(gpu_type)
+        await status.push(f"⏳ Submitting to kernelbot-dispatch ({gpu})")
+        try:
+            try:
+                accepted = await self._submit(run_id, gpu, config)
+            except DispatchError as e:
+                await status.update(f"❌ {e}")
+                return failed_result(str(e))
+            await self._show_accepted(accepted, gpu, status)
+            ended = STATE_RANK.get(str(accepted.get("state")), 0) >= TERMINAL_RANK
+            return await self._follow(run_id, gpu, status, poll_now=ended)
+        except asyncio.CancelledError:
+            await self._cancel(run_id)
+            raise
+
+    async def get_queue_status(self, gpu: Any, config: dict | None = None) -> dict[str, Any]:
+        """The queue behind ``gpu``, in the Buildkite launcher's shape plus job counts:
+        ``{"queue", "total", "idle", "busy", "agents": [{"name", "busy"}], "jobs":
+        {"queued", "running"}, "oldest_queued_secs"}``; ``{"error", "agents": []}`` when
+        the service cannot say."""
+        name = gpu_name(gpu)
+        try:
+            answer = await self._http.get(
+                f"{self.api_url}/queues/{name}", headers=self._auth, timeout=self.request_timeout
+            )
+        except httpx.HTTPError as e:
+            return {"gpu": name, "error": f"kernelbot-dispatch unreachable: {e}", "agents": []}
+        if answer.status_code != 200:
+            return {"gpu": name, "error": _api_error(answer)[1], "agents": []}
+        body = _json_object(answer)
+        agents = body.get("agents") or {}
+        listed = [
+            {"name": a.get("name"), "busy": bool(a.get("busy"))} for a in agents.get("list") or []
+        ]
+        return {
+            "gpu": body.get("gpu", name),
+            "queue": body.get("queue"),
+            "total": agents.get("total", len(listed)),
+            "idle": agents.get("idle", sum(not a["busy"] for a in listed)),
+            "busy": agents.get("busy", sum(a["busy"] for a in listed)),
+            "agents": listed,
+            "jobs": body.get("jobs") or {},
+            "oldest_queued_secs": body.get("oldest_queued_secs"),
+        }
+
+    # -- submitting ------------------------------------------------------------------------
+
+    async def _submit(self, run_id: str, gpu: str, config: dict) -> dict[str, Any]:
+        """POSTs the submission, retrying what may pass later; the 200/202 answer's body."""
+        body = {"run_id": run_id, "gpu": gpu, "config": config}
+        problem = "no attempt made"
+        answer: httpx.Response | None = None
+        for attempt in range(self.submit_attempts):
+            if attempt:
+                await asyncio.sleep(self._backoff(attempt, answer))
+            answer = None
+            try:
+                answer = await self._http.post(
+                    f"{self.api_url}/submissions",
+                    json=body,
+                    headers=self._auth,
+                    timeout=self.request_timeout,
+                )
+            except httpx.HTTPError as e:  # connection refused, reset, timed out
+                problem = f"kernelbot-dispatch unreachable: {type(e).__name__}"
+                log.warning("submitting %s: %s (attempt %d)", run_id, problem, attempt + 1)
+                continue
+            if answer.status_code in (200, 202):
+                return _json_object(answer)
+            code, problem = _api_error(answer)
+            # A 502 `buildkite_error` is Buildkite's final refusal (the job is kept failed).
+            final = answer.status_code not in RETRYABLE or code == "buildkite_error"
+            if final:
+                raise DispatchError(f"kernelbot-dispatch refused the submission: {problem}")
+            log.warning("submitting %s: %s (attempt %d)", run_id, problem, attempt + 1)
+        raise DispatchError(f"could not submit to kernelbot-dispatch: {problem}")
+
+    def _backoff(self, attempt: int, answer: httpx.Response | None) -> float:
+        retry_after = answer.headers.get("retry-after") if answer is not None else None
+        if retry_after and retry_after.isdigit():
+            return min(float(retry_after), 30.0)
+        return self.retry_backoff * 2 ** (attempt - 1) * (0.5 + random.random() / 2)
+
+    async def _show_accepted(self, accepted: dict[str, Any], gpu: str, status: Any) -> None:
+        if accepted.get("build"):
+            await status.update(f"⏳ Queued for {gpu}: {_link(accepted['build'])}")
+        else:
+            await status.update(f"⏳ Submitted for {gpu}: waiting for a build")
+
+    async def _cancel(self, run_id: str) -> None:
+        """Best effort, shielded from the cancellation that triggered it, and short."""
+
+        async def post() -> None:
+            try:
+                answer = await self._http.post(
+                    f"{self.api_url}/submissions/{run_id}/cancel",
+                    headers=self._auth,
+                    timeout=self.cancel_timeout,
+                )
+                log.info("cancel %s: %s", run_id, answer.status_code)
+            except Exception as e:  # noqa: BLE001 - best effort
+                log.warning("cancel %s failed: %s", run_id, e)
+
+        task = asyncio.ensure_future(post())
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            pass  # cancelled again: the request goes on by itself
+
+    # -- waiting ---------------------------------------------------------------------------
+
+    async def _follow(
+        self, run_id: str, gpu: str, status: Any, *, poll_now: bool = False
+    ) -> FullResult:
+        """Waits for the run's end: callbacks first, polling after ``fallback_after`` s of
+        silence (at once with ``poll_now``: a repeated run id whose job has ended). Every
+        newer state, from either, updates the status line."""
+        loop = asyncio.get_running_loop()
+        rank = STATE_RANK["submitted"]
+        last_news = loop.time()
+        next_poll: float | None = last_news if poll_now else None
+        while True:
+            now = loop.time()
+            if next_poll is None and now - last_news >= self.fallback_after:
+                log.info("no callback for %s in %.0f s: polling", run_id, now - last_news)
+                next_poll = now
+            until = next_poll if next_poll is not None else last_news + self.fallback_after
+            try:
+                event = await self.inbox.wait(run_id, rank, max(0.0, until - now))
+            except Exception:  # a store hiccup must not lose the run: polling still works
+                log.exception("waiting on the inbox for %s", run_id)
+                await asyncio.sleep(min(1.0, max(0.0, until - now)))
+                event = None
+            if event is not None:
+                rank, last_news, next_poll = event.rank, loop.time(), None
+                await self._show(event.data, gpu, status)
+                if event.terminal:
+                    return _result_of_callback(event)
+                continue
+            if next_poll is not None and loop.time() >= next_poll:
+                next_poll = loop.time() + self.poll_interval
+                view = await self._poll(run_id) or {}
+                news = STATE_RANK.get(str(view.get("state")), -1)
+                if news > rank:
+                    rank = news
+                    await self._show(view, gpu, status)
+                    if rank >= TERMINAL_RANK:
+                        return _result_of_view(view)
+
+    async def _poll(self, run_id: str) -> dict[str, Any] | None:
+        try:
+            answer = await self._http.get(
+                f"{self.api_url}/submissions/{run_id}",
+                headers=self._auth,
+                timeout=self.request_timeout,
+            )
+        except httpx.HTTPError as e:
+            log.warning("polling %s: %s", run_id, e)
+            return None
+        if answer.status_code != 200:
+            log.warning("polling %s: %s", run_id, _api_error(answer)[1])
+            return None
+        return _json_object(answer)
+
+    async def _show(self, job: Any, gpu: str, status: Any) -> None:
+        """One status line for a state; ``job`` is a callback's ``data`` or a polled view."""
+        state, build = job.get("state"), _link(job.get("build"))
+        if state == "scheduled":
+            await status.update(f"⏳ Queued on `{job.get('queue')}` for {gpu}: {build}")
+        elif state == "running":
+            await status.update(f"⏳ Running on {gpu}: {build}")
+        elif state == "finished":
+            verdict = job.get("verdict") or (job.get("result") or {}).get("verdict")
+            mark = "✅" if verdict == "passed" else "❌"
+            await status.update(f"{mark} Finished on {gpu} ({verdict}): {build}")
+        elif state == "failed":
+            await status.update(f"❌ Failed before running on {gpu}: {build}")
+
+
+def _no_result_error(verdict: Any, build_state: Any, error: Any) -> str:
+    if error:
+        return str(error)
+    if build_state:
+        return f"no result ({verdict}; build {build_state})"
+    return f"no result ({verdict})"
+
+
+def _result_of_callback(event: CallbackEvent) -> FullResult:
+    data = event.data
+    if event.state == "finished" and isinstance(data.get("result"), dict):
+        return full_result_from_json(data["result"])
+    if event.state == "failed":
+        return failed_result(str(data.get("error") or "the submission failed"))
+    return failed_result(
+        _no_result_error(data.get("verdict"), data.get("build_state"), data.get("error"))
+    )
+
+
+def _result_of_view(view: dict[str, Any]) -> FullResult:
+    outcome = view.get("result") or {}
+    if view.get("state") == "finished" and isinstance(outcome.get("result"), dict):
+        return full_result_from_json(outcome["result"])
+    if view.get("state") == "failed":
+        return failed_result(str(view.get("failure") or outcome.get("error") or "failed"))
+    return failed_result(
+        _no_result_error(
+            outcome.get("verdict") or view.get("verdict"),
+            outcome.get("build_state"),
+            outcome.get("error"),
+        )
+    )

@@ -1,0 +1,37 @@
+"""Serves the callback route on a SqliteInbox in its own process (for the cross-process
+test): ``serve_callbacks.py <sqlite file> <port file>``, secret in ``CALLBACK_SECRET``.
+Writes the port it listens on to the port file once serving."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import sys
+from pathlib import Path
+
+import uvicorn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kernelbot_dispatch import SqliteInbox, callback_app  # noqa: E402
+
+
+async def main(db: str, port_file: str) -> None:
+    app = callback_app(os.environ["CALLBACK_SECRET"], SqliteInbox(db))
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    serving = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started:
+        if serving.done():
+            return serving.result()
+        await asyncio.sleep(0.01)
+    tmp = Path(port_file + ".tmp")
+    tmp.write_text(str(sock.getsockname()[1]))
+    tmp.rename(port_file)
+    await serving
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1], sys.argv[2]))

@@ -1,0 +1,344 @@
+"""The launcher against a fake submit API served on loopback: submitting, retrying,
+refusals, callbacks, the polling fallback, cancellation, queue status, and a callback
+received by another process."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from dispatch_helpers import (
+    FULL_RESULT,
+    FakeApi,
+    RecordingStatus,
+    ServerThread,
+    callback_body,
+    job_view,
+    new_secret,
+    signed_headers,
+    webhook_id,
+)
+
+from kernelbot_dispatch import (
+    CallbackEvent,
+    DispatchLauncher,
+    MemoryInbox,
+    SqliteInbox,
+    full_result_to_json,
+)
+
+TOKEN = "test-token"
+QUEUE_TIMEOUT = "no agent on queue `h100` started it in time"
+CONFIG = {"lang": "py", "mode": "test", "main": "eval.py", "sources": {"eval.py": "pass"}}
+
+
+def event(run_id: str, state: str, **data) -> CallbackEvent:
+    return CallbackEvent.from_body(webhook_id(run_id, state), callback_body(run_id, state, **data))
+
+
+def launcher(api: ServerThread, inbox, **options) -> DispatchLauncher:
+    options = {"fallback_after": 30.0, "poll_interval": 30.0, "retry_backoff": 0.01, **options}
+    return DispatchLauncher(api.url, TOKEN, inbox, **options)
+
+
+async def run(launch: DispatchLauncher, status: RecordingStatus | None = None, gpu="H100_BK"):
+    try:
+        return await asyncio.wait_for(
+            launch.run_submission(dict(CONFIG), gpu, status or RecordingStatus()), 20
+        )
+    finally:
+        await launch.aclose()
+
+
+async def test_callbacks_drive_the_status_and_the_finished_one_is_the_result():
+    inbox = MemoryInbox()
+
+    async def on_submit(run_id: str) -> None:
+        async def later():
+            for state in ("scheduled", "running", "finished"):
+                await asyncio.sleep(0.05)
+                await inbox.put(event(run_id, state))
+
+        asyncio.get_running_loop().create_task(later())
+
+    fake, status = FakeApi(on_submit=on_submit), RecordingStatus()
+    with ServerThread(fake) as api:
+        result = await run(launcher(api, inbox), status)
+    assert full_result_to_json(result) == FULL_RESULT
+    [post] = fake.requests
+    assert post.path == "/submissions" and post.headers["authorization"] == f"Bearer {TOKEN}"
+    assert set(post.json) == {"run_id", "gpu", "config"}
+    assert post.json["gpu"] == "H100_BK" and post.json["config"] == CONFIG
+    assert post.json["run_id"].startswith("kb-") and len(post.json["run_id"]) == 35
+    link = "[#7](<https://buildkite.com/org/kernelbot/builds/7>)"
+    assert any(line.startswith("⏳ Queued") and link in line for line in status.shown)
+    assert any(line.startswith("⏳ Running on H100_BK") and link in line for line in status.shown)
+    assert status.lines[-1].startswith("✅ Finished on H100_BK (passed)")
+    assert fake.paths("GET") == []
+
+
+@pytest.mark.parametrize(
+    "answer, expected",
+    [
+        (
+            (
+                422,
+                {
+                    "error": "invalid_config",
+                    "field": "config.tests",
+                    "message": "tests must be a list",
+                },
+            ),
+            ["tests must be a list", "config.tests", "422"],
+        ),
+        ((401, {"error": "unauthorized", "message": "unauthorized"}), ["401", "unauthorized"]),
+        ((413, {"error": "too_large", "message": "config is 200000 bytes"}), ["200000 bytes"]),
+        (
+            (502, {"error": "buildkite_error", "message": "Buildkite did not create the build"}),
+            ["Buildkite did not create the build"],
+        ),
+    ],
+)
+async def test_a_refusal_is_a_failed_result_naming_why_without_retrying(answer, expected):
+    fake = FakeApi(submit_answers=[answer, (202, {})])
+    with ServerThread(fake) as api:
+        result = await run(launcher(api, MemoryInbox()))
+    assert result.success is False and result.runs == {}
+    for text in expected:
+        assert text in result.error
+    assert len(fake.paths("POST")) == 1
+
+
+async def test_unavailable_then_accepted_is_retried_with_the_same_run_id():
+    inbox = MemoryInbox()
+
+    async def on_submit(run_id: str) -> None:
+        await inbox.put(event(run_id, "finished"))  # a callback that beats the 202
+
+    fake = FakeApi(
+        submit_answers=[
+            (503, {"error": "unavailable", "message": "try later"}),
+            (429, {}),
+            (202, {}),
+        ],
+        on_submit=on_submit,
+    )
+    with ServerThread(fake) as api:
+        result = await run(launcher(api, inbox))
+    assert result.success is True and result.runs["test"].run.passed
+    posts = [r for r in fake.requests if r.method == "POST"]
+    assert len(posts) == 3
+    assert len({p.json["run_id"] for p in posts}) == 1
+
+
+async def test_an_unreachable_api_ends_in_a_failed_result_after_the_retries():
+    with ServerThread(FakeApi()) as api:
+        url = api.url
+    launch = DispatchLauncher(url, TOKEN, MemoryInbox(), retry_backoff=0.01, submit_attempts=3)
+    result = await run(launch)
+    assert result.success is False and "unreachable" in result.error
+
+
+async def test_without_callbacks_it_falls_back_to_polling_and_a_callback_still_wins():
+    fake = FakeApi()
+    submitted_at: dict[str, float] = {}
+
+    async def on_submit(run_id: str) -> None:
+        submitted_at[run_id] = time.monotonic()
+        fake.views[run_id] = job_view(run_id, "finished", FULL_RESULT)
+
+    fake.on_submit = on_submit
+    status = RecordingStatus()
+    with ServerThread(fake) as api:
+        result = await run(
+            launcher(api, MemoryInbox(), fallback_after=0.3, poll_interval=0.1), status
+        )
+    assert full_result_to_json(result) == FULL_RESULT
+    [run_id] = submitted_at
+    assert fake.paths("GET") == [f"/submissions/{run_id}"]
+    assert status.lines[-1].startswith("✅ Finished on H100_BK (passed)")
+
+    # Polling a job that stays running: the callback ends the wait.
+    inbox, fake = MemoryInbox(), FakeApi()
+
+    async def keep_running(run_id: str) -> None:
+        fake.views[run_id] = job_view(run_id, "running")
+
+        async def later():
+            await asyncio.sleep(0.5)
+            await inbox.put(event(run_id, "finished", result={**FULL_RESULT, "error": "from cb"}))
+
+        asyncio.get_running_loop().create_task(later())
+
+    fake.on_submit = keep_running
+    with ServerThread(fake) as api:
+        started = time.monotonic()
+        result = await run(launcher(api, inbox, fallback_after=0.05, poll_interval=0.1))
+    assert result.error == "from cb"
+    assert len(fake.paths("GET")) >= 2
+    assert time.monotonic() - started < 3
+
+
+async def test_polling_waits_for_the_fallback_delay():
+    fake = FakeApi()
+    times: dict[str, float] = {}
+
+    async def on_submit(run_id: str) -> None:
+        times["submitted"] = time.monotonic()
+        fake.views[run_id] = job_view(run_id, "finished", FULL_RESULT)
+
+    fake.on_submit = on_submit
+    original = fake._route
+
+    async def route(method, path, body):
+        if method == "GET":
+            times.setdefault("polled", time.monotonic())
+        return await original(method, path, body)
+
+    fake._route = route
+    with ServerThread(fake) as api:
+        await run(launcher(api, MemoryInbox(), fallback_after=0.4, poll_interval=0.1))
+    assert times["polled"] - times["submitted"] >= 0.35
+
+
+async def test_an_ending_without_a_result_is_a_failed_result_with_the_reason():
+    inbox = MemoryInbox()
+    endings = {
+        "kb-timeout": event(
+            "kb-timeout",
+            "finished",
+            verdict="queue_timeout",
+            build_state="canceled",
+            error=QUEUE_TIMEOUT,
+            result=None,
+        ),
+        "kb-failed": event("kb-failed", "failed", error="Buildkite did not create the build"),
+    }
+    fake = FakeApi()
+
+    async def on_submit(run_id: str) -> None:
+        name = "kb-timeout" if len(fake.paths("POST")) == 1 else "kb-failed"
+        ending = endings[name]
+        body = ending.to_body()
+        body["data"]["run_id"] = run_id
+        await inbox.put(CallbackEvent.from_body(ending.id + run_id, body))
+
+    fake.on_submit = on_submit
+    with ServerThread(fake) as api:
+        timed_out = await run(launcher(api, inbox))
+        failed = await run(launcher(api, inbox))
+    assert (timed_out.success, timed_out.error) == (False, QUEUE_TIMEOUT)
+    assert (failed.success, failed.error) == (False, "Buildkite did not create the build")
+
+
+async def test_cancelling_the_task_cancels_the_job():
+    fake = FakeApi()
+    with ServerThread(fake) as api:
+        launch = launcher(api, MemoryInbox())
+        task = asyncio.create_task(
+            launch.run_submission(dict(CONFIG), "H100_BK", RecordingStatus())
+        )
+        for _ in range(200):
+            if fake.paths("POST"):
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await launch.aclose()
+    run_id = fake.requests[0].json["run_id"]
+    cancel = fake.requests[-1]
+    assert (cancel.method, cancel.path) == ("POST", f"/submissions/{run_id}/cancel")
+    assert cancel.headers["authorization"] == f"Bearer {TOKEN}"
+
+
+async def test_queue_status_in_the_buildkite_launchers_shape():
+    fake = FakeApi(
+        queue_answer=(
+            200,
+            {
+                "gpu": "H100_BK",
+                "queue": "h100",
+                "agents": {
+                    "total": 2,
+                    "idle": 1,
+                    "busy": 1,
+                    "list": [
+                        {"name": "node-1-gpu0", "busy": True},
+                        {"name": "node-1-gpu1", "busy": False},
+                    ],
+                },
+                "jobs": {"queued": 3, "running": 1},
+                "oldest_queued_secs": 42.5,
+            },
+        )
+    )
+    with ServerThread(fake) as api:
+        launch = launcher(api, MemoryInbox())
+        status = await launch.get_queue_status("H100_BK")
+        fake.queue_answer = (502, {"error": "buildkite_error", "message": "Buildkite is down"})
+        down = await launch.get_queue_status("H100_BK")
+        await launch.aclose()
+    assert status == {
+        "gpu": "H100_BK",
+        "queue": "h100",
+        "total": 2,
+        "idle": 1,
+        "busy": 1,
+        "agents": [{"name": "node-1-gpu0", "busy": True}, {"name": "node-1-gpu1", "busy": False}],
+        "jobs": {"queued": 3, "running": 1},
+        "oldest_queued_secs": 42.5,
+    }
+    assert fake.paths("GET") == ["/queues/H100_BK", "/queues/H100_BK"]
+    assert "Buildkite is down" in down["error"] and down["agents"] == []
+
+
+async def test_a_callback_received_by_another_process_reaches_the_waiting_launcher(tmp_path: Path):
+    """Process A serves the callback route on SqliteInbox(file); this process's launcher
+    waits on its own SqliteInbox(same file). The fake API sends the signed callbacks, as
+    the service does, before it answers the submission."""
+    db, port_file, secret = tmp_path / "inbox.sqlite3", tmp_path / "port", new_secret()
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            str(Path(__file__).with_name("serve_callbacks.py")),
+            str(db),
+            str(port_file),
+        ],
+        env={**os.environ, "CALLBACK_SECRET": secret},
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while not port_file.exists():
+            assert server.poll() is None, "the callback process exited"
+            assert time.monotonic() < deadline, "the callback process did not start"
+            await asyncio.sleep(0.05)
+        callback_url = f"http://127.0.0.1:{port_file.read_text()}/kernelbot-dispatch/callbacks"
+        delivered: list[int] = []
+
+        async def on_submit(run_id: str) -> None:
+            async with httpx.AsyncClient() as client:
+                for state in ("scheduled", "finished"):
+                    body = json.dumps(callback_body(run_id, state)).encode()
+                    headers = signed_headers(secret, body, webhook_id(run_id, state))
+                    answer = await client.post(callback_url, content=body, headers=headers)
+                    delivered.append(answer.status_code)
+
+        fake = FakeApi(on_submit=on_submit)
+        with ServerThread(fake) as api:
+            inbox = SqliteInbox(db, poll_interval=0.05)
+            result = await run(launcher(api, inbox, fallback_after=60))
+        assert delivered == [204, 204]
+        assert full_result_to_json(result) == FULL_RESULT
+        assert fake.paths("GET") == []
+    finally:
+        server.terminate()
+        server.wait(10)
