@@ -99,7 +99,15 @@ pub struct CallbackConfig {
 impl std::fmt::Debug for CallbackConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CallbackConfig")
-            .field("url", &self.url.as_str())
+            // Its query may carry a token of the receiver's.
+            .field(
+                "url",
+                &format_args!(
+                    "{}{}",
+                    self.url.origin().ascii_serialization(),
+                    self.url.path()
+                ),
+            )
             .field("keys", &format_args!("[{} redacted]", self.keys.len()))
             .finish()
     }
@@ -192,9 +200,15 @@ impl Env<'_> {
         self.get(name).ok_or(ConfigError::Missing(name))
     }
 
+    /// A base URL (a trailing `/` dropped: paths are appended to it).
     fn url(&self, name: &'static str, default: &str) -> Result<Url, ConfigError> {
         let raw = self.get(name).unwrap_or_else(|| default.to_owned());
-        let url = Url::parse(raw.trim_end_matches('/')).map_err(|e| ConfigError::Invalid {
+        self.exact_url(name, raw.trim_end_matches('/'))
+    }
+
+    /// A URL used as it is written (a receiver's route may need its trailing `/`).
+    fn exact_url(&self, name: &'static str, raw: &str) -> Result<Url, ConfigError> {
+        let url = Url::parse(raw).map_err(|e| ConfigError::Invalid {
             name,
             reason: e.to_string(),
         })?;
@@ -225,10 +239,10 @@ impl Env<'_> {
 
     /// `CALLBACK_URL` and the `CALLBACK_SECRET` keys that must come with it.
     fn callback(&self) -> Result<Option<CallbackConfig>, ConfigError> {
-        if self.get("CALLBACK_URL").is_none() {
+        let Some(raw) = self.get("CALLBACK_URL") else {
             return Ok(None);
-        }
-        let url = self.url("CALLBACK_URL", "")?;
+        };
+        let url = self.exact_url("CALLBACK_URL", &raw)?;
         let raw = self
             .get("CALLBACK_SECRET")
             .ok_or(ConfigError::Missing("CALLBACK_SECRET"))?;
@@ -453,6 +467,21 @@ mod tests {
         )
         .unwrap();
         assert_eq!(cfg.callback.as_ref().unwrap().keys.len(), 2);
+        // Used as written: a route mounted under a prefix answers its bare path with a 307.
+        let mounted = (
+            "CALLBACK_URL",
+            "https://kernelbot.example/cb/?t=receiver-token",
+        );
+        let cfg = load(
+            Role::Sweep,
+            &[BASE, &[mounted, ("CALLBACK_SECRET", key)]].concat(),
+        )
+        .unwrap();
+        assert!(!format!("{cfg:?}").contains("receiver-token"));
+        assert_eq!(
+            cfg.callback.as_ref().map(|c| c.url.as_str()),
+            Some("https://kernelbot.example/cb/?t=receiver-token")
+        );
         assert!(!format!("{cfg:?}").contains("MfKQ9r8"));
         for bad in [
             "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",

@@ -162,6 +162,19 @@ pub async fn a_refused_agents_api_is_a_502_and_is_not_hammered(kind: StoreKind) 
     let (status, body) = queue(&app, "H100_BK").await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(body["agents"]["idle"], 1);
+    // Not for ever: a list ten minutes old is not served.
+    app.advance_clock(Duration::from_secs(9 * 60));
+    let (first, _) = queue(&app, "H100_BK").await;
+    assert_eq!(first, StatusCode::BAD_GATEWAY);
+    let (status, body) = queue(&app, "H100_BK").await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("could not be refreshed"),
+        "{body}"
+    );
 }
 
 pub async fn unknown_gpus_and_missing_tokens_are_refused(kind: StoreKind) {

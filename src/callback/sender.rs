@@ -11,8 +11,9 @@ use super::signature::{self, SigningKey};
 use crate::config::CallbackConfig;
 use crate::retry::Deadline;
 
-/// A receiver that has not answered in this long is tried again later.
-const TIMEOUT: Duration = Duration::from_secs(5);
+/// A receiver that has not answered in this long is tried again later (by the sweep): it
+/// only records the callback, and a dead one must not slow every submit and webhook.
+const TIMEOUT: Duration = Duration::from_secs(3);
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum CallbackError {
@@ -22,6 +23,10 @@ pub enum CallbackError {
     /// Any other answer than 2xx: tried again later. The body is not kept (it is theirs).
     #[error("the callback receiver answered {0}")]
     Refused(u16),
+    /// A redirect is not followed (it would carry a result elsewhere): `CALLBACK_URL` must
+    /// name the route itself.
+    #[error("the callback receiver redirected ({0}): set CALLBACK_URL to the final URL")]
+    Redirected(u16),
     /// No answer: a timeout or a connection error (the URL is left out of the text).
     #[error("the callback receiver did not answer: {0}")]
     Unreachable(String),
@@ -83,6 +88,7 @@ impl CallbackSender {
         match answer.status() {
             s if s.is_success() => Ok(()),
             StatusCode::GONE => Err(CallbackError::Gone),
+            s if s.is_redirection() => Err(CallbackError::Redirected(s.as_u16())),
             s => Err(CallbackError::Refused(s.as_u16())),
         }
     }

@@ -17,6 +17,8 @@ use crate::retry::Deadline;
 pub const AGENTS_KEY: &str = "~agents";
 /// The agents list is refreshed at most this often, by one instance.
 pub const REFRESH_MS: Millis = 60_000;
+/// A list this old is not served: the agents API has been failing for minutes.
+pub const MAX_STALE_MS: Millis = 10 * 60_000;
 /// While another instance fetches the first list, wait this long for it at most.
 const WAIT_FOR_FIRST: Duration = Duration::from_secs(3);
 
@@ -30,6 +32,9 @@ pub enum QueueError {
     /// Another instance is fetching the first agents list; try again shortly.
     #[error("the agents list is being fetched; try again shortly")]
     Pending,
+    /// The last list is too old to serve and this instance may not refresh it yet.
+    #[error("the agents list could not be refreshed for {0} minutes")]
+    Stale(i64),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -178,9 +183,10 @@ impl Dispatcher {
                 return self.refresh_agents(now, deadline).await;
             }
         }
-        match cached {
-            Some(list) => Ok(list),
-            None => self.wait_for_agents(deadline).await,
+        match (cached, entry.map(|e| now - e.fetched_at)) {
+            (Some(list), Some(age)) if age < MAX_STALE_MS => Ok(list),
+            (Some(_), Some(age)) => Err(QueueError::Stale(age / 60_000)),
+            _ => self.wait_for_agents(deadline).await,
         }
     }
 

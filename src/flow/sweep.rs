@@ -110,6 +110,14 @@ fn bookmark(job: &Job) -> String {
     format!("{:020}:{}", job.created_at.max(0), job.run_id)
 }
 
+/// Where one outbox of a job stands after a delivery.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Delivery {
+    Sent,
+    Pending,
+    GivenUp,
+}
+
 /// Whether the pass has reached the pipeline: a build's 404 ends its job only then.
 #[derive(Default)]
 pub(super) struct PipelineSeen(pub(super) Option<bool>);
@@ -191,21 +199,22 @@ impl Dispatcher {
         let owing: Vec<&Job> = open
             .iter()
             .chain(outbox.iter())
-            .filter(|j| j.owes_discord())
-            .collect();
-        let callbacks: Vec<&Job> = open
-            .iter()
-            .chain(outbox.iter())
-            .filter(|j| j.owes_callback())
+            .filter(|j| j.owes_discord() || j.owes_callback())
             .collect();
         let mut still_pending = Vec::new();
         for job in owing {
-            let pending = deadline.remaining() < PASS_RESERVE
-                || self
-                    .deliver_counted(&job.run_id, true, self.slice(deadline), report)
-                    .await?;
-            if pending {
-                still_pending.push(job);
+            let (discord, callback) = self.deliver_both(job, deadline).await;
+            match discord? {
+                Some(Delivery::Pending) => still_pending.push(job),
+                Some(Delivery::Sent) => report.reports_sent += 1,
+                Some(Delivery::GivenUp) => report.reports_given_up += 1,
+                None => {}
+            }
+            match callback? {
+                Some(Delivery::Pending) => report.callbacks_pending += 1,
+                Some(Delivery::Sent) => report.callbacks_sent += 1,
+                Some(Delivery::GivenUp) => report.callbacks_given_up += 1,
+                None => {}
             }
         }
         // Measured on every report still owed, tried in this pass or not.
@@ -223,40 +232,98 @@ impl Dispatcher {
             })
             .max()
             .unwrap_or(0);
-        for job in callbacks {
-            let pending = deadline.remaining() < PASS_RESERVE
-                || self
-                    .deliver_callback_counted(&job.run_id, self.slice(deadline), report)
-                    .await?;
-            report.callbacks_pending += usize::from(pending);
-        }
         buildkite
     }
 
-    /// Delivers one job's owed callback; whether one is still owed after.
-    async fn deliver_callback_counted(
+    /// One job's Discord report and callback, side by side within a short slice of the
+    /// pass, so a slow Discord never holds callbacks back, nor the reverse. `None`: that
+    /// outbox owed nothing.
+    async fn deliver_both(
+        &self,
+        job: &Job,
+        deadline: Deadline,
+    ) -> (
+        Result<Option<Delivery>, DispatchError>,
+        Result<Option<Delivery>, DispatchError>,
+    ) {
+        let late = deadline.remaining() < PASS_RESERVE;
+        let slice = self.slice(deadline);
+        let run_id = &job.run_id;
+        tokio::join!(
+            async {
+                match (job.owes_discord(), late) {
+                    (false, _) => Ok(None),
+                    (true, true) => Ok(Some(Delivery::Pending)),
+                    (true, false) => self.discord_delivery(run_id, slice).await.map(Some),
+                }
+            },
+            async {
+                match (job.owes_callback(), late) {
+                    (false, _) => Ok(None),
+                    (true, true) => Ok(Some(Delivery::Pending)),
+                    (true, false) => self.callback_delivery(run_id, slice).await.map(Some),
+                }
+            }
+        )
+    }
+
+    /// The job as `delivered` left it, or as stored when it had no time to try.
+    async fn after_delivery(
+        &self,
+        run_id: &RunId,
+        delivered: Option<Job>,
+    ) -> Result<Option<Job>, DispatchError> {
+        Ok(match delivered {
+            Some(job) => Some(job),
+            None => self.store.get(run_id).await?,
+        })
+    }
+
+    /// Sends one job's owed callback; where it stands after.
+    async fn callback_delivery(
         &self,
         run_id: &RunId,
         deadline: Deadline,
-        report: &mut SweepReport,
-    ) -> Result<bool, DispatchError> {
-        let after = match self.deliver_callback(run_id, deadline).await? {
-            Some(job) => job,
-            None => match self.store.get(run_id).await? {
-                Some(job) => job,
-                None => return Ok(false),
-            },
+    ) -> Result<Delivery, DispatchError> {
+        let delivered = self.deliver_callback(run_id, deadline).await?;
+        let Some(after) = self.after_delivery(run_id, delivered).await? else {
+            return Ok(Delivery::Sent);
         };
-        if after.owes_callback() {
-            return Ok(true);
-        }
-        match after.callback.as_ref().map(|c| c.status) {
-            Some(crate::jobs::DeliveryStatus::GivenUp | crate::jobs::DeliveryStatus::Gone) => {
-                report.callbacks_given_up += 1;
-            }
-            _ => report.callbacks_sent += 1,
-        }
-        Ok(false)
+        Ok(if after.owes_callback() {
+            Delivery::Pending
+        } else if after.callback.as_ref().is_some_and(|c| {
+            matches!(
+                c.status,
+                crate::jobs::DeliveryStatus::GivenUp | crate::jobs::DeliveryStatus::Gone
+            )
+        }) {
+            Delivery::GivenUp
+        } else {
+            Delivery::Sent
+        })
+    }
+
+    /// Sends one job's owed Discord report; where it stands after.
+    async fn discord_delivery(
+        &self,
+        run_id: &RunId,
+        deadline: Deadline,
+    ) -> Result<Delivery, DispatchError> {
+        let delivered = self.deliver_discord(run_id, deadline).await?;
+        let Some(after) = self.after_delivery(run_id, delivered).await? else {
+            return Ok(Delivery::Sent);
+        };
+        Ok(if after.owes_discord() {
+            Delivery::Pending
+        } else if after
+            .discord
+            .as_ref()
+            .is_some_and(|o| o.status == crate::jobs::DeliveryStatus::GivenUp)
+        {
+            Delivery::GivenUp
+        } else {
+            Delivery::Sent
+        })
     }
 
     /// Deferred creates, then the builds of open jobs due for a look.
@@ -446,59 +513,22 @@ impl Dispatcher {
             self.sweep_open(&job, true, &mut pipeline, deadline, &mut report)
                 .await?;
         }
-        let owed = self
-            .store
-            .get(run_id)
-            .await?
-            .is_some_and(|j| j.owes_discord());
-        let pending = self
-            .deliver_counted(run_id, owed, deadline, &mut report)
-            .await?;
-        report.reports_pending = usize::from(pending);
-        let owes_callback = self
-            .store
-            .get(run_id)
-            .await?
-            .is_some_and(|j| j.owes_callback());
-        if owes_callback {
-            let pending = self
-                .deliver_callback_counted(run_id, deadline, &mut report)
-                .await?;
-            report.callbacks_pending = usize::from(pending);
+        if let Some(job) = self.store.get(run_id).await? {
+            let (discord, callback) = self.deliver_both(&job, deadline).await;
+            match discord? {
+                Some(Delivery::Pending) => report.reports_pending = 1,
+                Some(Delivery::Sent) => report.reports_sent = 1,
+                Some(Delivery::GivenUp) => report.reports_given_up = 1,
+                None => {}
+            }
+            match callback? {
+                Some(Delivery::Pending) => report.callbacks_pending = 1,
+                Some(Delivery::Sent) => report.callbacks_sent = 1,
+                Some(Delivery::GivenUp) => report.callbacks_given_up = 1,
+                None => {}
+            }
         }
         Ok(report)
-    }
-
-    /// Delivers what one job owes; whether a report is still pending after.
-    /// `before`: whether the job owed a report when the caller read it (counts a send).
-    async fn deliver_counted(
-        &self,
-        run_id: &RunId,
-        before: bool,
-        deadline: Deadline,
-        report: &mut SweepReport,
-    ) -> Result<bool, DispatchError> {
-        // `deliver` sees nothing when it had no time to try: the job as stored says.
-        let after = match self.deliver_discord(run_id, deadline).await? {
-            Some(job) => job,
-            None => match self.store.get(run_id).await? {
-                Some(job) => job,
-                None => return Ok(false),
-            },
-        };
-        let given_up = after
-            .discord
-            .as_ref()
-            .is_some_and(|o| o.status == crate::jobs::DeliveryStatus::GivenUp);
-        if after.owes_discord() {
-            return Ok(true);
-        }
-        if before && given_up {
-            report.reports_given_up += 1;
-        } else if before {
-            report.reports_sent += 1;
-        }
-        Ok(false)
     }
 
     /// One open job: create its build if that is due, else follow its build.

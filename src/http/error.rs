@@ -93,6 +93,7 @@ impl From<QueueError> for ApiError {
                     source.public()
                 ))
             }
+            QueueError::Stale(_) => Self::BadGateway(e.to_string()),
             other => Self::Unavailable(other.to_string()),
         }
     }

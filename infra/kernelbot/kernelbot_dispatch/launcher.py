@@ -53,7 +53,12 @@ RETRYABLE = {429, 500, 502, 503, 504}
 
 
 class DispatchError(Exception):
-    """The API refused a submission for good; ``str()`` is what kernelbot shows the user."""
+    """The API refused a submission, or could not be reached; ``str()`` is what kernelbot
+    shows the user. ``maybe_created``: an attempt may have created the job all the same."""
+
+    def __init__(self, message: str, *, maybe_created: bool = False):
+        super().__init__(message)
+        self.maybe_created = maybe_created
 
 
 def gpu_name(gpu: Any) -> str:
@@ -120,6 +125,7 @@ class DispatchLauncher(_Base):
         retry_backoff: float = 1.0,
         request_timeout: float = 30.0,
         cancel_timeout: float = 5.0,
+        cancel_window: float = 60.0,
     ):
         super().__init__(name=name, gpus=gpus or _DefaultGPUs)
         self.api_url = api_url.rstrip("/")
@@ -133,8 +139,13 @@ class DispatchLauncher(_Base):
         self._auth = {"Authorization": f"Bearer {api_token}"}
         self._own_http = http is None
         self._http = http or httpx.AsyncClient(timeout=request_timeout)
+        self.cancel_window = cancel_window
+        self._cancels: set[asyncio.Task] = set()
 
     async def aclose(self) -> None:
+        """Lets cancels still being retried finish, then closes the HTTP client."""
+        if self._cancels:
+            await asyncio.gather(*self._cancels, return_exceptions=True)
         if self._own_http:
             await self._http.aclose()
 
@@ -154,6 +165,8 @@ class DispatchLauncher(_Base):
             try:
                 accepted = await self._submit(run_id, gpu, config)
             except DispatchError as e:
+                if e.maybe_created:
+                    await self._cancel(run_id)  # nobody will read its result
                 await status.update(f"❌ {e}")
                 return failed_result(str(e))
             await self._show_accepted(accepted, gpu, status)
@@ -200,6 +213,9 @@ class DispatchLauncher(_Base):
         body = {"run_id": run_id, "gpu": gpu, "config": config}
         problem = "no attempt made"
         answer: httpx.Response | None = None
+        # Whether an attempt may have recorded the job (and built it) before failing: one
+        # that timed out or got a 5xx; a refused connection never reached the service.
+        maybe_created = False
         for attempt in range(self.submit_attempts):
             if attempt:
                 await asyncio.sleep(self._backoff(attempt, answer))
@@ -212,18 +228,22 @@ class DispatchLauncher(_Base):
                     timeout=self.request_timeout,
                 )
             except httpx.HTTPError as e:  # connection refused, reset, timed out
+                maybe_created |= not isinstance(e, httpx.ConnectError)
                 problem = f"kernelbot-dispatch unreachable: {type(e).__name__}"
                 log.warning("submitting %s: %s (attempt %d)", run_id, problem, attempt + 1)
                 continue
             if answer.status_code in (200, 202):
                 return _json_object(answer)
+            maybe_created |= answer.status_code >= 500
             code, problem = _api_error(answer)
             # A 502 `buildkite_error` is Buildkite's final refusal (the job is kept failed).
             final = answer.status_code not in RETRYABLE or code == "buildkite_error"
             if final:
                 raise DispatchError(f"kernelbot-dispatch refused the submission: {problem}")
             log.warning("submitting %s: %s (attempt %d)", run_id, problem, attempt + 1)
-        raise DispatchError(f"could not submit to kernelbot-dispatch: {problem}")
+        raise DispatchError(
+            f"could not submit to kernelbot-dispatch: {problem}", maybe_created=maybe_created
+        )
 
     def _backoff(self, attempt: int, answer: httpx.Response | None) -> float:
         retry_after = answer.headers.get("retry-after") if answer is not None else None
@@ -238,9 +258,25 @@ class DispatchLauncher(_Base):
             await status.update(f"⏳ Submitted for {gpu}: waiting for a build")
 
     async def _cancel(self, run_id: str) -> None:
-        """Best effort, shielded from the cancellation that triggered it, and short."""
+        """Cancels the run: waits for the first answer (briefly, shielded from the
+        cancellation that triggered it), and goes on trying in the background if that was
+        not final."""
+        task = asyncio.ensure_future(self._cancel_until_answered(run_id))
+        self._cancels.add(task)
+        task.add_done_callback(self._cancels.discard)
+        try:
+            await asyncio.wait_for(asyncio.shield(task), self.cancel_timeout)
+        except (asyncio.TimeoutError, asyncio.CancelledError):
+            pass  # it goes on by itself
 
-        async def post() -> None:
+    async def _cancel_until_answered(self, run_id: str) -> None:
+        """POSTs the cancel until the service answers for the run (202, or 409: it has
+        ended). A 404 is tried again: a submit still in flight may record the job after our
+        cancel arrived. Gives up after ``cancel_window`` seconds."""
+        loop = asyncio.get_running_loop()
+        give_up_at = loop.time() + self.cancel_window
+        wait = 0.5
+        while True:
             try:
                 answer = await self._http.post(
                     f"{self.api_url}/submissions/{run_id}/cancel",
@@ -248,14 +284,17 @@ class DispatchLauncher(_Base):
                     timeout=self.cancel_timeout,
                 )
                 log.info("cancel %s: %s", run_id, answer.status_code)
-            except Exception as e:  # noqa: BLE001 - best effort
+                if answer.status_code in (202, 409):
+                    return
+                if answer.status_code != 404 and answer.status_code not in RETRYABLE:
+                    return  # refused for good (401): nothing to gain by repeating
+            except httpx.HTTPError as e:
                 log.warning("cancel %s failed: %s", run_id, e)
-
-        task = asyncio.ensure_future(post())
-        try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError:
-            pass  # cancelled again: the request goes on by itself
+            if loop.time() + wait > give_up_at:
+                log.warning("cancel %s: no answer for the run; giving up", run_id)
+                return
+            await asyncio.sleep(wait)
+            wait = min(wait * 2, 5.0)
 
     # -- waiting ---------------------------------------------------------------------------
 

@@ -186,6 +186,8 @@ class FakeApi:
     views: dict[str, dict[str, Any]] = field(default_factory=dict)
     queue_answer: tuple[int, dict[str, Any]] = (404, {"error": "not_found", "message": "no"})
     on_submit: Callable[[str], Awaitable[None]] | None = None
+    #: Statuses the cancel endpoint answers first, in order (then 202).
+    cancel_answers: list[int] = field(default_factory=list)
     requests: list[Request] = field(default_factory=list)
 
     def paths(self, method: str) -> list[str]:
@@ -233,6 +235,8 @@ class FakeApi:
             view = self.views.get(parts[1])
             return (200, view) if view else (404, {"error": "not_found", "message": "none"})
         if method == "POST" and len(parts) == 3 and parts[2] == "cancel":
+            if self.cancel_answers:
+                return self.cancel_answers.pop(0), {"error": "not_found", "message": "none"}
             return 202, {"run_id": parts[1], "state": "scheduled"}
         if method == "GET" and parts[0] == "queues":
             return self.queue_answer

@@ -238,6 +238,37 @@ async def test_an_ending_without_a_result_is_a_failed_result_with_the_reason():
     assert (failed.success, failed.error) == (False, "Buildkite did not create the build")
 
 
+async def test_a_cancel_that_beats_the_job_is_repeated_until_the_job_is_known():
+    # The cancel reached the service before the (slow) submit recorded the job: 404, twice.
+    fake = FakeApi(cancel_answers=[404, 404])
+    with ServerThread(fake) as api:
+        launch = launcher(api, MemoryInbox(), cancel_window=10.0)
+        task = asyncio.create_task(
+            launch.run_submission(dict(CONFIG), "H100_BK", RecordingStatus())
+        )
+        for _ in range(200):
+            if fake.paths("POST"):
+                break
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await launch.aclose()  # waits for the cancel's retries
+    run_id = fake.requests[0].json["run_id"]
+    cancels = [r for r in fake.requests if r.path == f"/submissions/{run_id}/cancel"]
+    assert len(cancels) == 3, [r.path for r in fake.requests]
+
+
+async def test_a_submit_that_may_have_landed_is_cancelled_when_given_up():
+    # Every attempt answered 503: the job may exist all the same, and nobody would read it.
+    fake = FakeApi(submit_answers=[(503, {"error": "unavailable", "message": "down"})] * 2)
+    with ServerThread(fake) as api:
+        result = await run(launcher(api, MemoryInbox(), submit_attempts=2))
+    assert result.success is False and "could not submit" in result.error
+    run_id = fake.requests[0].json["run_id"]
+    assert fake.paths("POST")[-1] == f"/submissions/{run_id}/cancel"
+
+
 async def test_cancelling_the_task_cancels_the_job():
     fake = FakeApi()
     with ServerThread(fake) as api:
