@@ -740,10 +740,7 @@ async fn list_builds(
     if let Some(r) = gate(&mut s, &req, true) {
         return r;
     }
-    let query = query.unwrap_or_default();
-    let pairs: Vec<(String, String)> = url::form_urlencoded::parse(query.as_bytes())
-        .map(|(k, v)| (k.into_owned(), v.into_owned()))
-        .collect();
+    let pairs = query_pairs(query);
     let meta: Vec<(&str, &str)> = pairs
         .iter()
         .filter_map(|(k, v)| Some((k.strip_prefix("meta_data[")?.strip_suffix(']')?, v.as_str())))
@@ -753,17 +750,6 @@ async fn list_builds(
         .filter(|(k, _)| k == "state[]" || k == "state")
         .map(|(_, v)| v.as_str())
         .collect();
-    let number = |k: &str, default: usize| {
-        pairs
-            .iter()
-            .find(|(key, _)| key == k)
-            .and_then(|(_, v)| v.parse::<usize>().ok())
-            .unwrap_or(default)
-    };
-    let (per_page, page) = (
-        number("per_page", 30).clamp(1, 100),
-        number("page", 1).max(1),
-    );
     let matching: Vec<&StandinBuild> = s
         .builds
         .iter()
@@ -781,20 +767,42 @@ async fn list_builds(
             states.is_empty() || states.contains(&listed)
         })
         .collect();
-    let list: Vec<Value> = matching
+    let all: Vec<Value> = matching.iter().map(|b| s.build_json(b, true)).collect();
+    paged(&all, &pairs, &format!("{}{}", s.base, req.uri().path()))
+}
+
+fn query_pairs(query: Option<String>) -> Vec<(String, String)> {
+    url::form_urlencoded::parse(query.unwrap_or_default().as_bytes())
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect()
+}
+
+/// One page of a listing as the REST API pages it (`per_page`, default 30, at most 100;
+/// `page` from 1), with `Link: <…>; rel="next"` while more pages exist.
+fn paged(all: &[Value], pairs: &[(String, String)], url: &str) -> Response {
+    let number = |k: &str, default: usize| {
+        pairs
+            .iter()
+            .find(|(key, _)| key == k)
+            .and_then(|(_, v)| v.parse::<usize>().ok())
+            .unwrap_or(default)
+    };
+    let (per_page, page) = (
+        number("per_page", 30).clamp(1, 100),
+        number("page", 1).max(1),
+    );
+    let list: Vec<&Value> = all
         .iter()
         .skip((page - 1) * per_page)
         .take(per_page)
-        .map(|b| s.build_json(b, true))
         .collect();
     let mut response = Json(list).into_response();
-    if matching.len() > page * per_page {
+    if all.len() > page * per_page {
         let rest: String = url::form_urlencoded::Serializer::new(String::new())
             .extend_pairs(pairs.iter().filter(|(k, _)| k != "page"))
             .append_pair("page", &(page + 1).to_string())
             .finish();
-        let next = format!("<{}{}?{rest}>; rel=\"next\"", s.base, req.uri().path());
-        if let Ok(v) = next.parse() {
+        if let Ok(v) = format!("<{url}?{rest}>; rel=\"next\"").parse() {
             response.headers_mut().insert(header::LINK, v);
         }
     }
@@ -821,41 +829,11 @@ async fn list_agents(
         let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         return bk_error(status, "Your API token does not have the read_agents scope");
     }
-    let pairs: Vec<(String, String)> =
-        url::form_urlencoded::parse(query.unwrap_or_default().as_bytes())
-            .map(|(k, v)| (k.into_owned(), v.into_owned()))
-            .collect();
-    let number = |k: &str, default: usize| {
-        pairs
-            .iter()
-            .find(|(key, _)| key == k)
-            .and_then(|(_, v)| v.parse::<usize>().ok())
-            .unwrap_or(default)
-    };
-    let (per_page, page) = (
-        number("per_page", 30).clamp(1, 100),
-        number("page", 1).max(1),
-    );
-    let list: Vec<Value> = s
-        .agents
-        .iter()
-        .skip((page - 1) * per_page)
-        .take(per_page)
-        .cloned()
-        .collect();
-    let mut response = Json(list).into_response();
-    if s.agents.len() > page * per_page {
-        let next = format!(
-            "<{}{}?per_page={per_page}&page={}>; rel=\"next\"",
-            s.base,
-            req.uri().path(),
-            page + 1
-        );
-        if let Ok(v) = next.parse() {
-            response.headers_mut().insert(header::LINK, v);
-        }
-    }
-    response
+    paged(
+        &s.agents,
+        &query_pairs(query),
+        &format!("{}{}", s.base, req.uri().path()),
+    )
 }
 
 fn find(s: &Inner, number: &str) -> Option<usize> {

@@ -26,19 +26,28 @@ pub struct Message {
     /// Always sent, edits too: an edit without it falls back to Discord's default parsing,
     /// and user-supplied text (titles, test names) must never ping anyone.
     pub allowed_mentions: AllowedMentions,
-    /// The files this message carries (`files[n]` parts of a multipart body).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub attachments: Vec<AttachmentRef>,
-    /// The report file's text, sent as `files[0]` (never part of the JSON).
-    #[serde(skip)]
+    /// The report file's text, sent as the `files[0]` part; the JSON lists it under
+    /// `attachments` (its id and name, never its text).
+    #[serde(
+        rename = "attachments",
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "attachment_entries"
+    )]
     pub file: Option<String>,
 }
 
-/// An entry of `attachments`: the `files[<id>]` part and its name.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct AttachmentRef {
-    pub id: u32,
-    pub filename: &'static str,
+/// `[{"id": 0, "filename": "report.txt"}]`: the entry naming the `files[0]` part.
+fn attachment_entries<S: serde::Serializer>(_: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
+    #[derive(Serialize)]
+    struct Entry {
+        id: u32,
+        filename: &'static str,
+    }
+    [Entry {
+        id: 0,
+        filename: super::report::FILENAME,
+    }]
+    .serialize(s)
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
@@ -202,13 +211,6 @@ pub fn render(job: &Job) -> Message {
         content,
         embeds,
         allowed_mentions: AllowedMentions::default(),
-        attachments: file
-            .iter()
-            .map(|_| AttachmentRef {
-                id: 0,
-                filename: super::report::FILENAME,
-            })
-            .collect(),
         file,
     }
     .fit()
@@ -503,7 +505,6 @@ mod tests {
     #[test]
     fn fit_keeps_every_part_within_discord_limits() {
         let msg = Message {
-            attachments: Vec::new(),
             file: None,
             content: "x".repeat(5000),
             embeds: vec![Embed {

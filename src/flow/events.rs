@@ -92,7 +92,7 @@ impl Dispatcher {
         }
         // Cheap early exit for duplicates; the conditional write is what decides.
         if target.rank() <= job.state.rank() {
-            if job.owes_discord() || job.owes_callback() {
+            if job.owes_delivery() {
                 self.deliver(run_id, deadline).await?;
             }
             return Ok(EventOutcome::Ignored("duplicate or out of order"));
@@ -143,7 +143,7 @@ impl Dispatcher {
                 Ok(EventOutcome::Advanced(job.state))
             }
             Updated::Unchanged(job) => {
-                if job.owes_discord() || job.owes_callback() {
+                if job.owes_delivery() {
                     self.deliver(run_id, deadline).await?;
                 }
                 Ok(EventOutcome::Ignored("duplicate or out of order"))

@@ -11,7 +11,7 @@ use tracing::warn;
 use super::{DispatchError, Dispatcher, EventOutcome};
 use crate::buildkite::client::CallBudget;
 use crate::buildkite::{Build, BuildkiteError};
-use crate::jobs::{Job, JobState, RunId, Shard};
+use crate::jobs::{DeliveryStatus, Job, JobState, RunId, Shard};
 use crate::retry::Deadline;
 use crate::telemetry::metrics::Unit;
 
@@ -118,6 +118,56 @@ enum Delivery {
     GivenUp,
 }
 
+/// A job's two outboxes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Outbox {
+    Discord,
+    Callback,
+}
+
+impl Outbox {
+    fn owed(self, job: &Job) -> bool {
+        match self {
+            Self::Discord => job.owes_discord(),
+            Self::Callback => job.owes_callback(),
+        }
+    }
+
+    /// Nothing more will be sent: given up, or the receiver is gone.
+    fn given_up(self, job: &Job) -> bool {
+        let status = match self {
+            Self::Discord => job.discord.as_ref().map(|o| o.status),
+            Self::Callback => job.callback.as_ref().map(|c| c.status),
+        };
+        matches!(status, Some(DeliveryStatus::GivenUp))
+            || (self == Self::Callback && status == Some(DeliveryStatus::Gone))
+    }
+}
+
+impl SweepReport {
+    /// Counts one outbox's delivery.
+    fn count_delivery(&mut self, outbox: Outbox, delivery: Option<Delivery>) {
+        let (sent, pending, given_up) = match outbox {
+            Outbox::Discord => (
+                &mut self.reports_sent,
+                &mut self.reports_pending,
+                &mut self.reports_given_up,
+            ),
+            Outbox::Callback => (
+                &mut self.callbacks_sent,
+                &mut self.callbacks_pending,
+                &mut self.callbacks_given_up,
+            ),
+        };
+        match delivery {
+            Some(Delivery::Sent) => *sent += 1,
+            Some(Delivery::Pending) => *pending += 1,
+            Some(Delivery::GivenUp) => *given_up += 1,
+            None => {}
+        }
+    }
+}
+
 /// Whether the pass has reached the pipeline: a build's 404 ends its job only then.
 #[derive(Default)]
 pub(super) struct PipelineSeen(pub(super) Option<bool>);
@@ -199,23 +249,17 @@ impl Dispatcher {
         let owing: Vec<&Job> = open
             .iter()
             .chain(outbox.iter())
-            .filter(|j| j.owes_discord() || j.owes_callback())
+            .filter(|j| j.owes_delivery())
             .collect();
         let mut still_pending = Vec::new();
         for job in owing {
             let (discord, callback) = self.deliver_both(job, deadline).await;
-            match discord? {
-                Some(Delivery::Pending) => still_pending.push(job),
-                Some(Delivery::Sent) => report.reports_sent += 1,
-                Some(Delivery::GivenUp) => report.reports_given_up += 1,
-                None => {}
+            let discord = discord?;
+            if discord == Some(Delivery::Pending) {
+                still_pending.push(job);
             }
-            match callback? {
-                Some(Delivery::Pending) => report.callbacks_pending += 1,
-                Some(Delivery::Sent) => report.callbacks_sent += 1,
-                Some(Delivery::GivenUp) => report.callbacks_given_up += 1,
-                None => {}
-            }
+            report.count_delivery(Outbox::Discord, discord);
+            report.count_delivery(Outbox::Callback, callback?);
         }
         // Measured on every report still owed, tried in this pass or not.
         let now = self.clock.now();
@@ -246,84 +290,45 @@ impl Dispatcher {
         Result<Option<Delivery>, DispatchError>,
         Result<Option<Delivery>, DispatchError>,
     ) {
-        let late = deadline.remaining() < PASS_RESERVE;
-        let slice = self.slice(deadline);
-        let run_id = &job.run_id;
         tokio::join!(
-            async {
-                match (job.owes_discord(), late) {
-                    (false, _) => Ok(None),
-                    (true, true) => Ok(Some(Delivery::Pending)),
-                    (true, false) => self.discord_delivery(run_id, slice).await.map(Some),
-                }
-            },
-            async {
-                match (job.owes_callback(), late) {
-                    (false, _) => Ok(None),
-                    (true, true) => Ok(Some(Delivery::Pending)),
-                    (true, false) => self.callback_delivery(run_id, slice).await.map(Some),
-                }
-            }
+            self.deliver_one(Outbox::Discord, job, deadline),
+            self.deliver_one(Outbox::Callback, job, deadline)
         )
     }
 
-    /// The job as `delivered` left it, or as stored when it had no time to try.
-    async fn after_delivery(
+    /// Sends what `job` owes through `outbox`; where that outbox stands after.
+    async fn deliver_one(
         &self,
-        run_id: &RunId,
-        delivered: Option<Job>,
-    ) -> Result<Option<Job>, DispatchError> {
-        Ok(match delivered {
-            Some(job) => Some(job),
-            None => self.store.get(run_id).await?,
-        })
-    }
-
-    /// Sends one job's owed callback; where it stands after.
-    async fn callback_delivery(
-        &self,
-        run_id: &RunId,
+        outbox: Outbox,
+        job: &Job,
         deadline: Deadline,
-    ) -> Result<Delivery, DispatchError> {
-        let delivered = self.deliver_callback(run_id, deadline).await?;
-        let Some(after) = self.after_delivery(run_id, delivered).await? else {
-            return Ok(Delivery::Sent);
+    ) -> Result<Option<Delivery>, DispatchError> {
+        if !outbox.owed(job) {
+            return Ok(None);
+        }
+        if deadline.remaining() < PASS_RESERVE {
+            return Ok(Some(Delivery::Pending));
+        }
+        let slice = self.slice(deadline);
+        let delivered = match outbox {
+            Outbox::Discord => self.deliver_discord(&job.run_id, slice).await?,
+            Outbox::Callback => self.deliver_callback(&job.run_id, slice).await?,
         };
-        Ok(if after.owes_callback() {
+        // Nothing seen when it had no time to try: the job as stored says.
+        let after = match delivered {
+            Some(after) => after,
+            None => match self.store.get(&job.run_id).await? {
+                Some(after) => after,
+                None => return Ok(Some(Delivery::Sent)),
+            },
+        };
+        Ok(Some(if outbox.owed(&after) {
             Delivery::Pending
-        } else if after.callback.as_ref().is_some_and(|c| {
-            matches!(
-                c.status,
-                crate::jobs::DeliveryStatus::GivenUp | crate::jobs::DeliveryStatus::Gone
-            )
-        }) {
+        } else if outbox.given_up(&after) {
             Delivery::GivenUp
         } else {
             Delivery::Sent
-        })
-    }
-
-    /// Sends one job's owed Discord report; where it stands after.
-    async fn discord_delivery(
-        &self,
-        run_id: &RunId,
-        deadline: Deadline,
-    ) -> Result<Delivery, DispatchError> {
-        let delivered = self.deliver_discord(run_id, deadline).await?;
-        let Some(after) = self.after_delivery(run_id, delivered).await? else {
-            return Ok(Delivery::Sent);
-        };
-        Ok(if after.owes_discord() {
-            Delivery::Pending
-        } else if after
-            .discord
-            .as_ref()
-            .is_some_and(|o| o.status == crate::jobs::DeliveryStatus::GivenUp)
-        {
-            Delivery::GivenUp
-        } else {
-            Delivery::Sent
-        })
+        }))
     }
 
     /// Deferred creates, then the builds of open jobs due for a look.
@@ -515,18 +520,8 @@ impl Dispatcher {
         }
         if let Some(job) = self.store.get(run_id).await? {
             let (discord, callback) = self.deliver_both(&job, deadline).await;
-            match discord? {
-                Some(Delivery::Pending) => report.reports_pending = 1,
-                Some(Delivery::Sent) => report.reports_sent = 1,
-                Some(Delivery::GivenUp) => report.reports_given_up = 1,
-                None => {}
-            }
-            match callback? {
-                Some(Delivery::Pending) => report.callbacks_pending = 1,
-                Some(Delivery::Sent) => report.callbacks_sent = 1,
-                Some(Delivery::GivenUp) => report.callbacks_given_up = 1,
-                None => {}
-            }
+            report.count_delivery(Outbox::Discord, discord?);
+            report.count_delivery(Outbox::Callback, callback?);
         }
         Ok(report)
     }

@@ -369,6 +369,11 @@ impl Job {
         self.callback.as_ref().is_some_and(|c| c.owes(self.state))
     }
 
+    /// Whether either outbox still owes something for the job as it is now.
+    pub fn owes_delivery(&self) -> bool {
+        self.owes_discord() || self.owes_callback()
+    }
+
     /// The job after `t`, or `None` when `t` would not move it forward (a duplicate or a
     /// late event): the caller then changes nothing and sends nothing.
     pub fn apply(&self, t: &Transition) -> Option<Job> {

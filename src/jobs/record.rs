@@ -194,7 +194,7 @@ fn decode_outcome(
 fn shard(job: &Job) -> Option<String> {
     if !job.state.is_terminal() {
         Some(OPEN.to_owned())
-    } else if job.owes_discord() || job.owes_callback() {
+    } else if job.owes_delivery() {
         Some(OUTBOX.to_owned())
     } else {
         None

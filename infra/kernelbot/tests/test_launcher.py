@@ -238,18 +238,22 @@ async def test_an_ending_without_a_result_is_a_failed_result_with_the_reason():
     assert (failed.success, failed.error) == (False, "Buildkite did not create the build")
 
 
+async def submitted(launch: DispatchLauncher, fake: FakeApi) -> asyncio.Task:
+    """A running submission's task, once its POST has reached `fake`."""
+    task = asyncio.create_task(launch.run_submission(dict(CONFIG), "H100_BK", RecordingStatus()))
+    for _ in range(200):
+        if fake.paths("POST"):
+            break
+        await asyncio.sleep(0.01)
+    return task
+
+
 async def test_a_cancel_that_beats_the_job_is_repeated_until_the_job_is_known():
     # The cancel reached the service before the (slow) submit recorded the job: 404, twice.
     fake = FakeApi(cancel_answers=[404, 404])
     with ServerThread(fake) as api:
         launch = launcher(api, MemoryInbox(), cancel_window=10.0)
-        task = asyncio.create_task(
-            launch.run_submission(dict(CONFIG), "H100_BK", RecordingStatus())
-        )
-        for _ in range(200):
-            if fake.paths("POST"):
-                break
-            await asyncio.sleep(0.01)
+        task = await submitted(launch, fake)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -273,13 +277,7 @@ async def test_cancelling_the_task_cancels_the_job():
     fake = FakeApi()
     with ServerThread(fake) as api:
         launch = launcher(api, MemoryInbox())
-        task = asyncio.create_task(
-            launch.run_submission(dict(CONFIG), "H100_BK", RecordingStatus())
-        )
-        for _ in range(200):
-            if fake.paths("POST"):
-                break
-            await asyncio.sleep(0.01)
+        task = await submitted(launch, fake)
         await asyncio.sleep(0.05)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
