@@ -191,6 +191,58 @@ pub async fn a_refused_callback_is_redelivered_with_the_same_id_and_body(kind: S
     assert_eq!(view["delivery"]["callback"]["status"], "delivered");
 }
 
+/// A receiver that answers too slowly, then one that rate-limits: the job still finishes and
+/// its Discord report is shown; the callback is redelivered, unchanged, until accepted.
+pub async fn a_slow_or_rate_limiting_receiver_never_holds_the_job_back(kind: StoreKind) {
+    let app = TestApp::spawn_tuned(
+        kind,
+        &[("CALLBACK_SECRET", KEY)],
+        Duration::from_millis(300),
+    )
+    .await;
+    run_to_running(&app, "cb-slow").await;
+    app.receiver.set_delay(Some(Duration::from_secs(1)));
+    assert_eq!(
+        app.finish(1, "passed", Some(sample_result(false))).await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        app.job("cb-slow").await.state,
+        kernelbot_dispatch::jobs::JobState::Finished
+    );
+    assert!(
+        app.discord_text().contains("✅ success"),
+        "{}",
+        app.discord_text()
+    );
+    let (_, view) = app.status("cb-slow").await;
+    assert_eq!(view["delivery"]["callback"]["status"], "pending");
+    assert!(
+        view["delivery"]["callback"]["last_error"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("the callback receiver did not answer")),
+        "{view}"
+    );
+    app.receiver.set_delay(None);
+    app.receiver.answer_with(&[429]);
+    assert_eq!(
+        app.sweep().await.callbacks_pending,
+        1,
+        "429: tried again later"
+    );
+    assert_eq!(app.sweep().await.callbacks_sent, 1);
+    let finished: Vec<Received> = app
+        .receiver
+        .received()
+        .into_iter()
+        .filter(|r| r.id == "msg_finished_cb-slow")
+        .collect();
+    assert_eq!(finished.len(), 3, "slow, 429, accepted");
+    assert!(finished.windows(2).all(|w| w[0].body == w[1].body));
+    let (_, view) = app.status("cb-slow").await;
+    assert_eq!(view["delivery"]["callback"]["status"], "delivered");
+}
+
 pub async fn a_410_stops_redelivery(kind: StoreKind) {
     let app = app_with(kind, KEY).await;
     run_to_running(&app, "cb-410").await;
@@ -338,6 +390,10 @@ macro_rules! scenarios {
         #[tokio::test]
         async fn a_refused_callback_is_redelivered_with_the_same_id_and_body() {
             super::a_refused_callback_is_redelivered_with_the_same_id_and_body($kind).await
+        }
+        #[tokio::test]
+        async fn a_slow_or_rate_limiting_receiver_never_holds_the_job_back() {
+            super::a_slow_or_rate_limiting_receiver_never_holds_the_job_back($kind).await
         }
         #[tokio::test]
         async fn a_410_stops_redelivery() {

@@ -177,6 +177,29 @@ pub async fn a_refused_agents_api_is_a_502_and_is_not_hammered(kind: StoreKind) 
     );
 }
 
+/// A rate-limited agents API: retried within the call, then a 502 that names the rate
+/// limit; nobody asks again within the minute.
+pub async fn a_rate_limited_agents_api_is_a_502(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    app.buildkite.fail_agents(Some(429));
+    let (status, body) = queue(&app, "H100_BK").await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("rate limit"),
+        "{body}"
+    );
+    let calls = app.buildkite.agent_calls();
+    assert!(calls > 1, "a 429 is retried within the call: {calls}");
+    assert_eq!(
+        queue(&app, "H100_BK").await.0,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    assert_eq!(app.buildkite.agent_calls(), calls);
+}
+
 pub async fn unknown_gpus_and_missing_tokens_are_refused(kind: StoreKind) {
     let app = TestApp::spawn(kind).await;
     let (status, body) = queue(&app, "V100").await;
@@ -212,6 +235,10 @@ macro_rules! scenarios {
         #[tokio::test]
         async fn a_refused_agents_api_is_a_502_and_is_not_hammered() {
             super::a_refused_agents_api_is_a_502_and_is_not_hammered($kind).await
+        }
+        #[tokio::test]
+        async fn a_rate_limited_agents_api_is_a_502() {
+            super::a_rate_limited_agents_api_is_a_502($kind).await
         }
         #[tokio::test]
         async fn unknown_gpus_and_missing_tokens_are_refused() {
