@@ -11,6 +11,7 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use backon::{ExponentialBuilder, Retryable};
+use tracing::Instrument;
 
 /// How long an invocation has outside Lambda (where the context gives the real deadline).
 pub const LOCAL_BUDGET: Duration = Duration::from_secs(50);
@@ -124,6 +125,7 @@ impl Policy {
             .with_max_delay(self.max_backoff)
             .with_max_times(self.attempts.saturating_sub(1) as usize)
             .with_jitter();
+        let span = tracing::info_span!(crate::telemetry::OUTBOUND_SPAN, service = what);
         op.retry(backoff)
             .sleep(tokio::time::sleep)
             .when(|e: &E| e.again() != Again::Never)
@@ -131,6 +133,7 @@ impl Policy {
             .notify(|e: &E, pause: Duration| {
                 tracing::warn!(service = what, pause_ms = pause.as_millis() as u64, error = %e, "retrying");
             })
+            .instrument(span)
             .await
     }
 }

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use reqwest::StatusCode;
+use tracing::Instrument;
 use url::Url;
 
 use super::event::Event;
@@ -64,6 +65,11 @@ impl CallbackSender {
 
     /// Sends `event` once, signed for this attempt's time.
     pub async fn send(&self, event: &Event, deadline: Deadline) -> Result<(), CallbackError> {
+        let span = tracing::info_span!(crate::telemetry::OUTBOUND_SPAN, service = "callback");
+        self.send_once(event, deadline).instrument(span).await
+    }
+
+    async fn send_once(&self, event: &Event, deadline: Deadline) -> Result<(), CallbackError> {
         let Some(timeout) = deadline.call_timeout(self.timeout) else {
             return Err(CallbackError::Unreachable("no time left".into()));
         };

@@ -7,7 +7,11 @@ pub mod webhook;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
+use axum::extract::Request;
 use axum::http::Extensions;
+use axum::middleware::Next;
+use axum::response::Response;
+use tracing::Instrument;
 
 pub use error::ApiError;
 
@@ -29,6 +33,17 @@ pub async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
     axum::body::to_bytes(body, limit)
         .await
         .map_err(|_| ApiError::TooLarge(format!("request body exceeds {limit} bytes")))
+}
+
+/// Runs a request in its own span: the context of its log lines, and what the benchmarks
+/// time. The path holds no secret (tokens travel in headers).
+pub async fn in_span(request: Request, next: Next) -> Response {
+    let span = tracing::info_span!(
+        crate::telemetry::REQUEST_SPAN,
+        method = %request.method(),
+        path = request.uri().path()
+    );
+    next.run(request).instrument(span).await
 }
 
 pub async fn healthz() -> &'static str {

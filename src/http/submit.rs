@@ -28,6 +28,7 @@ pub fn router(dispatcher: Arc<Dispatcher>) -> Router {
         .route("/submissions/{run_id}/cancel", post(cancel))
         .route("/queues/{gpu}", get(queue))
         .route("/healthz", get(healthz))
+        .layer(axum::middleware::from_fn(super::in_span))
         .with_state(dispatcher)
 }
 

@@ -19,6 +19,7 @@ pub fn router(dispatcher: Arc<Dispatcher>) -> Router {
     Router::new()
         .route("/webhooks/buildkite", post(receive))
         .route("/healthz", get(healthz))
+        .layer(axum::middleware::from_fn(super::in_span))
         .with_state(dispatcher)
 }
 

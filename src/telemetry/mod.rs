@@ -4,6 +4,12 @@
 
 use tracing_subscriber::EnvFilter;
 
+/// The span each HTTP request runs in (see `http::in_span`), and the span of each outbound
+/// call within it (see `retry::Policy::run`): the benchmarks time our own work as the first
+/// less the second.
+pub const REQUEST_SPAN: &str = "request";
+pub const OUTBOUND_SPAN: &str = "outbound";
+
 pub fn is_lambda() -> bool {
     std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_some()
 }
