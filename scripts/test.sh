@@ -29,7 +29,7 @@ if ! command -v shellcheck >/dev/null 2>&1; then
 fi
 
 cfn-lint template.yaml
-shellcheck infra/buildkite/*.sh scripts/test.sh
+shellcheck infra/buildkite/*.sh scripts/test.sh scripts/bench.sh
 cargo test --locked "$@" -- --include-ignored
 # The kernelbot launcher's suite, its round trips through the real local stack included.
 cargo build --locked --quiet --bin local

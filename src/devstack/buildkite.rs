@@ -210,6 +210,10 @@ impl BuildkiteStandin {
             )
             .route(&format!("{p}/{{number}}/artifacts"), get(list_artifacts))
             .route(
+                &format!("{p}/{{number}}/jobs/{{job}}/artifacts"),
+                get(list_job_artifacts),
+            )
+            .route(
                 &format!("{p}/{{number}}/jobs/{{job}}/artifacts/{{id}}/download"),
                 get(download),
             )
@@ -867,8 +871,21 @@ async fn list_artifacts(
     Path((_o, _p, number)): Path<(String, String, String)>,
     req: Request,
 ) -> Response {
-    let mut s = lock(&inner);
-    let i = match read_build(&mut s, &req, &number) {
+    artifacts_of(&inner, &req, &number, None)
+}
+
+/// One job's artifacts (a job's `artifacts_url`).
+async fn list_job_artifacts(
+    State(inner): State<Shared>,
+    Path((_o, _p, number, job)): Path<(String, String, String, String)>,
+    req: Request,
+) -> Response {
+    artifacts_of(&inner, &req, &number, Some(&job))
+}
+
+fn artifacts_of(inner: &Shared, req: &Request, number: &str, job: Option<&str>) -> Response {
+    let mut s = lock(inner);
+    let i = match read_build(&mut s, req, number) {
         Ok(i) => i,
         Err(r) => return *r,
     };
@@ -877,6 +894,7 @@ async fn list_artifacts(
     let list: Vec<Value> = b
         .artifacts
         .iter()
+        .filter(|a| job.is_none_or(|j| a.job_id == j))
         .map(|a| {
             let filename = a.path.rsplit('/').next().unwrap_or_default();
             json!({"id": a.id, "job_id": a.job_id, "url": format!("{api}/jobs/{}/artifacts/{}", a.job_id, a.id),

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Runs every benchmark (see BENCHMARKS.md): the CPU work of the hot paths (criterion), the
+# webhook path under load, polling against events, and cold start and footprint. Installs the
+# moto server the cold-start figures use, as scripts/test.sh does. Takes about 25 minutes on a
+# cold 2-core machine, most of it compiling.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+requirements=(scripts/requirements.txt infra/kernelbot/requirements.txt)
+stamp=.venv/.requirements
+if ! cat "${requirements[@]}" | cmp -s - "$stamp" 2>/dev/null; then
+  echo "Installing tools into .venv..." >&2
+  python3 -m venv .venv
+  .venv/bin/pip install --quiet --disable-pip-version-check "${requirements[@]/#/-r}"
+  cat "${requirements[@]}" > "$stamp"
+fi
+export PATH="$PWD/.venv/bin:$PATH"
+export MOTO_SERVER="$PWD/scripts/moto-atomic-server"
+
+# The cold-start pair, built with the profile the benchmarks use.
+cargo build --locked --profile bench --bin webhook --example coldstart_baseline
+cargo bench --locked --bench hot_paths --bench webhook_load --bench polling_vs_events --bench cold_start
