@@ -139,9 +139,9 @@ async fn main() {
     let (mut child, _) = start(&webhook_bin, &env, port);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let (idle, _) = rss(child.id());
-    let (base_child, _) = start(&baseline_bin, &env, free_port());
+    let (mut base_child, _) = start(&baseline_bin, &env, free_port());
+    tokio::time::sleep(Duration::from_millis(500)).await;
     let (base_idle, _) = rss(base_child.id());
-    let mut base_child = base_child;
     let _ = base_child.kill();
 
     let created = reqwest::Client::new()

@@ -6,16 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-requirements=(scripts/requirements.txt infra/kernelbot/requirements.txt)
-stamp=.venv/.requirements
-if ! cat "${requirements[@]}" | cmp -s - "$stamp" 2>/dev/null; then
-  echo "Installing tools into .venv..." >&2
-  python3 -m venv .venv
-  .venv/bin/pip install --quiet --disable-pip-version-check "${requirements[@]/#/-r}"
-  cat "${requirements[@]}" > "$stamp"
-fi
-export PATH="$PWD/.venv/bin:$PATH"
-export MOTO_SERVER="$PWD/scripts/moto-atomic-server"
+# shellcheck source=scripts/tools.sh
+source scripts/tools.sh
 
 # The cold-start pair, built with the profile the benchmarks use.
 cargo build --locked --profile bench --bin webhook --example coldstart_baseline

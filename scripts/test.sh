@@ -6,17 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-requirements=(scripts/requirements.txt infra/kernelbot/requirements.txt)
-stamp=.venv/.requirements
-if ! cat "${requirements[@]}" | cmp -s - "$stamp" 2>/dev/null; then
-  echo "Installing test tools into .venv..." >&2
-  python3 -m venv .venv
-  .venv/bin/pip install --quiet --disable-pip-version-check "${requirements[@]/#/-r}"
-  cat "${requirements[@]}" > "$stamp"
-fi
-export PATH="$PWD/.venv/bin:$PATH"
-# moto, with its writes made atomic as DynamoDB's are (see the script).
-export MOTO_SERVER="$PWD/scripts/moto-atomic-server"
+# shellcheck source=scripts/tools.sh
+source scripts/tools.sh
 
 # Debian's shellcheck lints the node scripts.
 if ! command -v shellcheck >/dev/null 2>&1; then
@@ -29,7 +20,7 @@ if ! command -v shellcheck >/dev/null 2>&1; then
 fi
 
 cfn-lint template.yaml
-shellcheck infra/buildkite/*.sh scripts/test.sh scripts/bench.sh
+shellcheck -x infra/buildkite/*.sh scripts/test.sh scripts/bench.sh scripts/tools.sh
 cargo test --locked "$@" -- --include-ignored
 # The kernelbot launcher's suite, its round trips through the real local stack included.
 cargo build --locked --quiet --bin local
