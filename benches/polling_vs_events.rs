@@ -12,14 +12,15 @@ use std::time::{Duration, Instant};
 
 use common::{BK_TOKEN, StoreKind, TestApp, submission};
 use kernelbot_dispatch::devstack::buildkite::{BuildkiteStandin, sample_result};
-use kernelbot_dispatch::devstack::discord::DiscordStandin;
+use kernelbot_dispatch::devstack::discord::{DiscordCall, DiscordStandin};
 use kernelbot_dispatch::jobs::Shard;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
-/// Modelled seconds per real second: 15 minutes pass in 3 s.
-const SCALE: f64 = 300.0;
+/// Modelled seconds per real second: 15 minutes pass in 15 s. Real work is not scaled, so a
+/// larger factor would inflate each call's few milliseconds into modelled seconds.
+const SCALE: f64 = 60.0;
 /// Build lengths, in modelled seconds.
 const LENGTHS: [u64; 7] = [30, 60, 120, 300, 600, 840, 900];
 /// Builds of each length, on each side.
@@ -45,6 +46,8 @@ struct Finished {
     delay: Option<f64>,
     /// Buildkite REST calls made for this job (artifact storage not counted).
     calls: f64,
+    /// Discord calls made for this job.
+    discord: f64,
 }
 
 #[tokio::main]
@@ -73,12 +76,19 @@ async fn polling_side() -> Vec<Finished> {
     let tasks: Vec<_> = builds()
         .map(|(i, length)| {
             let (bk, discord, http) = (bk.clone(), discord.api_url.clone(), http.clone());
-            tokio::spawn(async move { poll_one(&bk, &discord, &http, i, length).await })
+            tokio::spawn(async move {
+                tokio::time::sleep(phase(i)).await;
+                poll_one(&bk, &discord, &http, i, length).await
+            })
         })
         .collect();
     let mut out = Vec::new();
     for t in tasks {
         out.push(t.await.expect("polling task"));
+    }
+    let calls = discord.calls();
+    for (f, (i, _)) in out.iter_mut().zip(builds()) {
+        f.discord = discord_calls(&calls, i);
     }
     out
 }
@@ -90,6 +100,22 @@ fn builds() -> impl Iterator<Item = (usize, u64)> {
         .enumerate()
 }
 
+/// Build `i` starts this many modelled seconds into the run: the builds of one length end
+/// at phases spread over one poll interval, as real submissions would.
+fn phase(i: usize) -> Duration {
+    real((i % PER_LENGTH) as f64 * POLL_SECS / PER_LENGTH as f64)
+}
+
+/// Job `i`'s Discord webhook id: its own, so its calls can be counted.
+fn hook_id(i: usize) -> String {
+    format!("1{i:017}")
+}
+
+fn discord_calls(calls: &[DiscordCall], i: usize) -> f64 {
+    let id = hook_id(i);
+    calls.iter().filter(|c| c.webhook_id == id).count() as f64
+}
+
 async fn poll_one(
     bk: &BuildkiteStandin,
     discord: &str,
@@ -98,7 +124,7 @@ async fn poll_one(
     length: u64,
 ) -> Finished {
     let api = |url: &str| http.get(url).bearer_auth(BK_TOKEN);
-    let hook = format!("{discord}/webhooks/1{i:017}/token-{i}");
+    let hook = format!("{discord}/webhooks/{}/token-{i}", hook_id(i));
     let created: Value = http
         .post(format!(
             "{}/organizations/{}/pipelines/{}/builds",
@@ -195,6 +221,7 @@ async fn poll_one(
         length,
         delay: outcome,
         calls,
+        discord: 0.0,
     }
 }
 
@@ -267,12 +294,19 @@ async fn events_side() -> (Vec<Finished>, f64) {
     let tasks: Vec<_> = builds()
         .map(|(i, length)| {
             let app = app.clone();
-            tokio::spawn(async move { event_one(&app, i, length).await })
+            tokio::spawn(async move {
+                tokio::time::sleep(phase(i)).await;
+                event_one(&app, i, length).await
+            })
         })
         .collect();
     let mut out = Vec::new();
     for t in tasks {
         out.push(t.await.expect("events task"));
+    }
+    let calls = app.discord.calls();
+    for (f, (i, _)) in out.iter_mut().zip(builds()) {
+        f.discord = discord_calls(&calls, i);
     }
     sweeper.abort();
     clock.abort();
@@ -321,7 +355,12 @@ async fn sweep_pass(
 }
 
 async fn event_one(app: &TestApp, i: usize, length: u64) -> Finished {
-    let (status, body) = app.submit(&submission(&format!("ev-{i}"))).await;
+    let mut sub = submission(&format!("ev-{i}"));
+    sub["discord"]["webhook_url"] = json!(format!(
+        "https://discord.com/api/webhooks/{}/token-{i}",
+        hook_id(i)
+    ));
+    let (status, body) = app.submit(&sub).await;
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
     let number = body["build"]["number"]
         .as_u64()
@@ -346,6 +385,7 @@ async fn event_one(app: &TestApp, i: usize, length: u64) -> Finished {
         length,
         delay: Some(told.duration_since(end).as_secs_f64()),
         calls: calls_for(&app.buildkite, number) + 1.0,
+        discord: 0.0,
     }
 }
 
@@ -376,9 +416,9 @@ fn report(polled: &[Finished], evented: &[Finished], sweep_calls: f64) {
         LENGTHS.len() * PER_LENGTH
     );
     println!(
-        "\n| build length | polling: Buildkite calls/job | events: calls/job (sweep share incl.) | ratio | polling: delay to Discord (s) | events: delay (s) | polling: never told |"
+        "\n| build length | polling: Buildkite calls/job | events: calls/job (sweep share incl.) | ratio | polling: Discord calls/job | events: Discord calls/job | polling: delay to Discord (s) | events: delay (s) | polling: never told |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for &l in &LENGTHS {
         let pc = mean(polled, l, |f| Some(f.calls)).unwrap_or(0.0);
         let ec = mean(evented, l, |f| Some(f.calls)).unwrap_or(0.0);
@@ -388,8 +428,10 @@ fn report(polled: &[Finished], evented: &[Finished], sweep_calls: f64) {
             .count();
         let fmt =
             |d: Option<f64>, digits: usize| d.map_or("—".to_owned(), |d| format!("{d:.digits$}"));
+        let pd = mean(polled, l, |f| Some(f.discord)).unwrap_or(0.0);
+        let ed = mean(evented, l, |f| Some(f.discord)).unwrap_or(0.0);
         println!(
-            "| {} | {pc:.1} | {ec:.2} | {:.1}× fewer | {} | {} | {lost}/{PER_LENGTH} |",
+            "| {} | {pc:.1} | {ec:.2} | {:.1}× fewer | {pd:.1} | {ed:.1} | {} | {} | {lost}/{PER_LENGTH} |",
             humantime::format_duration(Duration::from_secs(l)),
             pc / ec,
             fmt(mean(polled, l, |f| f.delay), 1),

@@ -119,6 +119,26 @@ pub enum StoreConfig {
     Embedded { dir: PathBuf },
 }
 
+impl StoreConfig {
+    /// Where jobs are kept: DynamoDB when `JOBS_TABLE` is set, else an embedded file under
+    /// `KERNELBOT_DATA_DIR` in builds that have one. Needs no secret, so a function can open
+    /// its store at init, before the secrets extension answers.
+    pub fn from_lookup(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let env = Env(lookup);
+        match env.get("JOBS_TABLE") {
+            Some(table) => Ok(Self::Dynamo { table }),
+            None if cfg!(feature = "embedded-store") => Ok(Self::Embedded {
+                dir: env
+                    .get("KERNELBOT_DATA_DIR")
+                    .unwrap_or_else(|| "./.kernelbot".into())
+                    .into(),
+            }),
+            // The Lambda builds leave the embedded store out (see Cargo.toml).
+            None => Err(ConfigError::Missing("JOBS_TABLE")),
+        }
+    }
+}
+
 /// GPU name → Buildkite queue. Configuration, not code: new hardware is a deploy, not a release.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QueueMap(BTreeMap<String, String>);
@@ -322,15 +342,7 @@ impl Config {
             api_url: env.url("DISCORD_API_URL", DEFAULT_DISCORD_API_URL)?,
             default_target,
         };
-        let store = match env.get("JOBS_TABLE") {
-            Some(table) => StoreConfig::Dynamo { table },
-            None => StoreConfig::Embedded {
-                dir: env
-                    .get("KERNELBOT_DATA_DIR")
-                    .unwrap_or_else(|| "./.kernelbot".into())
-                    .into(),
-            },
-        };
+        let store = StoreConfig::from_lookup(lookup)?;
         let queues = QueueMap::parse(
             &env.get("GPU_QUEUES")
                 .unwrap_or_else(|| DEFAULT_GPU_QUEUES.into()),

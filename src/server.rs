@@ -2,28 +2,94 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Instant;
 
 use axum::Router;
 use lambda_http::tower::ServiceExt;
 use tokio::sync::OnceCell;
 
-use crate::config::{Config, Role};
+use crate::config::{Config, Role, StoreConfig};
 use crate::flow::Dispatcher;
+use crate::jobs::JobStore;
 
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
 
-/// Reads the configuration and opens the store once. Secrets not in the environment come
-/// from the Parameters and Secrets extension, which answers only inside an invocation: under
-/// Lambda this runs on the first one (see [`run`]).
+/// Reads one configuration variable: the process environment, or a test's map.
+pub type Lookup = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
+
+/// A function's state, built in two steps. The store (the AWS SDK's client, the costliest
+/// part) needs no secret, so it is opened at once. Secrets not in the environment come from
+/// the Parameters and Secrets extension, which answers only inside an invocation: only then,
+/// under Lambda, is the rest built, on the first invocation. Without such secrets all of it is
+/// built at once, so no request pays for start-up.
+pub struct Startup {
+    role: Role,
+    env: Lookup,
+    store: Arc<dyn JobStore>,
+    ready: OnceCell<Arc<Dispatcher>>,
+}
+
+impl Startup {
+    pub async fn init(role: Role) -> Result<Self, Error> {
+        Self::init_with(role, Arc::new(|name: &str| std::env::var(name).ok())).await
+    }
+
+    pub async fn init_with(role: Role, env: Lookup) -> Result<Self, Error> {
+        let store = open_store(env.as_ref())
+            .await
+            .inspect_err(|e| tracing::error!(error = %e, "start-up failed"))?;
+        let startup = Self {
+            role,
+            env,
+            store,
+            ready: OnceCell::new(),
+        };
+        if !crate::secrets::extension::configured(startup.env.as_ref()) {
+            startup.dispatcher().await?;
+        }
+        Ok(startup)
+    }
+
+    /// The dispatcher, built on the first call; one that fails is tried again on the next.
+    pub async fn dispatcher(&self) -> Result<Arc<Dispatcher>, Error> {
+        self.ready
+            .get_or_try_init(|| self.build())
+            .await
+            .cloned()
+            .inspect_err(|e| tracing::error!(error = %e, "start-up failed"))
+    }
+
+    /// The dispatcher if it is built already.
+    pub fn ready(&self) -> Option<Arc<Dispatcher>> {
+        self.ready.get().cloned()
+    }
+
+    async fn build(&self) -> Result<Arc<Dispatcher>, Error> {
+        let started = Instant::now();
+        let env = self.env.as_ref();
+        let secrets = crate::secrets::extension::load(env, self.role.secret_keys()).await?;
+        let lookup = crate::secrets::extension::overlay(env, secrets);
+        let config = Arc::new(Config::from_lookup(self.role, &lookup)?);
+        let mut dispatcher = Dispatcher::new(config, self.store.clone())?;
+        dispatcher.metrics = crate::telemetry::metrics::Metrics::for_function(self.role.name());
+        tracing::info!(
+            elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
+            "configuration read, clients built"
+        );
+        Ok(Arc::new(dispatcher))
+    }
+}
+
+async fn open_store(
+    env: &(dyn Fn(&str) -> Option<String> + Sync),
+) -> Result<Arc<dyn JobStore>, Error> {
+    Ok(crate::jobs::store::open(&StoreConfig::from_lookup(env)?).await?)
+}
+
+/// Reads the configuration and builds the whole state now (outside Lambda, where every
+/// secret is in the environment or the extension answers at any time).
 pub async fn dispatcher(role: Role) -> Result<Arc<Dispatcher>, Error> {
-    let env = |name: &str| std::env::var(name).ok();
-    let secrets = crate::secrets::extension::load(&env, role.secret_keys()).await?;
-    let lookup = crate::secrets::extension::overlay(env, secrets);
-    let config = Arc::new(Config::from_lookup(role, &lookup)?);
-    let store = crate::jobs::store::open(&config.store).await?;
-    let mut dispatcher = Dispatcher::new(config, store)?;
-    dispatcher.metrics = crate::telemetry::metrics::Metrics::for_function(role.name());
-    Ok(Arc::new(dispatcher))
+    Startup::init(role).await?.dispatcher().await
 }
 
 pub async fn serve(router: Router, listen: SocketAddr) -> Result<(), Error> {
@@ -40,27 +106,27 @@ pub async fn serve(router: Router, listen: SocketAddr) -> Result<(), Error> {
     Ok(())
 }
 
-/// The body of a function's `main`: start logging, build state, serve. Under Lambda the
-/// state is built on the first invocation and kept; one that fails is tried again on the next.
+/// The body of a function's `main`: start logging, build state, serve.
 pub async fn run(role: Role, router: fn(Arc<Dispatcher>) -> Router) -> Result<(), Error> {
     crate::telemetry::init();
     if crate::telemetry::is_lambda() {
+        let startup = Arc::new(Startup::init(role).await?);
         let app: Arc<OnceCell<Router>> = Arc::default();
+        if let Some(dispatcher) = startup.ready() {
+            let _ = app.set(router(dispatcher));
+        }
         let handler = lambda_http::service_fn(move |req: lambda_http::Request| {
-            let app = app.clone();
+            let (app, startup) = (app.clone(), startup.clone());
             async move {
                 let app = app
-                    .get_or_try_init(|| async { dispatcher(role).await.map(router) })
-                    .await
-                    .inspect_err(|e| tracing::error!(error = %e, "start-up failed"))?;
+                    .get_or_try_init(|| async { startup.dispatcher().await.map(router) })
+                    .await?;
                 Ok::<_, Error>(app.clone().oneshot(req).await?)
             }
         });
         return lambda_http::run(handler).await;
     }
-    let dispatcher = dispatcher(role)
-        .await
-        .inspect_err(|e| tracing::error!(error = %e, "start-up failed"))?;
+    let dispatcher = dispatcher(role).await?;
     let listen = dispatcher.config.listen_addr;
     serve(router(dispatcher), listen).await
 }

@@ -292,3 +292,58 @@ fn the_template_reads_secrets_through_the_extension() {
         assert_eq!(t["Parameters"][parameter]["Default"].as_u64(), Some(0));
     }
 }
+
+/// Under Lambda the extension answers only inside an invocation: start-up opens the store
+/// and waits for the first one to read secrets and build the rest; without a secret id it
+/// builds everything at once, so no request pays for it.
+#[tokio::test]
+async fn start_up_defers_only_what_needs_the_extension() {
+    use kernelbot_dispatch::server::Startup;
+    let (port, ext) = start(Extension {
+        secrets: BTreeMap::from([("kernelbot-dispatch".into(), stored())]),
+        ..Default::default()
+    })
+    .await;
+    let data = tempfile::tempdir().unwrap();
+    let base = vec![
+        ("BUILDKITE_ORG", "org".to_owned()),
+        ("BUILDKITE_PIPELINE", "kernelbot".into()),
+        ("KERNELBOT_DATA_DIR", data.path().display().to_string()),
+    ];
+    let with_extension = [
+        base.clone(),
+        vec![
+            ("KERNELBOT_SECRET_ID", "kernelbot-dispatch".into()),
+            ("AWS_SESSION_TOKEN", SESSION_TOKEN.into()),
+            ("PARAMETERS_SECRETS_EXTENSION_HTTP_PORT", port.to_string()),
+        ],
+    ]
+    .concat();
+    let startup = Startup::init_with(Role::Webhook, Arc::new(env(with_extension)))
+        .await
+        .expect("store opened at init");
+    assert!(startup.ready().is_none(), "nothing needing secrets at init");
+    assert_eq!(
+        ext.lock().unwrap().calls,
+        0,
+        "the extension is not asked at init"
+    );
+    let first = startup.dispatcher().await.expect("built on first use");
+    let again = startup.dispatcher().await.unwrap();
+    assert!(Arc::ptr_eq(&first, &again));
+    assert_eq!(ext.lock().unwrap().calls, 1, "read once, then kept");
+    assert_eq!(first.config.webhook_auth.secrets.len(), 1);
+
+    let in_env = [
+        base,
+        vec![
+            ("BUILDKITE_API_TOKEN", "bk".into()),
+            ("BUILDKITE_WEBHOOK_SECRET", "whsec".into()),
+        ],
+    ]
+    .concat();
+    let startup = Startup::init_with(Role::Webhook, Arc::new(env(in_env)))
+        .await
+        .expect("built at init");
+    assert!(startup.ready().is_some(), "all of it built at init");
+}

@@ -6,12 +6,10 @@
 use std::sync::Arc;
 
 use kernelbot_dispatch::config::Role;
-use kernelbot_dispatch::flow::Dispatcher;
 use kernelbot_dispatch::jobs::RunId;
 use kernelbot_dispatch::retry::{Deadline, LOCAL_BUDGET};
 use kernelbot_dispatch::{server, telemetry};
 use lambda_http::{LambdaEvent, service_fn};
-use tokio::sync::OnceCell;
 
 fn run_id_arg() -> Result<Option<RunId>, server::Error> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -29,15 +27,11 @@ async fn main() -> Result<(), server::Error> {
     telemetry::init();
     let run_id = run_id_arg()?;
     if telemetry::is_lambda() {
-        // Built on the first invocation: the secrets extension answers only inside one.
-        let state: Arc<OnceCell<Arc<Dispatcher>>> = Arc::default();
+        let startup = Arc::new(server::Startup::init(Role::Sweep).await?);
         let handler = service_fn(move |event: LambdaEvent<serde_json::Value>| {
-            let state = state.clone();
+            let startup = startup.clone();
             async move {
-                let dispatcher = state
-                    .get_or_try_init(|| server::dispatcher(Role::Sweep))
-                    .await
-                    .inspect_err(|e| tracing::error!(error = %e, "start-up failed"))?;
+                let dispatcher = startup.dispatcher().await?;
                 // Kept back: the time to log the summary and answer the runtime.
                 let deadline = Deadline::at_unix_millis(event.context.deadline)
                     .less(std::time::Duration::from_secs(2));
@@ -48,9 +42,7 @@ async fn main() -> Result<(), server::Error> {
         });
         return lambda_http::lambda_runtime::run(handler).await;
     }
-    let dispatcher = server::dispatcher(Role::Sweep)
-        .await
-        .inspect_err(|e| tracing::error!(error = %e, "start-up failed"))?;
+    let dispatcher = server::dispatcher(Role::Sweep).await?;
     let deadline = Deadline::after(LOCAL_BUDGET);
     let report = match &run_id {
         Some(id) => dispatcher.sweep_run(id, deadline).await,

@@ -3,6 +3,7 @@
 pub mod dynamo;
 pub mod model;
 pub mod record;
+#[cfg(feature = "embedded-store")]
 pub mod sqlite;
 pub mod store;
 

@@ -171,6 +171,14 @@ pub async fn open(config: &StoreConfig) -> Result<Arc<dyn JobStore>, StoreError>
         StoreConfig::Dynamo { table } => {
             Arc::new(super::dynamo::DynamoStore::from_env(table.clone()).await)
         }
+        #[cfg(feature = "embedded-store")]
         StoreConfig::Embedded { dir } => Arc::new(super::sqlite::SqliteStore::open(dir)?),
+        // Configuration never names it in such a build; kept total for the type's sake.
+        #[cfg(not(feature = "embedded-store"))]
+        StoreConfig::Embedded { .. } => {
+            return Err(StoreError::Unavailable(
+                "this build has no embedded store: set JOBS_TABLE".into(),
+            ));
+        }
     })
 }

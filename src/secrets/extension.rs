@@ -69,6 +69,15 @@ struct SecretValue {
     secret_string: Option<String>,
 }
 
+fn non_empty(lookup: &(dyn Fn(&str) -> Option<String> + Sync), key: &str) -> Option<String> {
+    lookup(key).filter(|v| !v.trim().is_empty())
+}
+
+/// Whether [`load`] will call the extension (and so must wait for an invocation).
+pub fn configured(lookup: &(dyn Fn(&str) -> Option<String> + Sync)) -> bool {
+    non_empty(lookup, SECRET_ID_VAR).is_some()
+}
+
 /// The secrets among `keys` that the extension holds; empty when `KERNELBOT_SECRET_ID` is not
 /// set. A function keeps only the keys it uses: the public webhook function does not keep the
 /// submission API's token. (The extension answers with the whole secret and IAM grants the
@@ -77,7 +86,7 @@ pub async fn load(
     lookup: &(dyn Fn(&str) -> Option<String> + Sync),
     keys: &[&str],
 ) -> Result<BTreeMap<String, SecretString>, SecretsError> {
-    let present = |k: &str| lookup(k).filter(|v| !v.trim().is_empty());
+    let present = |k: &str| non_empty(lookup, k);
     let Some(secret_id) = present(SECRET_ID_VAR) else {
         return Ok(BTreeMap::new());
     };
