@@ -76,10 +76,7 @@ async fn polling_side() -> Vec<Finished> {
     let tasks: Vec<_> = builds()
         .map(|(i, length)| {
             let (bk, discord, http) = (bk.clone(), discord.api_url.clone(), http.clone());
-            tokio::spawn(async move {
-                tokio::time::sleep(phase(i)).await;
-                poll_one(&bk, &discord, &http, i, length).await
-            })
+            tokio::spawn(async move { poll_one(&bk, &discord, &http, i, length).await })
         })
         .collect();
     let mut out = Vec::new();
@@ -100,10 +97,11 @@ fn builds() -> impl Iterator<Item = (usize, u64)> {
         .enumerate()
 }
 
-/// Build `i` starts this many modelled seconds into the run: the builds of one length end
-/// at phases spread over one poll interval, as real submissions would.
-fn phase(i: usize) -> Duration {
-    real((i % PER_LENGTH) as f64 * POLL_SECS / PER_LENGTH as f64)
+/// How long build `i` of nominal `length` runs, in modelled seconds: the builds of one length
+/// end at points spread over one poll interval, as real builds would, not in step with the
+/// polls that started with them.
+fn run_time(i: usize, length: u64) -> f64 {
+    length as f64 + (i % PER_LENGTH) as f64 * POLL_SECS / PER_LENGTH as f64
 }
 
 /// Job `i`'s Discord webhook id: its own, so its calls can be counted.
@@ -154,7 +152,12 @@ async fn poll_one(
         .await
         .expect("message");
     let edit = format!("{hook}/messages/{}", message["id"].as_str().expect("id"));
-    let ended = end_later(bk.clone(), number, length);
+    let _ = http
+        .patch(&edit)
+        .json(&json!({"content": format!("Build created: {number}")}))
+        .send()
+        .await;
+    let ended = end_later(bk.clone(), number, run_time(i, length));
     let start = Instant::now();
     let mut outcome = None;
     while start.elapsed().as_secs_f64() * SCALE < MAX_WAIT_SECS {
@@ -225,14 +228,14 @@ async fn poll_one(
     }
 }
 
-/// Ends build `number` as passed, its `result.json` uploaded, `length` modelled seconds from
+/// Ends build `number` as passed, its `result.json` uploaded, `after` modelled seconds from
 /// now; the cell holds when.
-fn end_later(bk: BuildkiteStandin, number: u64, length: u64) -> Arc<Mutex<Option<Instant>>> {
+fn end_later(bk: BuildkiteStandin, number: u64, after: f64) -> Arc<Mutex<Option<Instant>>> {
     let ended = Arc::new(Mutex::new(None));
     let cell = ended.clone();
     bk.start_eval(number);
     tokio::spawn(async move {
-        tokio::time::sleep(real(length as f64)).await;
+        tokio::time::sleep(real(after)).await;
         let mut at = cell.lock().await;
         bk.upload(
             number,
@@ -294,10 +297,7 @@ async fn events_side() -> (Vec<Finished>, f64) {
     let tasks: Vec<_> = builds()
         .map(|(i, length)| {
             let app = app.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep(phase(i)).await;
-                event_one(&app, i, length).await
-            })
+            tokio::spawn(async move { event_one(&app, i, length).await })
         })
         .collect();
     let mut out = Vec::new();
@@ -367,7 +367,7 @@ async fn event_one(app: &TestApp, i: usize, length: u64) -> Finished {
         .expect("build created inline");
     app.buildkite.start_eval(number);
     assert_eq!(app.event("build.running", number).await, StatusCode::OK);
-    tokio::time::sleep(real(length as f64)).await;
+    tokio::time::sleep(real(run_time(i, length))).await;
     app.buildkite.upload(
         number,
         "result.json",
@@ -452,7 +452,8 @@ fn report(polled: &[Finished], evented: &[Finished], sweep_calls: f64) {
     for &l in &LENGTHS {
         let pc = mean(polled, l, |f| Some(f.calls)).unwrap_or(0.0);
         let ec = mean(evented, l, |f| Some(f.calls)).unwrap_or(0.0);
-        let polls = (l as f64 / POLL_SECS).ceil().min(MAX_WAIT_SECS / POLL_SECS);
+        // One at the start, then one every interval until the build is seen to end.
+        let polls = (1.0 + (l as f64 / POLL_SECS).ceil()).min(MAX_WAIT_SECS / POLL_SECS);
         println!(
             "| {} | {:.0} | {:.0} | {:.0} | {:.0} |",
             humantime::format_duration(Duration::from_secs(l)),

@@ -415,6 +415,8 @@ mod tests {
             "https://api.buildkite.com/v2"
         );
         assert_eq!(cfg.queues.queue_for("L40S_BK"), Some("test"));
+        // Builds without the embedded store require JOBS_TABLE instead.
+        #[cfg(feature = "embedded-store")]
         assert_eq!(
             cfg.store,
             StoreConfig::Embedded {

@@ -20,3 +20,4 @@ pub mod secrets;
 pub mod server;
 pub mod submission;
 pub mod telemetry;
+mod tls;

@@ -20,8 +20,8 @@ pub type Lookup = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
 /// A function's state, built in two steps. The store (the AWS SDK's client, the costliest
 /// part) needs no secret, so it is opened at once. Secrets not in the environment come from
 /// the Parameters and Secrets extension, which answers only inside an invocation: only then,
-/// under Lambda, is the rest built, on the first invocation. Without such secrets all of it is
-/// built at once, so no request pays for start-up.
+/// under Lambda, is the rest built, on the first invocation. Without such secrets
+/// [`Startup::prebuild`] builds all of it at init, so no request pays for start-up.
 pub struct Startup {
     role: Role,
     env: Lookup,
@@ -38,16 +38,20 @@ impl Startup {
         let store = open_store(env.as_ref())
             .await
             .inspect_err(|e| tracing::error!(error = %e, "start-up failed"))?;
-        let startup = Self {
+        Ok(Self {
             role,
             env,
             store,
             ready: OnceCell::new(),
-        };
-        if !crate::secrets::extension::configured(startup.env.as_ref()) {
-            startup.dispatcher().await?;
+        })
+    }
+
+    /// Builds the rest now unless it needs the secrets extension. A failure is logged and
+    /// left for the first invocation to try again, so the sandbox stays up to report it.
+    pub async fn prebuild(&self) {
+        if !crate::secrets::extension::configured(self.env.as_ref()) {
+            let _ = self.dispatcher().await;
         }
-        Ok(startup)
     }
 
     /// The dispatcher, built on the first call; one that fails is tried again on the next.
@@ -111,6 +115,7 @@ pub async fn run(role: Role, router: fn(Arc<Dispatcher>) -> Router) -> Result<()
     crate::telemetry::init();
     if crate::telemetry::is_lambda() {
         let startup = Arc::new(Startup::init(role).await?);
+        startup.prebuild().await;
         let app: Arc<OnceCell<Router>> = Arc::default();
         if let Some(dispatcher) = startup.ready() {
             let _ = app.set(router(dispatcher));

@@ -322,16 +322,25 @@ async fn start_up_defers_only_what_needs_the_extension() {
     let startup = Startup::init_with(Role::Webhook, Arc::new(env(with_extension)))
         .await
         .expect("store opened at init");
+    startup.prebuild().await;
     assert!(startup.ready().is_none(), "nothing needing secrets at init");
     assert_eq!(
         ext.lock().unwrap().calls,
         0,
         "the extension is not asked at init"
     );
-    let first = startup.dispatcher().await.expect("built on first use");
+    // The first invocation finds the extension refusing: tried again on the next one.
+    ext.lock().unwrap().failures = vec![(403, "AccessDeniedException")];
+    assert!(startup.dispatcher().await.is_err());
+    assert!(startup.ready().is_none());
+    let first = startup.dispatcher().await.expect("built on the next use");
     let again = startup.dispatcher().await.unwrap();
     assert!(Arc::ptr_eq(&first, &again));
-    assert_eq!(ext.lock().unwrap().calls, 1, "read once, then kept");
+    assert_eq!(
+        ext.lock().unwrap().calls,
+        2,
+        "read until it answered, then kept"
+    );
     assert_eq!(first.config.webhook_auth.secrets.len(), 1);
 
     let in_env = [
@@ -344,6 +353,7 @@ async fn start_up_defers_only_what_needs_the_extension() {
     .concat();
     let startup = Startup::init_with(Role::Webhook, Arc::new(env(in_env)))
         .await
-        .expect("built at init");
+        .expect("store opened at init");
+    startup.prebuild().await;
     assert!(startup.ready().is_some(), "all of it built at init");
 }

@@ -28,6 +28,7 @@ async fn main() -> Result<(), server::Error> {
     let run_id = run_id_arg()?;
     if telemetry::is_lambda() {
         let startup = Arc::new(server::Startup::init(Role::Sweep).await?);
+        startup.prebuild().await;
         let handler = service_fn(move |event: LambdaEvent<serde_json::Value>| {
             let startup = startup.clone();
             async move {

@@ -215,7 +215,7 @@ async fn classify(resp: Response, idempotent: bool) -> Result<Response, Buildkit
 
 impl BuildkiteClient {
     pub fn new(config: &BuildkiteConfig) -> Result<Self, BuildkiteError> {
-        let api = reqwest::Client::builder()
+        let api = crate::tls::client_builder()
             .connect_timeout(Duration::from_secs(5))
             // The artifact download answers 302 to storage; we follow it ourselves so the
             // Authorization header is never sent there.
@@ -223,7 +223,7 @@ impl BuildkiteClient {
             .user_agent(concat!("kernelbot-dispatch/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(transport)?;
-        let storage = reqwest::Client::builder()
+        let storage = crate::tls::client_builder()
             .connect_timeout(Duration::from_secs(5))
             .redirect(reqwest::redirect::Policy::limited(3))
             .build()

@@ -44,7 +44,7 @@ pub struct CallbackSender {
 impl CallbackSender {
     pub fn new(config: &CallbackConfig) -> Result<Self, reqwest::Error> {
         Ok(Self {
-            http: reqwest::Client::builder()
+            http: crate::tls::client_builder()
                 .redirect(reqwest::redirect::Policy::none())
                 .build()?,
             url: config.url.clone(),

@@ -154,7 +154,7 @@ fn form(message: &Message, text: &str) -> Result<Form, DiscordError> {
 
 impl Notifier {
     pub fn new(base: Url) -> Result<Self, DiscordError> {
-        let http = reqwest::Client::builder()
+        let http = crate::tls::client_builder()
             .connect_timeout(Duration::from_secs(5))
             .user_agent(concat!(
                 "DiscordBot (https://github.com/gpu-mode/kernelbot, ",

@@ -99,7 +99,7 @@ pub async fn load(
         .map_err(|_| SecretsError::BadPort(port.to_string()))?;
     url.query_pairs_mut().append_pair("secretId", &secret_id);
     // Never through a proxy from the environment: the session token and the secret stay local.
-    let client = reqwest::Client::builder()
+    let client = crate::tls::client_builder()
         .no_proxy()
         .timeout(CALL_TIMEOUT)
         .build()
