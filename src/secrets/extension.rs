@@ -69,7 +69,8 @@ struct SecretValue {
     secret_string: Option<String>,
 }
 
-fn non_empty(lookup: &(dyn Fn(&str) -> Option<String> + Sync), key: &str) -> Option<String> {
+/// A variable's value; set but blank counts as unset.
+fn non_empty(lookup: &(impl Fn(&str) -> Option<String> + ?Sized), key: &str) -> Option<String> {
     lookup(key).filter(|v| !v.trim().is_empty())
 }
 
@@ -175,8 +176,6 @@ pub fn overlay(
     secrets: BTreeMap<String, SecretString>,
 ) -> impl Fn(&str) -> Option<String> {
     move |name| {
-        lookup(name)
-            .filter(|v| !v.trim().is_empty())
-            .or_else(|| secrets.get(name).map(|s| s.expose_secret().to_owned()))
+        non_empty(&lookup, name).or_else(|| secrets.get(name).map(|s| s.expose_secret().to_owned()))
     }
 }
