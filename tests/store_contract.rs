@@ -9,7 +9,7 @@ use common::{StoreKind, open_store};
 use kernelbot_dispatch::discord::DiscordTarget;
 use kernelbot_dispatch::jobs::{
     BuildRef, Created, DeliveryStatus, Job, JobState, JobStore, Replaced, RunId, Shard, StoreError,
-    Transition, Updated, update,
+    Transition, Updated, update, update_seen,
 };
 use kernelbot_dispatch::result::{EvalResult, FullResult, Outcome, RunResult};
 
@@ -235,6 +235,72 @@ pub async fn versions_and_write_ids(store: Arc<dyn JobStore>) {
     );
 }
 
+/// Starting from a job as once seen saves a read, never a decision: a stale view's write is
+/// refused and decided again on the stored job, and its "no change" is checked against a
+/// fresh read.
+pub async fn updates_from_a_stale_view_decide_on_the_stored_job(store: Arc<dyn JobStore>) {
+    store.create(&job("s1", 1_000)).await.unwrap();
+    let seen = store.get(&id("s1")).await.unwrap().unwrap();
+    let running = Transition::to(JobState::Running, 2_000);
+    assert!(
+        advance(store.as_ref(), &id("s1"), &running)
+            .await
+            .unwrap()
+            .is_some()
+    );
+
+    // A change that applies to the stale view: its write loses, and it is decided again.
+    let mut saw = Vec::new();
+    let written = update_seen(store.as_ref(), &seen, |j| {
+        saw.push(j.state);
+        let mut next = j.clone();
+        next.queue = format!("{}+{}", j.queue, j.state);
+        Some(next)
+    })
+    .await
+    .unwrap();
+    assert_eq!(saw, [JobState::Submitted, JobState::Running]);
+    let Updated::Written(after) = written else {
+        panic!("the change was not written: {written:?}");
+    };
+    assert_eq!(
+        after.queue, "h100+running",
+        "decided on the stored job, not the stale one"
+    );
+    assert_eq!(store.get(&id("s1")).await.unwrap(), Some(after.clone()));
+
+    // A change the stale view declines but the stored job needs: read again, and written.
+    let finished = Transition::to(JobState::Finished, 3_000);
+    let declined = update_seen(store.as_ref(), &seen, |j| {
+        (j.state == JobState::Running)
+            .then(|| j.apply(&finished))
+            .flatten()
+    })
+    .await
+    .unwrap();
+    assert!(
+        matches!(&declined, Updated::Written(j) if j.state == JobState::Finished),
+        "a stale 'no change' must be checked on a fresh read: {declined:?}"
+    );
+
+    // Seen as just written, the write goes through at once; a declined change is Unchanged.
+    let Updated::Written(fresh) = declined else {
+        unreachable!()
+    };
+    let again = update_seen(store.as_ref(), &fresh, |j| j.apply(&running))
+        .await
+        .unwrap();
+    assert_eq!(again, Updated::Unchanged(fresh));
+
+    // A job that is gone is Missing, whatever the view said.
+    let mut ghost = job("ghost", 1);
+    ghost.version = 3;
+    let gone = update_seen(store.as_ref(), &ghost, |j| j.apply(&running))
+        .await
+        .unwrap();
+    assert_eq!(gone, Updated::Missing);
+}
+
 pub async fn oversize_records_refused(store: Arc<dyn JobStore>) {
     store.create(&job("huge", 1_000)).await.unwrap();
     let mut big = store.get(&id("huge")).await.unwrap().unwrap();
@@ -318,6 +384,11 @@ macro_rules! contract {
         async fn stale_writes_lose_and_retried_writes_are_recognised() {
             let (s, _d) = open_store($kind).await;
             versions_and_write_ids(s).await
+        }
+        #[tokio::test]
+        async fn updates_from_a_stale_view_decide_on_the_stored_job() {
+            let (s, _d) = open_store($kind).await;
+            super::updates_from_a_stale_view_decide_on_the_stored_job(s).await
         }
         #[tokio::test]
         async fn oversize_records_are_refused_for_good() {

@@ -41,7 +41,7 @@ impl Dispatcher {
                     .await;
             }
             _ => {
-                self.deliver(run_id, deadline).await?;
+                self.deliver(&job, deadline).await?;
             }
         }
         Ok(Canceled::Accepted(job))

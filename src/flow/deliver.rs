@@ -13,7 +13,7 @@ use super::Dispatcher;
 use super::rules::{self, Answered, LEASE_SLACK_MS, Sent};
 use crate::callback::CallbackError;
 use crate::discord::{DiscordError, render};
-use crate::jobs::{Job, RunId, StoreError, update};
+use crate::jobs::{Job, StoreError, Updated, update_seen};
 use crate::retry::Deadline;
 
 /// Renders one sender sends in one go at most (each state once, and a repost).
@@ -33,15 +33,13 @@ fn sent_of(result: Result<Option<String>, DiscordError>) -> Sent {
 }
 
 impl Dispatcher {
-    /// Drives both outboxes of the job within `deadline`; returns the job as last seen.
-    pub async fn deliver(
-        &self,
-        run_id: &RunId,
-        deadline: Deadline,
-    ) -> Result<Option<Job>, StoreError> {
+    /// Drives both outboxes of the job within `deadline`, starting from `seen` (the job as
+    /// last read or written: a stale one costs a refused write, not a wrong send); returns
+    /// the job as last seen.
+    pub async fn deliver(&self, seen: &Job, deadline: Deadline) -> Result<Option<Job>, StoreError> {
         let (discord, callback) = tokio::join!(
-            self.deliver_discord(run_id, deadline),
-            self.deliver_callback(run_id, deadline)
+            self.deliver_discord(seen, deadline),
+            self.deliver_callback(seen, deadline)
         );
         let newest = [discord?, callback?]
             .into_iter()
@@ -53,16 +51,20 @@ impl Dispatcher {
     /// Drives the job's callback outbox within `deadline`; returns the job as last seen.
     pub async fn deliver_callback(
         &self,
-        run_id: &RunId,
+        seen: &Job,
         deadline: Deadline,
     ) -> Result<Option<Job>, StoreError> {
         let Some(sender) = &self.callbacks else {
-            return Ok(update(self.store.as_ref(), run_id, rules::abandon_callback)
-                .await?
-                .job());
+            return Ok(
+                update_seen(self.store.as_ref(), seen, rules::abandon_callback)
+                    .await?
+                    .job(),
+            );
         };
+        let run_id = &seen.run_id;
         let owner = uuid::Uuid::new_v4().simple().to_string();
         let mut last = None;
+        let mut current = seen.clone();
         for _ in 0..MAX_SENDS {
             if deadline.remaining() < sender.timeout() + RECORD_RESERVE {
                 info!(%run_id, "no time left for the callback; the sweep will send it");
@@ -70,12 +72,12 @@ impl Dispatcher {
             }
             let now = self.clock.now();
             let until = now + deadline.remaining().as_millis() as i64 + LEASE_SLACK_MS;
-            let claimed = update(self.store.as_ref(), run_id, |j| {
+            let claimed = update_seen(self.store.as_ref(), &current, |j| {
                 rules::claim_callback(j, &owner, now, until)
             })
             .await?;
             let job = match claimed {
-                crate::jobs::Updated::Written(job) => job,
+                Updated::Written(job) => job,
                 other => return Ok(other.job().or(last)),
             };
             let answer = match crate::callback::event::render(&job) {
@@ -90,7 +92,7 @@ impl Dispatcher {
                 warn!(%run_id, state = %job.state, error = %e, "the callback was not accepted");
             }
             let sent = job.state;
-            let after = update(self.store.as_ref(), run_id, |j| {
+            let after = update_seen(self.store.as_ref(), &job, |j| {
                 rules::record_callback(j, &owner, sent, &answer, self.clock.now())
             })
             .await?
@@ -98,8 +100,9 @@ impl Dispatcher {
             let again =
                 after.as_ref().is_some_and(Job::owes_callback) && answer == Answered::Accepted;
             last = after;
-            if !again {
-                break;
+            match &last {
+                Some(after) if again => current = after.clone(),
+                _ => break,
             }
         }
         Ok(last)
@@ -108,11 +111,13 @@ impl Dispatcher {
     /// Drives the job's Discord outbox within `deadline`; returns the job as last seen.
     pub async fn deliver_discord(
         &self,
-        run_id: &RunId,
+        seen: &Job,
         deadline: Deadline,
     ) -> Result<Option<Job>, StoreError> {
+        let run_id = &seen.run_id;
         let owner = uuid::Uuid::new_v4().simple().to_string();
         let mut last = None;
+        let mut current = seen.clone();
         for _ in 0..MAX_SENDS {
             if deadline.remaining() < self.discord.timeout() + RECORD_RESERVE {
                 info!(%run_id, "no time left for Discord; the sweep will send");
@@ -120,12 +125,12 @@ impl Dispatcher {
             }
             let now = self.clock.now();
             let until = now + deadline.remaining().as_millis() as i64 + LEASE_SLACK_MS;
-            let claimed = update(self.store.as_ref(), run_id, |j| {
+            let claimed = update_seen(self.store.as_ref(), &current, |j| {
                 rules::claim(j, &owner, now, until)
             })
             .await?;
             let job = match claimed {
-                crate::jobs::Updated::Written(job) => job,
+                Updated::Written(job) => job,
                 // Nothing owed, or another sender holds the message (and sends what is owed).
                 other => return Ok(other.job().or(last)),
             };
@@ -134,7 +139,7 @@ impl Dispatcher {
                 warn!(%run_id, state = %job.state, error = %e, "Discord did not take the status");
             }
             let rendered = job.state;
-            let after = update(self.store.as_ref(), run_id, |j| {
+            let after = update_seen(self.store.as_ref(), &job, |j| {
                 rules::record(j, &owner, rendered, &sent, self.clock.now())
             })
             .await?
@@ -142,8 +147,9 @@ impl Dispatcher {
             let again = after.as_ref().is_some_and(Job::owes_discord)
                 && matches!(sent, Sent::Accepted { .. } | Sent::MessageGone);
             last = after;
-            if !again {
-                break;
+            match &last {
+                Some(after) if again => current = after.clone(),
+                _ => break,
             }
         }
         Ok(last)

@@ -8,7 +8,7 @@ use super::{DispatchError, Dispatcher};
 use crate::buildkite::BuildkiteError;
 use crate::buildkite::model::{Build, pick_result};
 use crate::buildkite::webhook::WebhookEvent;
-use crate::jobs::{JobState, RunId, StoreError, Transition, Updated, update};
+use crate::jobs::{Job, JobState, RunId, StoreError, Transition, Updated, update_seen};
 use crate::result::{FullResult, Outcome};
 use crate::retry::Deadline;
 
@@ -93,7 +93,7 @@ impl Dispatcher {
         // Cheap early exit for duplicates; the conditional write is what decides.
         if target.rank() <= job.state.rank() {
             if job.owes_delivery() {
-                self.deliver(run_id, deadline).await?;
+                self.deliver(&job, deadline).await?;
             }
             return Ok(EventOutcome::Ignored("duplicate or out of order"));
         }
@@ -113,18 +113,20 @@ impl Dispatcher {
             }
             t = t.with_outcome(self.outcome_of(&current, bk_deadline).await?);
         }
-        self.advance(run_id, t, deadline).await
+        self.advance(&job, t, deadline).await
     }
 
-    /// Moves a job forward and delivers what that owes. An outcome too large for the store
-    /// is stored without its result (the verdict stands), never retried as it is.
+    /// Moves a job (`seen` as last read) forward and delivers what that owes. An outcome too
+    /// large for the store is stored without its result (the verdict stands), never retried
+    /// as it is.
     pub(crate) async fn advance(
         &self,
-        run_id: &RunId,
+        seen: &Job,
         t: Transition,
         deadline: Deadline,
     ) -> Result<EventOutcome, DispatchError> {
-        let written = match update(self.store.as_ref(), run_id, |j| j.apply(&t)).await {
+        let store = self.store.as_ref();
+        let written = match update_seen(store, seen, |j| j.apply(&t)).await {
             Err(StoreError::TooLarge) if t.outcome.is_some() => {
                 warn!("outcome too large for the store; keeping the verdict only");
                 let mut slim = t.clone();
@@ -132,19 +134,19 @@ impl Dispatcher {
                     .outcome
                     .as_ref()
                     .map(|o| o.without_result("the result was too large to store"));
-                update(self.store.as_ref(), run_id, |j| j.apply(&slim)).await?
+                update_seen(store, seen, |j| j.apply(&slim)).await?
             }
             other => other?,
         };
         match written {
             Updated::Written(job) => {
                 info!(state = %job.state, "job moved forward");
-                self.deliver(run_id, deadline).await?;
+                self.deliver(&job, deadline).await?;
                 Ok(EventOutcome::Advanced(job.state))
             }
             Updated::Unchanged(job) => {
                 if job.owes_delivery() {
-                    self.deliver(run_id, deadline).await?;
+                    self.deliver(&job, deadline).await?;
                 }
                 Ok(EventOutcome::Ignored("duplicate or out of order"))
             }

@@ -8,7 +8,7 @@ use super::submit::build_ref;
 use super::sweep::PipelineSeen;
 use super::{DispatchError, Dispatcher, EventOutcome};
 use crate::buildkite::{Build, BuildkiteError};
-use crate::jobs::{Job, JobState, Transition, Updated, update};
+use crate::jobs::{Job, JobState, Transition, Updated, update_seen};
 use crate::result::{Outcome, Verdict};
 use crate::retry::Deadline;
 
@@ -38,7 +38,7 @@ impl Dispatcher {
                     "the build no longer exists in Buildkite",
                 );
                 let t = Transition::to(JobState::Finished, self.clock.now()).with_outcome(outcome);
-                return self.advance(&job.run_id, t, deadline).await;
+                return self.advance(job, t, deadline).await;
             }
             Err(e) => return Err(e.into()),
         };
@@ -84,7 +84,7 @@ impl Dispatcher {
             return Ok(EventOutcome::Ignored("build has not moved on"));
         }
         let t = Transition::to(target, self.clock.now()).with_build(build_ref(build));
-        self.advance(&job.run_id, t, deadline).await
+        self.advance(job, t, deadline).await
     }
 
     /// Finishes `job` with its ended build's outcome. A result that cannot be read is tried
@@ -117,7 +117,7 @@ impl Dispatcher {
         let t = Transition::to(JobState::Finished, self.clock.now())
             .with_build(build_ref(build))
             .with_outcome(outcome);
-        self.advance(&job.run_id, t, deadline).await
+        self.advance(job, t, deadline).await
     }
 
     pub(super) fn overdue(&self, job: &Job) -> Option<Overdue> {
@@ -154,7 +154,7 @@ impl Dispatcher {
             JobState::Running if overdue == Overdue::QueueTimeout => {
                 let t = Transition::to(JobState::Running, self.clock.now())
                     .with_build(build_ref(&fresh));
-                return self.advance(&job.run_id, t, deadline).await;
+                return self.advance(job, t, deadline).await;
             }
             _ => {}
         }
@@ -169,13 +169,13 @@ impl Dispatcher {
             .with_outcome(self.deadline_outcome(job, overdue));
         // Only from the state the decision was made on: a webhook may have moved it since.
         let decided_on = job.state;
-        let written = update(self.store.as_ref(), &job.run_id, |j| {
+        let written = update_seen(self.store.as_ref(), job, |j| {
             (j.state == decided_on).then(|| j.apply(&t)).flatten()
         })
         .await?;
         match written {
             Updated::Written(j) => {
-                self.deliver(&j.run_id, deadline).await?;
+                self.deliver(&j, deadline).await?;
                 Ok(EventOutcome::Advanced(j.state))
             }
             _ => Ok(EventOutcome::Ignored("the job moved on meanwhile")),

@@ -9,7 +9,7 @@ use super::{DispatchError, Dispatcher, EventOutcome, SweepReport};
 use crate::buildkite::BuildkiteError;
 use crate::buildkite::model::{Build, NewBuild};
 use crate::jobs::model::Creation;
-use crate::jobs::{BuildRef, Created, Job, JobState, Transition, Updated, update};
+use crate::jobs::{BuildRef, Created, Job, JobState, Transition, Updated, update_seen};
 use crate::retry::Deadline;
 use crate::submission::Submission;
 
@@ -124,7 +124,7 @@ impl Dispatcher {
                 info!(build = build.number, "build created");
                 let t = Transition::to(JobState::Scheduled, now).with_build(build_ref(&build));
                 // A webhook may have recorded the build (and more) first: that is kept.
-                let written = update(self.store.as_ref(), &job.run_id, |j| j.apply(&t)).await?;
+                let written = update_seen(self.store.as_ref(), job, |j| j.apply(&t)).await?;
                 // The job was canceled meanwhile, or already has another build (a lookup
                 // raced a create): this build must not take a GPU.
                 if let Updated::Unchanged(j) = &written
@@ -136,7 +136,7 @@ impl Dispatcher {
                 written
             }
             Creating::Deferred(miss) => {
-                update(self.store.as_ref(), &job.run_id, |j| {
+                update_seen(self.store.as_ref(), job, |j| {
                     rules::defer_creation(j, miss, now)
                 })
                 .await?
@@ -151,11 +151,11 @@ impl Dispatcher {
                     other => other.public(),
                 };
                 let t = Transition::to(JobState::Failed, now).with_failure(reason);
-                let job = update(self.store.as_ref(), &job.run_id, |j| j.apply(&t))
+                let job = update_seen(self.store.as_ref(), job, |j| j.apply(&t))
                     .await?
                     .job()
                     .unwrap_or_else(|| job.clone());
-                self.deliver(&job.run_id, deadline).await?;
+                self.deliver(&job, deadline).await?;
                 return Err(DispatchError::BuildRefused {
                     job: Box::new(job),
                     source,
@@ -203,7 +203,7 @@ impl Dispatcher {
                 .try_create(&job, &sub.payload, self.buildkite_deadline(deadline))
                 .await;
             let job = self.settle_creation(&job, creating, deadline).await?;
-            let job = self.deliver(&job.run_id, deadline).await?.unwrap_or(job);
+            let job = self.deliver(&job, deadline).await?.unwrap_or(job);
             Ok(Submitted::New(job))
         }
         .instrument(span)
@@ -234,7 +234,7 @@ impl Dispatcher {
             let t = Transition::to(JobState::Failed, now)
                 .with_failure("no Buildkite build could be created in time");
             // `apply` fails only a job still without a build, as stored now.
-            return self.advance(&job.run_id, t, deadline).await;
+            return self.advance(job, t, deadline).await;
         }
         if self.buildkite.over_budget() {
             return Ok(EventOutcome::Ignored(
@@ -242,7 +242,7 @@ impl Dispatcher {
             ));
         }
         let mut was = None;
-        let claimed = update(self.store.as_ref(), &job.run_id, |j| {
+        let claimed = update_seen(self.store.as_ref(), job, |j| {
             let (next, creation) = claim_creation(j, now)?;
             was = Some(creation);
             Some(next)
@@ -283,7 +283,7 @@ impl Dispatcher {
         } else if after.state == JobState::Submitted {
             report.deferred += 1;
         }
-        self.deliver(&held.run_id, deadline).await?;
+        self.deliver(&after, deadline).await?;
         Ok(if after.state == held.state {
             EventOutcome::Ignored("creation deferred")
         } else {
@@ -303,7 +303,7 @@ impl Dispatcher {
         let after = self
             .settle_creation(job, Creating::Created(build), deadline)
             .await?;
-        self.deliver(&after.run_id, deadline).await?;
+        self.deliver(&after, deadline).await?;
         Ok(if after.state == before {
             EventOutcome::Ignored("build found; the job had moved on")
         } else {

@@ -311,8 +311,8 @@ impl Dispatcher {
         }
         let slice = self.slice(deadline);
         let delivered = match outbox {
-            Outbox::Discord => self.deliver_discord(&job.run_id, slice).await?,
-            Outbox::Callback => self.deliver_callback(&job.run_id, slice).await?,
+            Outbox::Discord => self.deliver_discord(job, slice).await?,
+            Outbox::Callback => self.deliver_callback(job, slice).await?,
         };
         // Nothing seen when it had no time to try: the job as stored says.
         let after = match delivered {

@@ -10,4 +10,6 @@ pub mod store;
 pub use model::{
     BuildRef, CallbackOutbox, Creation, DeliveryStatus, Job, JobState, Outbox, RunId, Transition,
 };
-pub use store::{CacheEntry, Created, JobStore, Replaced, Shard, StoreError, Updated, update};
+pub use store::{
+    CacheEntry, Created, JobStore, Replaced, Shard, StoreError, Updated, update, update_seen,
+};

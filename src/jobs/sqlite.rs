@@ -5,7 +5,9 @@
 //! side. A replace runs inside a `BEGIN IMMEDIATE` transaction, which SQLite serialises, so
 //! the version check and the write are one step across processes.
 
+use std::panic::AssertUnwindSafe;
 use std::path::Path;
+use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -22,9 +24,32 @@ pub const FILE_NAME: &str = "jobs.sqlite3";
 
 #[derive(Clone)]
 pub struct SqliteStore {
-    conn: Arc<Mutex<Connection>>,
+    /// The write connection's own thread, fed work in order (see [`spawn_writer`]).
+    writer: Sender<Work>,
     /// A second connection for single reads, done in place (see [`JobStore::get`]).
     reader: Arc<Mutex<Connection>>,
+}
+
+/// Work for the writer thread; it sends its own answer.
+type Work = Box<dyn FnOnce(&mut Connection) + Send>;
+
+/// Gives the write connection a thread of its own. SQLite runs one writer at a time anyway:
+/// concurrent requests wait in this queue, not as blocking-pool threads parked on a lock
+/// (under load that was dozens of threads, each woken in turn). The thread ends when the
+/// last handle to the store is dropped. `tokio-rusqlite` does this too, but pins an older
+/// rusqlite.
+fn spawn_writer(mut conn: Connection) -> Result<Sender<Work>, StoreError> {
+    let (tx, rx) = mpsc::channel::<Work>();
+    std::thread::Builder::new()
+        .name("sqlite-writer".into())
+        .spawn(move || {
+            for work in rx {
+                // A panic drops that caller's answer (it sees an error); the thread goes on.
+                let _ = std::panic::catch_unwind(AssertUnwindSafe(|| work(&mut conn)));
+            }
+        })
+        .map_err(unavailable)?;
+    Ok(tx)
 }
 
 fn unavailable(e: impl std::fmt::Display) -> StoreError {
@@ -136,28 +161,26 @@ impl SqliteStore {
             .busy_timeout(Duration::from_secs(5))
             .map_err(unavailable)?;
         Ok(Self {
-            conn: Arc::new(Mutex::new(conn)),
+            writer: spawn_writer(conn)?,
             reader: Arc::new(Mutex::new(reader)),
         })
     }
 
-    /// Runs blocking SQLite work off the async runtime.
+    /// Runs blocking SQLite work on the writer thread, off the async runtime.
     async fn with<T: Send + 'static>(
         &self,
         f: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
-        let conn = self.conn.clone();
+        let (done, answer) = tokio::sync::oneshot::channel();
         // The caller's span goes along, so the work is timed as the request's own.
         let span = tracing::Span::current();
-        tokio::task::spawn_blocking(move || {
-            let mut guard = conn
-                .lock()
-                .map_err(|_| unavailable("connection lock poisoned"))?;
+        let work: Work = Box::new(move |conn| {
             let _entered = span.enter();
-            f(&mut guard)
-        })
-        .await
-        .map_err(unavailable)?
+            let _ = done.send(f(conn));
+        });
+        let stopped = || unavailable("the store's writer thread has stopped");
+        self.writer.send(work).map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())?
     }
 }
 

@@ -143,21 +143,51 @@ const MAX_ROUNDS: usize = 16;
 pub async fn update(
     store: &dyn JobStore,
     run_id: &RunId,
+    change: impl FnMut(&Job) -> Option<Job> + Send,
+) -> Result<Updated, StoreError> {
+    match store.get(run_id).await? {
+        Some(job) => decide(store, job, true, change).await,
+        None => Ok(Updated::Missing),
+    }
+}
+
+/// [`update`], starting from `seen`: the job as this caller last read or wrote it, saving
+/// the read when nobody wrote since. A stale `seen` costs nothing in safety: its write is
+/// refused by the version check and the change decided again on the job as stored, and a
+/// decision of no change is only trusted on a fresh read.
+pub async fn update_seen(
+    store: &dyn JobStore,
+    seen: &Job,
+    change: impl FnMut(&Job) -> Option<Job> + Send,
+) -> Result<Updated, StoreError> {
+    decide(store, seen.clone(), false, change).await
+}
+
+async fn decide(
+    store: &dyn JobStore,
+    mut job: Job,
+    mut fresh: bool,
     mut change: impl FnMut(&Job) -> Option<Job> + Send,
 ) -> Result<Updated, StoreError> {
-    let mut current = store.get(run_id).await?;
+    let run_id = job.run_id.clone();
     for _ in 0..MAX_ROUNDS {
-        let Some(job) = current else {
-            return Ok(Updated::Missing);
-        };
         let Some(mut next) = change(&job) else {
-            return Ok(Updated::Unchanged(job));
+            if fresh {
+                return Ok(Updated::Unchanged(job));
+            }
+            fresh = true;
+            match store.get(&run_id).await? {
+                Some(stored) => job = stored,
+                None => return Ok(Updated::Missing),
+            }
+            continue;
         };
         next.version = job.version + 1;
         let write_id = uuid::Uuid::new_v4().simple().to_string();
         match store.replace(&next, &write_id).await? {
             Replaced::Written => return Ok(Updated::Written(next)),
-            Replaced::Conflict(latest) => current = latest.map(|j| *j),
+            Replaced::Conflict(Some(latest)) => (job, fresh) = (*latest, true),
+            Replaced::Conflict(None) => return Ok(Updated::Missing),
         }
     }
     Err(StoreError::Unavailable(format!(
