@@ -200,6 +200,49 @@ pub async fn large_results_round_trip(store: Arc<dyn JobStore>) {
     );
 }
 
+/// An outcome too large to keep whole is cut before it is written, so the job a writer goes
+/// on with (to report it) is the job a resend later reads back.
+pub async fn cut_outcomes_are_reported_as_stored(store: Arc<dyn JobStore>) {
+    store.create(&job("cut", 1_000)).await.unwrap();
+    let mut rng = fastrand::Rng::with_seed(9);
+    let noise: String = (0..400_000).map(|_| rng.alphanumeric()).collect();
+    let run = RunResult {
+        stdout: noise,
+        ..Default::default()
+    };
+    let mut result = FullResult {
+        success: true,
+        ..Default::default()
+    };
+    result.runs.insert(
+        "test".into(),
+        EvalResult {
+            run: Some(run),
+            ..Default::default()
+        },
+    );
+    let t = Transition::to(JobState::Finished, 2_000).with_outcome(Outcome::judge(
+        "passed",
+        Some(result),
+        None,
+    ));
+    let written = advance(store.as_ref(), &id("cut"), &t)
+        .await
+        .unwrap()
+        .expect("written");
+    let stored = store.get(&id("cut")).await.unwrap().unwrap();
+    assert_eq!(written.outcome, stored.outcome);
+    let kept = stored.outcome.and_then(|o| o.result).expect("result kept");
+    assert!(
+        kept.runs["test"]
+            .run
+            .as_ref()
+            .unwrap()
+            .stdout
+            .starts_with("[dropped")
+    );
+}
+
 pub async fn versions_and_write_ids(store: Arc<dyn JobStore>) {
     store.create(&job("d1", 1_000)).await.unwrap();
     let stored = store.get(&id("d1")).await.unwrap().unwrap();
@@ -379,6 +422,11 @@ macro_rules! contract {
         async fn large_results_survive_the_round_trip() {
             let (s, _d) = open_store($kind).await;
             large_results_round_trip(s).await
+        }
+        #[tokio::test]
+        async fn cut_outcomes_are_reported_as_stored() {
+            let (s, _d) = open_store($kind).await;
+            super::cut_outcomes_are_reported_as_stored(s).await
         }
         #[tokio::test]
         async fn stale_writes_lose_and_retried_writes_are_recognised() {

@@ -450,8 +450,10 @@ impl Transition {
         self
     }
 
+    /// Cut to what the store can keep (see [`fit_outcome`](super::record::fit_outcome)), so the
+    /// job a writer goes on with is the job as stored.
     pub fn with_outcome(mut self, outcome: Outcome) -> Self {
-        self.outcome = Some(outcome);
+        self.outcome = Some(super::record::fit_outcome(&outcome).unwrap_or(outcome));
         self
     }
 }

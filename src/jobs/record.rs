@@ -156,22 +156,34 @@ impl EncodedOutcome {
     }
 }
 
-/// Encodes an outcome within [`MAX_STORED_OUTCOME`]: whole if it fits, else without its logs,
-/// else without its result (the verdict, drawn from the whole result, always survives).
+/// The outcome as the store keeps it: whole if it fits [`MAX_STORED_OUTCOME`], else without
+/// its logs, else without its result (the verdict, drawn from the whole result, always
+/// survives). Transitions carry it in this form, so what is reported first is what a resend
+/// reads back. `None`: it fits as it is.
+pub fn fit_outcome(outcome: &Outcome) -> Option<Outcome> {
+    fitted(outcome).1
+}
+
+/// Encodes an outcome within [`MAX_STORED_OUTCOME`], cut as [`fit_outcome`] cuts it.
 pub fn encode_outcome(outcome: &Outcome) -> EncodedOutcome {
+    fitted(outcome).0
+}
+
+fn fitted(outcome: &Outcome) -> (EncodedOutcome, Option<Outcome>) {
     let whole = encode_exact(outcome);
     if whole.len() <= MAX_STORED_OUTCOME {
-        return whole;
+        return (whole, None);
     }
     let mut slim = outcome.clone();
     if let Some(result) = slim.result.as_mut() {
         result.drop_logs();
     }
-    let slim = encode_exact(&slim);
-    if slim.len() <= MAX_STORED_OUTCOME {
-        return slim;
+    let encoded = encode_exact(&slim);
+    if encoded.len() <= MAX_STORED_OUTCOME {
+        return (encoded, Some(slim));
     }
-    encode_exact(&outcome.without_result("the result was too large to store"))
+    let bare = outcome.without_result("the result was too large to store");
+    (encode_exact(&bare), Some(bare))
 }
 
 fn decode_outcome(
