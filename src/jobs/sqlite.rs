@@ -44,7 +44,8 @@ fn spawn_writer(mut conn: Connection) -> Result<Sender<Work>, StoreError> {
         .name("sqlite-writer".into())
         .spawn(move || {
             for work in rx {
-                // A panic drops that caller's answer (it sees an error); the thread goes on.
+                // Each work answers its own panic (see `with`); this keeps the thread alive
+                // whatever a future caller does.
                 let _ = std::panic::catch_unwind(AssertUnwindSafe(|| work(&mut conn)));
             }
         })
@@ -175,8 +176,15 @@ impl SqliteStore {
         // The caller's span goes along, so the work is timed as the request's own.
         let span = tracing::Span::current();
         let work: Work = Box::new(move |conn| {
+            // A caller that gave up (its request timed out) is owed nothing: under overload
+            // the queue drains instead of doing work nobody waits for.
+            if done.is_closed() {
+                return;
+            }
             let _entered = span.enter();
-            let _ = done.send(f(conn));
+            let answer = std::panic::catch_unwind(AssertUnwindSafe(|| f(conn)))
+                .unwrap_or_else(|_| Err(unavailable("the store's work panicked")));
+            let _ = done.send(answer);
         });
         let stopped = || unavailable("the store's writer thread has stopped");
         self.writer.send(work).map_err(|_| stopped())?;
@@ -214,7 +222,7 @@ impl JobStore for SqliteStore {
     async fn get(&self, run_id: &RunId) -> Result<Option<Job>, StoreError> {
         let id = run_id.to_string();
         // One indexed read takes microseconds and, in WAL mode, never waits for a writer:
-        // done in place when the read connection is free, not handed to a blocking thread.
+        // done in place when the read connection is free, not queued behind the writes.
         if let Ok(reader) = self.reader.try_lock() {
             return read(&reader, &id)?.map(JobRecord::into_job).transpose();
         }
