@@ -122,6 +122,18 @@ fn lock(inner: &Shared) -> MutexGuard<'_, Inner> {
 }
 
 impl Inner {
+    /// Where build `number` is: builds are numbered 1, 2, … as created and never removed,
+    /// so this is a lookup, not a search (a load run holds thousands).
+    fn index_of(&self, number: u64) -> Option<usize> {
+        let i = usize::try_from(number).ok()?.checked_sub(1)?;
+        (self.builds.get(i)?.number == number).then_some(i)
+    }
+
+    fn build_mut(&mut self, number: u64) -> Option<&mut StandinBuild> {
+        let i = self.index_of(number)?;
+        self.builds.get_mut(i)
+    }
+
     /// A fault for this call, `0..kinds`, at the chaos rate.
     fn roll(&mut self, kinds: u8) -> Option<u8> {
         let (rate, rng) = self.chaos.as_mut()?;
@@ -221,7 +233,7 @@ impl BuildkiteStandin {
                 "/v2/organizations/{org}/pipelines/{pipeline}",
                 get(get_pipeline),
             )
-            .route("/storage/{id}", get(storage))
+            .route("/storage/{number}/{id}", get(storage))
             .route("/v2/organizations/{org}/agents", get(list_agents))
             .layer(axum::middleware::map_response_with_state(
                 inner.clone(),
@@ -284,11 +296,8 @@ impl BuildkiteStandin {
     }
 
     pub fn build(&self, number: u64) -> Option<StandinBuild> {
-        self.lock()
-            .builds
-            .iter()
-            .find(|b| b.number == number)
-            .cloned()
+        let s = self.lock();
+        s.index_of(number).map(|i| s.builds[i].clone())
     }
 
     /// Every REST call as `METHOD path`.
@@ -333,7 +342,7 @@ impl BuildkiteStandin {
 
     /// The evaluation step starts on an agent: the build runs.
     pub fn start_eval(&self, number: u64) {
-        if let Some(b) = self.lock().builds.iter_mut().find(|b| b.number == number) {
+        if let Some(b) = self.lock().build_mut(number) {
             b.state = "running".into();
             b.eval_started = true;
         }
@@ -374,7 +383,7 @@ impl BuildkiteStandin {
 
     /// Moves a build to `state` (`blocked` sets the blocked flag on a passed build).
     pub fn set_state(&self, number: u64, state: &str) {
-        if let Some(b) = self.lock().builds.iter_mut().find(|b| b.number == number) {
+        if let Some(b) = self.lock().build_mut(number) {
             b.blocked = state == "blocked";
             b.state = if state == "blocked" {
                 "passed".into()
@@ -386,7 +395,7 @@ impl BuildkiteStandin {
 
     /// Adds an artifact to the build's latest job, or a new retried job when `new_job`.
     pub fn upload(&self, number: u64, path: &str, bytes: Vec<u8>, state: &str, new_job: bool) {
-        if let Some(b) = self.lock().builds.iter_mut().find(|b| b.number == number) {
+        if let Some(b) = self.lock().build_mut(number) {
             if new_job {
                 b.jobs.push(uuid::Uuid::new_v4().to_string());
             }
@@ -405,14 +414,12 @@ impl BuildkiteStandin {
     pub fn webhook_body(&self, event: &str, number: u64) -> Vec<u8> {
         let s = self.lock();
         let build = s
-            .builds
-            .iter()
-            .find(|b| b.number == number)
-            .map(|b| s.build_json(b, false));
+            .index_of(number)
+            .map(|i| s.build_json(&s.builds[i], false));
         let mut body = json!({"event": event, "build": build, "pipeline": {"slug": s.pipeline, "name": s.pipeline},
             "sender": {"id": "u1", "name": "Buildkite"}});
         if event.starts_with("job.")
-            && let Some(b) = s.builds.iter().find(|b| b.number == number)
+            && let Some(b) = s.index_of(number).map(|i| &s.builds[i])
         {
             body["job"] = json!({"id": b.jobs.last(), "type": "script", "step_key": "evaluate",
                 "state": "running", "started_at": "2026-11-21T10:00:02.000Z"});
@@ -841,8 +848,7 @@ async fn list_agents(
 }
 
 fn find(s: &Inner, number: &str) -> Option<usize> {
-    let n: u64 = number.parse().ok()?;
-    s.builds.iter().position(|b| b.number == n)
+    s.index_of(number.parse().ok()?)
 }
 
 /// A REST read of build `number`: the gate's answer or a 404 if it does not pass, else the
@@ -928,8 +934,9 @@ async fn download(
         let status = StatusCode::from_u16(status).unwrap_or(StatusCode::NOT_FOUND);
         return (status, [(header::CONTENT_TYPE, "text/html")], body).into_response();
     }
+    let number = s.builds[i].number;
     let url = format!(
-        "{}/storage/{id}?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Expires=60&X-Amz-Signature=abc123",
+        "{}/storage/{number}/{id}?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Expires=60&X-Amz-Signature=abc123",
         s.base
     );
     (
@@ -940,7 +947,11 @@ async fn download(
         .into_response()
 }
 
-async fn storage(State(inner): State<Shared>, Path(id): Path<String>, req: Request) -> Response {
+async fn storage(
+    State(inner): State<Shared>,
+    Path((number, id)): Path<(u64, String)>,
+    req: Request,
+) -> Response {
     let mut s = lock(&inner);
     if req.headers().contains_key(header::AUTHORIZATION) {
         // What S3 answers when a presigned URL also carries an Authorization header.
@@ -958,10 +969,8 @@ async fn storage(State(inner): State<Shared>, Path(id): Path<String>, req: Reque
         return (status, [(header::CONTENT_TYPE, "application/xml")], body).into_response();
     }
     let bytes = s
-        .builds
-        .iter()
-        .flat_map(|b| &b.artifacts)
-        .find(|a| a.id == id)
+        .index_of(number)
+        .and_then(|i| s.builds[i].artifacts.iter().find(|a| a.id == id))
         .map(|a| a.bytes.clone());
     match bytes {
         Some(b) => {
