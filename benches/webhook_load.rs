@@ -13,7 +13,7 @@ use std::time::Duration;
 use common::{SECRET, StoreKind, TestApp, submission};
 use kernelbot_dispatch::buildkite::webhook::sign;
 use kernelbot_dispatch::devstack::buildkite::{sample_result, unix_now};
-use support::{OwnWork, Run, drive, percentiles};
+use support::{OwnTimes, OwnWork, Run, drive, percentiles};
 
 const CONCURRENCY: usize = 64;
 /// Jobs taken through the whole life; each duplicate scenario replays every one of them.
@@ -68,7 +68,7 @@ fn ok_created(status: u16, _body: &[u8]) -> bool {
 struct Row {
     name: &'static str,
     run: Run,
-    own: hdrhistogram::Histogram<u64>,
+    own: OwnTimes,
 }
 
 #[tokio::main]
@@ -195,17 +195,18 @@ fn report(rows: &[Row]) {
         "baseline: GET /healthz of the same process, mean of the runs before and after: {baseline:.0} req/s\n"
     );
     println!(
-        "| scenario | requests | rate (req/s) | × healthz | own work p50 / p99 / p99.9 (ms) | round trip p50 / p99 / p99.9 (ms) |"
+        "| scenario | requests | rate (req/s) | × healthz | own work, CPU p50 / p99 / p99.9 (ms) | own work, wall | round trip p50 / p99 / p99.9 (ms) |"
     );
-    println!("|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|");
     for r in rows.iter().filter(|r| r.name != "warm-up") {
         println!(
-            "| {} | {} | {:.0} | {:.2} | {} | {} |",
+            "| {} | {} | {:.0} | {:.2} | {} | {} | {} |",
             r.name,
             r.run.requests,
             r.run.rate(),
             r.run.rate() / baseline,
-            percentiles(&r.own),
+            percentiles(&r.own.cpu),
+            percentiles(&r.own.wall),
             percentiles(&r.run.latency),
         );
     }

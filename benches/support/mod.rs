@@ -1,5 +1,6 @@
 //! What the load benchmarks share: a closed-loop load generator, and a tracing layer that
-//! times our own work per request (the request span's time on a CPU, less its outbound calls').
+//! times our own work per request (the request span's time entered, less its outbound calls'),
+//! both as CPU time and as wall time.
 #![allow(dead_code)]
 
 use std::cell::RefCell;
@@ -20,32 +21,75 @@ pub fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000, 3).expect("histogram bounds")
 }
 
-/// Per request span: CPU time spent in it (any thread), and the part of that in outbound calls.
+/// Per request span: time spent entered (any thread), and the part of that in outbound
+/// calls; index 0 is CPU time, 1 wall time.
 #[derive(Default)]
 struct Busy {
-    total_ns: AtomicU64,
-    outbound_ns: AtomicU64,
+    total_ns: [AtomicU64; 2],
+    outbound_ns: [AtomicU64; 2],
+}
+
+/// When a span was entered: the thread's CPU time, and the wall clock.
+type Mark = (Duration, Instant);
+
+/// A span entered on this thread; `mark` only where its time counts (the outermost span, or
+/// the outermost outbound call), so nested spans cost no clock reads.
+struct Frame {
+    id: Id,
+    outbound: bool,
+    mark: Option<Mark>,
 }
 
 thread_local! {
-    /// Spans entered on this thread, outermost first, with when.
-    static ENTERED: RefCell<Vec<(Id, Instant)>> = const { RefCell::new(Vec::new()) };
+    /// Spans entered on this thread, outermost first.
+    static ENTERED: RefCell<Vec<Frame>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Times every `request` span's own work into a shared histogram. A span counts as busy
-/// while it is entered (polled, or running store work on a blocking thread): waiting for
-/// a CPU, a lock or a socket is not work. Only the outermost span entered on a thread is
-/// counted, so nested spans are not counted twice.
+/// CPU time this thread has run. Wall time would also count the slices the thread spent
+/// preempted mid-span while the other threads of a busy 2-core machine ran.
+fn thread_cpu() -> Duration {
+    let mut ts = std::mem::MaybeUninit::<libc::timespec>::zeroed();
+    // SAFETY: the clock writes one `timespec` we own; this clock exists on every Linux.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, ts.as_mut_ptr()) };
+    debug_assert_eq!(rc, 0, "CLOCK_THREAD_CPUTIME_ID");
+    // SAFETY: zeroed is a valid `timespec`, and the clock only ever writes a whole one.
+    let ts = unsafe { ts.assume_init() };
+    Duration::new(
+        ts.tv_sec.max(0) as u64,
+        ts.tv_nsec.clamp(0, 999_999_999) as u32,
+    )
+}
+
+/// Times every `request` span's own work into shared histograms. A span counts as busy
+/// while it is entered (polled, or running store work on the store's thread): waiting on a
+/// lock or a socket is not work. CPU time leaves out the slices the thread spent preempted
+/// mid-span; wall time keeps them. Only the outermost span entered on a thread is counted,
+/// so nested spans are not counted twice.
 #[derive(Clone)]
 pub struct OwnWork {
-    pub histogram: Arc<Mutex<Histogram<u64>>>,
+    histograms: Arc<Mutex<OwnTimes>>,
+}
+
+/// Own work per request, in µs.
+pub struct OwnTimes {
+    pub cpu: Histogram<u64>,
+    pub wall: Histogram<u64>,
+}
+
+impl OwnTimes {
+    fn new() -> Self {
+        Self {
+            cpu: histogram(),
+            wall: histogram(),
+        }
+    }
 }
 
 impl OwnWork {
     /// Installs the layer as the process's subscriber (spans only: events are disabled).
     pub fn install() -> Self {
         let own = Self {
-            histogram: Arc::new(Mutex::new(histogram())),
+            histograms: Arc::new(Mutex::new(OwnTimes::new())),
         };
         let filtered = own
             .clone()
@@ -54,10 +98,10 @@ impl OwnWork {
         own
     }
 
-    /// The histogram so far, emptied for the next scenario.
-    pub fn take(&self) -> Histogram<u64> {
-        let mut h = self.histogram.lock().expect("histogram");
-        std::mem::replace(&mut *h, histogram())
+    /// The histograms so far, emptied for the next scenario.
+    pub fn take(&self) -> OwnTimes {
+        let mut h = self.histograms.lock().expect("histograms");
+        std::mem::replace(&mut *h, OwnTimes::new())
     }
 }
 
@@ -83,38 +127,52 @@ where
         }
     }
 
-    fn on_enter(&self, id: &Id, _ctx: Context<'_, S>) {
-        ENTERED.with(|e| e.borrow_mut().push((id.clone(), Instant::now())));
+    fn on_enter(&self, id: &Id, ctx: Context<'_, S>) {
+        let outbound = ctx.span(id).is_some_and(|s| s.name() == OUTBOUND_SPAN);
+        ENTERED.with(|e| {
+            let mut e = e.borrow_mut();
+            let timed = e.is_empty() || (outbound && !e.iter().any(|f| f.outbound));
+            let mark = timed.then(|| (thread_cpu(), Instant::now()));
+            e.push(Frame {
+                id: id.clone(),
+                outbound,
+                mark,
+            });
+        });
     }
 
     fn on_exit(&self, id: &Id, ctx: Context<'_, S>) {
-        let (popped, outermost, in_outbound) = ENTERED.with(|e| {
+        let (popped, outermost) = ENTERED.with(|e| {
             let mut e = e.borrow_mut();
-            let popped = e.pop();
-            let in_outbound = e
-                .iter()
-                .any(|(i, _)| ctx.span(i).is_some_and(|s| s.name() == OUTBOUND_SPAN));
-            (popped, e.is_empty(), in_outbound)
+            (e.pop(), e.is_empty())
         });
-        let Some((entered, at)) = popped.filter(|(i, _)| i == id) else {
+        let Some(Frame {
+            id: entered,
+            outbound,
+            mark: Some((cpu, wall)),
+        }) = popped.filter(|f| f.id == *id)
+        else {
             return;
         };
-        let ns = at.elapsed().as_nanos() as u64;
+        let ns = [
+            thread_cpu().saturating_sub(cpu).as_nanos() as u64,
+            wall.elapsed().as_nanos() as u64,
+        ];
         let Some(request) = request_of(&ctx, &entered) else {
             return;
         };
-        let is_outbound = ctx
-            .span(&entered)
-            .is_some_and(|s| s.name() == OUTBOUND_SPAN);
         let ext = request.extensions();
         let Some(busy) = ext.get::<Busy>() else {
             return;
         };
-        if outermost {
-            busy.total_ns.fetch_add(ns, Ordering::Relaxed);
-        }
-        if is_outbound && !in_outbound {
-            busy.outbound_ns.fetch_add(ns, Ordering::Relaxed);
+        // A marked frame is the outermost span, the outermost outbound call, or both.
+        for (i, ns) in ns.into_iter().enumerate() {
+            if outermost {
+                busy.total_ns[i].fetch_add(ns, Ordering::Relaxed);
+            }
+            if outbound {
+                busy.outbound_ns[i].fetch_add(ns, Ordering::Relaxed);
+            }
         }
     }
 
@@ -124,15 +182,14 @@ where
             return;
         }
         if let Some(busy) = span.extensions().get::<Busy>() {
-            let own = busy
-                .total_ns
-                .load(Ordering::Relaxed)
-                .saturating_sub(busy.outbound_ns.load(Ordering::Relaxed));
-            let _ = self
-                .histogram
-                .lock()
-                .expect("histogram")
-                .record((own / 1000).max(1));
+            let own_us = |i: usize| {
+                let total = busy.total_ns[i].load(Ordering::Relaxed);
+                let outbound = busy.outbound_ns[i].load(Ordering::Relaxed);
+                (total.saturating_sub(outbound) / 1000).max(1)
+            };
+            let mut h = self.histograms.lock().expect("histograms");
+            let _ = h.cpu.record(own_us(0));
+            let _ = h.wall.record(own_us(1));
         }
     }
 }
