@@ -189,13 +189,13 @@ fn report(rows: &[Row]) {
         .sum::<f64>()
         / 2.0;
     println!(
-        "\nWebhook path over loopback, concurrency {CONCURRENCY}, embedded store (SQLite, WAL)"
+        "\nWebhook path over loopback, concurrency {CONCURRENCY}, embedded store (SQLite, WAL, synchronous = NORMAL: a commit survives a process crash, is synced to disk at checkpoints)"
     );
     println!(
         "baseline: GET /healthz of the same process, mean of the runs before and after: {baseline:.0} req/s\n"
     );
     println!(
-        "| scenario | requests | rate (req/s) | × healthz | own work, CPU p50 / p99 / p99.9 (ms) | own work, wall | round trip p50 / p99 / p99.9 (ms) |"
+        "| scenario | requests | rate (req/s) | × healthz | own work, CPU p50 / p99 / p99.9 (ms) | own work, wall p50 / p99 / p99.9 (ms) | round trip p50 / p99 / p99.9 (ms) |"
     );
     println!("|---|---|---|---|---|---|---|");
     for r in rows.iter().filter(|r| r.name != "warm-up") {
