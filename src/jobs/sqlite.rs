@@ -33,6 +33,13 @@ pub struct SqliteStore {
 /// Work for the writer thread; it sends its own answer.
 type Work = Box<dyn FnOnce(&mut Connection) + Send>;
 
+/// Whether queued work only reads, and so may be skipped once its caller has gone.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Access {
+    Read,
+    Write,
+}
+
 /// Gives the write connection a thread of its own. SQLite runs one writer at a time anyway:
 /// concurrent requests wait in this queue, not as blocking-pool threads parked on a lock
 /// (under load that was dozens of threads, each woken in turn). The thread ends when the
@@ -170,15 +177,18 @@ impl SqliteStore {
     /// Runs blocking SQLite work on the writer thread, off the async runtime.
     async fn with<T: Send + 'static>(
         &self,
+        access: Access,
         f: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
         let (done, answer) = tokio::sync::oneshot::channel();
         // The caller's span goes along, so the work is timed as the request's own.
         let span = tracing::Span::current();
         let work: Work = Box::new(move |conn| {
-            // A caller that gave up (its request timed out) is owed nothing: under overload
-            // the queue drains instead of doing work nobody waits for.
-            if done.is_closed() {
+            // A reader that gave up (its request timed out) is owed nothing: under overload
+            // the queue drains instead of doing work nobody waits for. A write always runs:
+            // it may record an effect already had (a Discord message's id), and one dropped
+            // here would have the sweep repeat that effect.
+            if access == Access::Read && done.is_closed() {
                 return;
             }
             let _entered = span.enter();
@@ -196,7 +206,7 @@ impl SqliteStore {
 impl JobStore for SqliteStore {
     async fn create(&self, job: &Job) -> Result<Created, StoreError> {
         let record = JobRecord::from_job(job, "create");
-        self.with(move |conn| {
+        self.with(Access::Write, move |conn| {
             let inserted = conn
                 .execute(
                     "INSERT INTO jobs (run_id, shard, created_at, record)
@@ -226,13 +236,15 @@ impl JobStore for SqliteStore {
         if let Ok(reader) = self.reader.try_lock() {
             return read(&reader, &id)?.map(JobRecord::into_job).transpose();
         }
-        self.with(move |conn| read(conn, &id)?.map(JobRecord::into_job).transpose())
-            .await
+        self.with(Access::Read, move |conn| {
+            read(conn, &id)?.map(JobRecord::into_job).transpose()
+        })
+        .await
     }
 
     async fn replace(&self, job: &Job, write_id: &str) -> Result<Replaced, StoreError> {
         let record = JobRecord::from_job(job, write_id);
-        self.with(move |conn| {
+        self.with(Access::Write, move |conn| {
             let text = to_json(&record)?;
             let tx = conn
                 .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -265,7 +277,7 @@ impl JobStore for SqliteStore {
         created_before: Millis,
         limit: usize,
     ) -> Result<Vec<Job>, StoreError> {
-        self.with(move |conn| {
+        self.with(Access::Read, move |conn| {
             let mut stmt = conn
                 .prepare(
                     "SELECT record FROM jobs WHERE shard = ?1 AND created_at < ?2
@@ -289,7 +301,7 @@ impl JobStore for SqliteStore {
 
     async fn open_in_queue(&self, queue: &str) -> Result<Vec<(JobState, Millis)>, StoreError> {
         let queue = queue.to_owned();
-        self.with(move |conn| {
+        self.with(Access::Read, move |conn| {
             // The shard index holds only open jobs; their queue is read from the record.
             let mut stmt = conn
                 .prepare(
@@ -313,7 +325,8 @@ impl JobStore for SqliteStore {
 
     async fn cached(&self, key: &str) -> Result<Option<CacheEntry>, StoreError> {
         let key = key.to_owned();
-        self.with(move |conn| read_cached(conn, &key)).await
+        self.with(Access::Read, move |conn| read_cached(conn, &key))
+            .await
     }
 
     async fn put_cached(
@@ -324,7 +337,7 @@ impl JobStore for SqliteStore {
     ) -> Result<bool, StoreError> {
         let key = key.to_owned();
         let text = serde_json::to_string(entry).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        self.with(move |conn| {
+        self.with(Access::Write, move |conn| {
             let tx = conn
                 .transaction_with_behavior(TransactionBehavior::Immediate)
                 .map_err(unavailable)?;
@@ -344,7 +357,7 @@ impl JobStore for SqliteStore {
     }
 
     async fn sweep_cursor(&self) -> Result<Option<String>, StoreError> {
-        self.with(|conn| {
+        self.with(Access::Read, |conn| {
             conn.query_row("SELECT value FROM meta WHERE key = ?1", [CURSOR_KEY], |r| {
                 r.get::<_, Option<String>>(0)
             })
@@ -357,7 +370,7 @@ impl JobStore for SqliteStore {
 
     async fn set_sweep_cursor(&self, cursor: Option<&str>) -> Result<(), StoreError> {
         let cursor = cursor.map(str::to_owned);
-        self.with(move |conn| {
+        self.with(Access::Write, move |conn| {
             conn.execute(
                 "INSERT INTO meta (key, value) VALUES (?1, ?2)
                  ON CONFLICT (key) DO UPDATE SET value = excluded.value",
@@ -367,5 +380,63 @@ impl JobStore for SqliteStore {
             .map_err(unavailable)
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Holds the writer thread until the returned sender is dropped or sent to.
+    fn hold_writer(store: &SqliteStore) -> mpsc::Sender<()> {
+        let (release, held) = mpsc::channel::<()>();
+        let work: Work = Box::new(move |_| {
+            let _ = held.recv();
+        });
+        store.writer.send(work).expect("writer runs");
+        release
+    }
+
+    fn job() -> Job {
+        Job::new(
+            "r1".parse().expect("valid id"),
+            "H100_BK".into(),
+            "h100".into(),
+            None,
+            None,
+            1_000,
+        )
+    }
+
+    #[tokio::test]
+    async fn a_queued_write_lands_even_if_its_caller_gave_up() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = SqliteStore::open(dir.path()).expect("store opens");
+        let release = hold_writer(&store);
+        // Polled once (the write is queued behind the held writer), then dropped.
+        let gave_up = tokio::time::timeout(Duration::ZERO, store.create(&job())).await;
+        assert!(gave_up.is_err(), "the write waited behind the held writer");
+        drop(release);
+        // The next queued work runs after the abandoned write: it must see the job.
+        let listed = store.list(Shard::Open, i64::MAX, 10).await.expect("lists");
+        assert_eq!(listed.len(), 1, "the abandoned write was still made");
+    }
+
+    #[tokio::test]
+    async fn a_queued_read_is_skipped_once_its_caller_gave_up() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = SqliteStore::open(dir.path()).expect("store opens");
+        let release = hold_writer(&store);
+        let reads = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = Arc::clone(&reads);
+        let read = store.with(Access::Read, move |_| {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(())
+        });
+        assert!(tokio::time::timeout(Duration::ZERO, read).await.is_err());
+        drop(release);
+        // Work runs in order: once this answers, the abandoned read has had its turn.
+        store.sweep_cursor().await.expect("reads");
+        assert_eq!(reads.load(std::sync::atomic::Ordering::SeqCst), 0);
     }
 }
