@@ -5,8 +5,6 @@
 //! baseline's (one `GetItem`), so start-up cost cannot hide in the first webhook; and idle
 //! and peak RSS. `scripts/bench.sh` builds both binaries first.
 
-#[path = "../tests/common/mod.rs"]
-mod common;
 mod support;
 
 use std::io::{Read, Write};
@@ -15,9 +13,10 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{BK_TOKEN, SECRET, dynamo};
-use kernelbot_dispatch::buildkite::webhook::sign;
+use kernelbot_dispatch::buildkite::sign;
 use kernelbot_dispatch::devstack::buildkite::{BuildkiteStandin, unix_now};
+use kernelbot_dispatch::devstack::moto;
+use kernelbot_dispatch::devstack::stack::{BK_TOKEN, SECRET};
 
 const STARTS: usize = 30;
 /// Fresh starts whose first request is timed, and the requests timed after it in each.
@@ -101,9 +100,9 @@ fn median(mut v: Vec<Duration>) -> Duration {
 async fn main() {
     let webhook_bin = binary("webhook");
     let baseline_bin = binary("examples/coldstart_baseline");
-    let client = dynamo::client();
+    let client = moto::client().expect("moto");
     let table = "coldstart-jobs";
-    dynamo::create_table(&client, table).await;
+    moto::create_table(&client, table).await.expect("table");
     let bk = BuildkiteStandin::start(BK_TOKEN, "test-org", "kernelbot")
         .await
         .expect("buildkite stand-in");
@@ -114,7 +113,7 @@ async fn main() {
         ("BUILDKITE_PIPELINE", "kernelbot"),
         ("BUILDKITE_WEBHOOK_SECRET", SECRET),
         ("JOBS_TABLE", table),
-        ("AWS_ENDPOINT_URL_DYNAMODB", dynamo::endpoint()),
+        ("AWS_ENDPOINT_URL_DYNAMODB", moto::endpoint().expect("moto")),
         ("AWS_ACCESS_KEY_ID", "test"),
         ("AWS_SECRET_ACCESS_KEY", "test"),
         ("AWS_REGION", "us-east-1"),

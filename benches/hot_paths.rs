@@ -8,8 +8,8 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use kernelbot_dispatch::buildkite::webhook::{WebhookAuth, WebhookEvent, sign};
-use kernelbot_dispatch::discord::render;
+use kernelbot_dispatch::buildkite::{WebhookAuth, WebhookEvent, sign};
+use kernelbot_dispatch::flow::present::render;
 use kernelbot_dispatch::jobs::{BuildRef, Job, JobState, Transition};
 use kernelbot_dispatch::result::{FullResult, Outcome};
 use secrecy::SecretString;
@@ -65,17 +65,14 @@ fn webhook(c: &mut Criterion) {
         "timestamp={ts},signature={}",
         sign("current-secret", ts, &body)
     );
-    let one = WebhookAuth {
-        secrets: vec![SecretString::from("current-secret")],
-        allow_token: false,
-    };
-    let rotating = WebhookAuth {
-        secrets: vec![
+    let one = WebhookAuth::new(vec![SecretString::from("current-secret")], false);
+    let rotating = WebhookAuth::new(
+        vec![
             SecretString::from("old-secret"),
             SecretString::from("current-secret"),
         ],
-        allow_token: false,
-    };
+        false,
+    );
     let now = 1_795_255_210;
     let mut g = c.benchmark_group("webhook");
     g.bench_function("baseline: HMAC-SHA256 of the body", |b| {

@@ -4,15 +4,12 @@
 //! each counts only its own calls. Prints Markdown tables and draws
 //! `benches/calls-per-job.svg`; `cargo bench --bench polling_vs_events`.
 
-#[path = "../tests/common/mod.rs"]
-mod common;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{BK_TOKEN, StoreKind, TestApp, submission};
 use kernelbot_dispatch::devstack::buildkite::{BuildkiteStandin, sample_result};
 use kernelbot_dispatch::devstack::discord::{DiscordCall, DiscordStandin};
+use kernelbot_dispatch::devstack::stack::{BK_TOKEN, Stack, StoreKind, submission};
 use kernelbot_dispatch::jobs::Shard;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -267,7 +264,11 @@ fn calls_for(bk: &BuildkiteStandin, number: u64) -> f64 {
 // 5 minutes, on the functions' shared clock moved forward at the same scale.
 
 async fn events_side() -> (Vec<Finished>, f64) {
-    let app = Arc::new(TestApp::spawn(StoreKind::Sqlite).await);
+    let app = Arc::new(
+        Stack::spawn(StoreKind::Sqlite)
+            .await
+            .expect("the local stack"),
+    );
     let started = Instant::now();
     let clock = {
         let app = app.clone();
@@ -322,11 +323,11 @@ async fn events_side() -> (Vec<Finished>, f64) {
 
 /// One sweep pass; its listing calls are shared among the jobs it looked at.
 async fn sweep_pass(
-    app: &TestApp,
+    app: &Stack,
     shares: &std::sync::Mutex<std::collections::HashMap<String, f64>>,
 ) {
-    let now = app.sweeper.clock.now();
-    let min_age = app.sweeper.config.sweep_min_age.as_millis() as i64;
+    let now = app.clock.now();
+    let min_age = app.sweeper.config().timing.sweep_min_age.as_millis() as i64;
     let due: Vec<String> = app
         .store
         .list(Shard::Open, i64::MAX, 10_000)
@@ -343,7 +344,7 @@ async fn sweep_pass(
             .count()
     };
     let before = listings(&app.buildkite.api_calls());
-    let report = app.sweep().await;
+    let report = app.sweep().await.expect("sweep pass");
     let made = (listings(&app.buildkite.api_calls()) - before) as f64;
     assert!(report.errors == 0, "sweep errors: {report}");
     if !due.is_empty() {
@@ -354,7 +355,7 @@ async fn sweep_pass(
     }
 }
 
-async fn event_one(app: &TestApp, i: usize, length: u64) -> Finished {
+async fn event_one(app: &Stack, i: usize, length: u64) -> Finished {
     let mut sub = submission(&format!("ev-{i}"));
     sub["discord"]["webhook_url"] = json!(format!(
         "https://discord.com/api/webhooks/{}/token-{i}",
@@ -366,7 +367,10 @@ async fn event_one(app: &TestApp, i: usize, length: u64) -> Finished {
         .as_u64()
         .expect("build created inline");
     app.buildkite.start_eval(number);
-    assert_eq!(app.event("build.running", number).await, StatusCode::OK);
+    assert_eq!(
+        app.event("build.running", number).await,
+        Some(StatusCode::OK)
+    );
     tokio::time::sleep(real(run_time(i, length))).await;
     app.buildkite.upload(
         number,
@@ -377,9 +381,12 @@ async fn event_one(app: &TestApp, i: usize, length: u64) -> Finished {
     );
     app.buildkite.set_state(number, "passed");
     let end = Instant::now();
-    assert_eq!(app.event("build.finished", number).await, StatusCode::OK);
+    assert_eq!(
+        app.event("build.finished", number).await,
+        Some(StatusCode::OK)
+    );
     let told = Instant::now();
-    let job = app.job(&format!("ev-{i}")).await;
+    let job = app.job(&format!("ev-{i}")).await.expect("the job");
     assert_eq!(job.state.to_string(), "finished", "job {i} finished");
     Finished {
         length,

@@ -3,16 +3,14 @@
 //! generator at concurrency 64. Every figure is set against `GET /healthz` of the same
 //! process in the same run. Prints a Markdown table; `cargo bench --bench webhook_load`.
 
-#[path = "../tests/common/mod.rs"]
-mod common;
 mod support;
 
 use std::collections::HashMap;
 use std::time::Duration;
 
-use common::{SECRET, StoreKind, TestApp, submission};
-use kernelbot_dispatch::buildkite::webhook::sign;
+use kernelbot_dispatch::buildkite::sign;
 use kernelbot_dispatch::devstack::buildkite::{sample_result, unix_now};
+use kernelbot_dispatch::devstack::stack::{API_TOKEN, SECRET, Stack, StoreKind, submission};
 use support::{OwnTimes, OwnWork, Run, drive, percentiles};
 
 const CONCURRENCY: usize = 64;
@@ -74,7 +72,9 @@ struct Row {
 #[tokio::main]
 async fn main() {
     let own = OwnWork::install();
-    let app = TestApp::spawn(StoreKind::Sqlite).await;
+    let app = Stack::spawn(StoreKind::Sqlite)
+        .await
+        .expect("the local stack");
     let client = support::client(CONCURRENCY);
     let healthz = format!(
         "{}/healthz",
@@ -105,7 +105,7 @@ async fn main() {
             let body = serde_json::to_vec(&submission(&format!("bench-{i}"))).expect("json");
             client
                 .post(format!("{}/submissions", app.submit_url))
-                .bearer_auth(common::API_TOKEN)
+                .bearer_auth(API_TOKEN)
                 .header("content-type", "application/json")
                 .body(body)
                 .build()

@@ -1,14 +1,22 @@
 //! kernelbot-dispatch: a webhook-driven control plane for GPU kernel competitions.
 //!
 //! `submit` records a job and creates its Buildkite build; Buildkite's webhooks move the job
-//! forward; on `build.finished` the `result.json` artifact becomes the job's result and the
-//! final Discord report. See `README.md` for the flow and `DESIGN` contracts.
+//! forward; on `build.finished` the `result.json` artifact becomes the job's result, the
+//! final Discord report and a signed callback. `docs/architecture.md` draws the layers
+//! (each module uses only those below it) and names the module of each arrow of the flow:
+//!
+//! ```text
+//! bin → server → http → flow → {buildkite, discord, callback, jobs, runner, secrets}
+//!     → {retry, telemetry, tls} → {config, time, text, token, error, payload, result}
+//! ```
 
 pub mod buildkite;
-pub mod callback;
+mod callback;
 pub mod config;
+#[cfg(feature = "devstack")]
 pub mod devstack;
 pub mod discord;
+pub mod error;
 pub mod flow;
 pub mod http;
 pub mod jobs;
@@ -18,6 +26,8 @@ pub mod retry;
 pub mod runner;
 pub mod secrets;
 pub mod server;
-pub mod submission;
 pub mod telemetry;
+mod text;
+pub mod time;
 mod tls;
+mod token;

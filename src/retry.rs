@@ -32,7 +32,7 @@ impl Deadline {
     /// `cargo lambda watch` sends the timeout itself instead (a value far in the past as a
     /// date): that is read as a span, at most [`LOCAL_BUDGET`].
     pub fn at_unix_millis(deadline_ms: u64) -> Self {
-        let now_ms = crate::jobs::model::now_millis().max(0) as u64;
+        let now_ms = crate::time::now_millis().max(0) as u64;
         if deadline_ms < now_ms / 2 {
             return Self::after(Duration::from_millis(deadline_ms).min(LOCAL_BUDGET));
         }

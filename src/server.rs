@@ -9,7 +9,7 @@ use lambda_http::tower::ServiceExt;
 use tokio::sync::OnceCell;
 
 use crate::config::{Config, Role, StoreConfig};
-use crate::flow::Dispatcher;
+use crate::flow::Deps;
 use crate::jobs::JobStore;
 
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -26,7 +26,7 @@ pub struct Startup {
     role: Role,
     env: Lookup,
     store: Arc<dyn JobStore>,
-    ready: OnceCell<Arc<Dispatcher>>,
+    ready: OnceCell<Arc<Deps>>,
 }
 
 impl Startup {
@@ -49,13 +49,13 @@ impl Startup {
     /// Builds the rest now unless it needs the secrets extension. A failure is logged and
     /// left for the first invocation to try again, so the sandbox stays up to report it.
     pub async fn prebuild(&self) {
-        if !crate::secrets::extension::configured(self.env.as_ref()) {
-            let _ = self.dispatcher().await;
+        if !crate::secrets::configured(self.env.as_ref()) {
+            let _ = self.deps().await;
         }
     }
 
-    /// The dispatcher, built on the first call; one that fails is tried again on the next.
-    pub async fn dispatcher(&self) -> Result<Arc<Dispatcher>, Error> {
+    /// The dependencies, built on the first call; one that fails is tried again on the next.
+    pub async fn deps(&self) -> Result<Arc<Deps>, Error> {
         self.ready
             .get_or_try_init(|| self.build())
             .await
@@ -63,37 +63,37 @@ impl Startup {
             .inspect_err(|e| tracing::error!(error = %e, "start-up failed"))
     }
 
-    /// The dispatcher if it is built already.
-    pub fn ready(&self) -> Option<Arc<Dispatcher>> {
+    /// The dependencies if they are built already.
+    pub fn ready(&self) -> Option<Arc<Deps>> {
         self.ready.get().cloned()
     }
 
-    async fn build(&self) -> Result<Arc<Dispatcher>, Error> {
+    async fn build(&self) -> Result<Arc<Deps>, Error> {
         let started = Instant::now();
         let env = self.env.as_ref();
-        let secrets = crate::secrets::extension::load(env, self.role.secret_keys()).await?;
-        let lookup = crate::secrets::extension::overlay(env, secrets);
+        let secrets = crate::secrets::load(env, self.role.secret_keys()).await?;
+        let lookup = crate::secrets::overlay(env, secrets);
         let config = Arc::new(Config::from_lookup(self.role, &lookup)?);
-        let mut dispatcher = Dispatcher::new(config, self.store.clone())?;
-        dispatcher.metrics = crate::telemetry::metrics::Metrics::for_function(self.role.name());
+        let metrics = crate::telemetry::metrics::Metrics::for_function(self.role.name());
+        let deps = Deps::new(config, self.store.clone())?.with_metrics(metrics);
         tracing::info!(
             elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
             "configuration read, clients built"
         );
-        Ok(Arc::new(dispatcher))
+        Ok(Arc::new(deps))
     }
 }
 
 async fn open_store(
     env: &(dyn Fn(&str) -> Option<String> + Sync),
 ) -> Result<Arc<dyn JobStore>, Error> {
-    Ok(crate::jobs::store::open(&StoreConfig::from_lookup(env)?).await?)
+    Ok(crate::jobs::open(&StoreConfig::from_lookup(env)?).await?)
 }
 
 /// Reads the configuration and builds the whole state now (outside Lambda, where every
 /// secret is in the environment or the extension answers at any time).
-pub async fn dispatcher(role: Role) -> Result<Arc<Dispatcher>, Error> {
-    Startup::init(role).await?.dispatcher().await
+pub async fn deps(role: Role) -> Result<Arc<Deps>, Error> {
+    Startup::init(role).await?.deps().await
 }
 
 pub async fn serve(router: Router, listen: SocketAddr) -> Result<(), Error> {
@@ -111,27 +111,27 @@ pub async fn serve(router: Router, listen: SocketAddr) -> Result<(), Error> {
 }
 
 /// The body of a function's `main`: start logging, build state, serve.
-pub async fn run(role: Role, router: fn(Arc<Dispatcher>) -> Router) -> Result<(), Error> {
+pub async fn run(role: Role, router: fn(Arc<Deps>) -> Router) -> Result<(), Error> {
     crate::telemetry::init();
     if crate::telemetry::is_lambda() {
         let startup = Arc::new(Startup::init(role).await?);
         startup.prebuild().await;
         let app: Arc<OnceCell<Router>> = Arc::default();
-        if let Some(dispatcher) = startup.ready() {
-            let _ = app.set(router(dispatcher));
+        if let Some(deps) = startup.ready() {
+            let _ = app.set(router(deps));
         }
         let handler = lambda_http::service_fn(move |req: lambda_http::Request| {
             let (app, startup) = (app.clone(), startup.clone());
             async move {
                 let app = app
-                    .get_or_try_init(|| async { startup.dispatcher().await.map(router) })
+                    .get_or_try_init(|| async { startup.deps().await.map(router) })
                     .await?;
                 Ok::<_, Error>(app.clone().oneshot(req).await?)
             }
         });
         return lambda_http::run(handler).await;
     }
-    let dispatcher = dispatcher(role).await?;
-    let listen = dispatcher.config.listen_addr;
-    serve(router(dispatcher), listen).await
+    let deps = deps(role).await?;
+    let listen = deps.config().listen_addr();
+    serve(router(deps), listen).await
 }

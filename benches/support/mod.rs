@@ -17,7 +17,7 @@ use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::{Layer, Registry};
 
 /// Microsecond histogram, 3 significant figures, up to a minute.
-pub fn histogram() -> Histogram<u64> {
+pub(crate) fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000, 3).expect("histogram bounds")
 }
 
@@ -66,12 +66,12 @@ fn thread_cpu() -> Duration {
 /// mid-span; wall time keeps them. Only the outermost span entered on a thread is counted,
 /// so nested spans are not counted twice.
 #[derive(Clone)]
-pub struct OwnWork {
+pub(crate) struct OwnWork {
     histograms: Arc<Mutex<OwnTimes>>,
 }
 
 /// Own work per request, in µs.
-pub struct OwnTimes {
+pub(crate) struct OwnTimes {
     pub cpu: Histogram<u64>,
     pub wall: Histogram<u64>,
 }
@@ -87,7 +87,7 @@ impl OwnTimes {
 
 impl OwnWork {
     /// Installs the layer as the process's subscriber (spans only: events are disabled).
-    pub fn install() -> Self {
+    pub(crate) fn install() -> Self {
         let own = Self {
             histograms: Arc::new(Mutex::new(OwnTimes::new())),
         };
@@ -99,7 +99,7 @@ impl OwnWork {
     }
 
     /// The histograms so far, emptied for the next scenario.
-    pub fn take(&self) -> OwnTimes {
+    pub(crate) fn take(&self) -> OwnTimes {
         let mut h = self.histograms.lock().expect("histograms");
         std::mem::replace(&mut *h, OwnTimes::new())
     }
@@ -196,7 +196,7 @@ where
 
 /// One closed-loop run: `concurrency` workers, each sending its next request as soon as
 /// the last one is answered.
-pub struct Run {
+pub(crate) struct Run {
     pub requests: usize,
     pub elapsed: Duration,
     /// Whole round trips as the client saw them (queueing included), in µs.
@@ -206,14 +206,14 @@ pub struct Run {
 }
 
 impl Run {
-    pub fn rate(&self) -> f64 {
+    pub(crate) fn rate(&self) -> f64 {
         self.requests as f64 / self.elapsed.as_secs_f64()
     }
 }
 
 /// Sends `requests` through `client` at `concurrency`; `check` judges each answer's status
 /// and body (a benchmark of wrong answers would measure nothing).
-pub async fn drive(
+pub(crate) async fn drive(
     client: &reqwest::Client,
     requests: Vec<reqwest::Request>,
     concurrency: usize,
@@ -269,7 +269,7 @@ pub async fn drive(
 }
 
 /// A client for the generator: enough idle connections for every worker.
-pub fn client(concurrency: usize) -> reqwest::Client {
+pub(crate) fn client(concurrency: usize) -> reqwest::Client {
     reqwest::Client::builder()
         .pool_max_idle_per_host(concurrency)
         .build()
@@ -277,7 +277,7 @@ pub fn client(concurrency: usize) -> reqwest::Client {
 }
 
 /// `p50 / p99 / p99.9` of a µs histogram, in ms.
-pub fn percentiles(h: &Histogram<u64>) -> String {
+pub(crate) fn percentiles(h: &Histogram<u64>) -> String {
     let ms = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
     format!("{:.2} / {:.2} / {:.2}", ms(0.5), ms(0.99), ms(0.999))
 }

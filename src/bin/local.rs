@@ -13,7 +13,7 @@ use kernelbot_dispatch::config::{Config, Role};
 use kernelbot_dispatch::devstack::agent::{RUNNER_COMMAND, local_agent};
 use kernelbot_dispatch::devstack::buildkite::BuildkiteStandin;
 use kernelbot_dispatch::devstack::discord::{DiscordStandin, render_for_terminal};
-use kernelbot_dispatch::flow::Dispatcher;
+use kernelbot_dispatch::flow::Deps;
 use kernelbot_dispatch::{devstack, http, jobs, telemetry};
 use serde_json::{Value, json};
 
@@ -81,14 +81,14 @@ fn sample_submission() -> Value {
 async fn start_function(
     role: Role,
     vars: &BTreeMap<&str, String>,
-    router: fn(Arc<Dispatcher>) -> axum::Router,
+    router: fn(Arc<Deps>) -> axum::Router,
 ) -> Result<String, Error> {
     let config = Arc::new(Config::from_lookup(role, &|k| {
         vars.get(k).cloned().or_else(|| std::env::var(k).ok())
     })?);
-    let store = jobs::store::open(&config.store).await?;
+    let store = jobs::open(config.store()).await?;
     // Served like the stand-ins: loopback only, answering to its own Host only.
-    let addr = devstack::spawn(router(Arc::new(Dispatcher::new(config, store)?))).await?;
+    let addr = devstack::spawn(router(Arc::new(Deps::new(config, store)?))).await?;
     Ok(format!("http://{addr}"))
 }
 

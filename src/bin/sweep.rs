@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use kernelbot_dispatch::config::Role;
+use kernelbot_dispatch::flow::sweep;
 use kernelbot_dispatch::jobs::RunId;
 use kernelbot_dispatch::retry::{Deadline, LOCAL_BUDGET};
 use kernelbot_dispatch::{server, telemetry};
@@ -32,22 +33,22 @@ async fn main() -> Result<(), server::Error> {
         let handler = service_fn(move |event: LambdaEvent<serde_json::Value>| {
             let startup = startup.clone();
             async move {
-                let dispatcher = startup.dispatcher().await?;
+                let deps = startup.deps().await?;
                 // Kept back: the time to log the summary and answer the runtime.
                 let deadline = Deadline::at_unix_millis(event.context.deadline)
                     .less(std::time::Duration::from_secs(2));
-                let report = dispatcher.sweep(deadline).await?;
+                let report = sweep::sweep(&deps, deadline).await?;
                 tracing::info!(%report, "sweep done");
                 Ok::<_, server::Error>(report)
             }
         });
         return lambda_http::lambda_runtime::run(handler).await;
     }
-    let dispatcher = server::dispatcher(Role::Sweep).await?;
+    let deps = server::deps(Role::Sweep).await?;
     let deadline = Deadline::after(LOCAL_BUDGET);
     let report = match &run_id {
-        Some(id) => dispatcher.sweep_run(id, deadline).await,
-        None => dispatcher.sweep(deadline).await,
+        Some(id) => sweep::sweep_run(&deps, id, deadline).await,
+        None => sweep::sweep(&deps, deadline).await,
     }
     .inspect_err(|e| tracing::error!(error = %e, "sweep failed"))?;
     println!("{report}");

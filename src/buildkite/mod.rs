@@ -1,8 +1,16 @@
-//! Buildkite: the REST client we call, and the webhooks it sends us.
+//! Buildkite: the REST client we call, and the webhooks it sends us. It speaks Buildkite's
+//! wire format only: builds, artifacts, agents, signed events; it knows nothing of jobs.
 
-pub mod client;
-pub mod model;
-pub mod webhook;
+mod budget;
+mod client;
+mod error;
+mod model;
+mod webhook;
 
-pub use client::{BuildkiteClient, BuildkiteError};
-pub use model::{Agent, Artifact, Build, NewBuild};
+pub(crate) use budget::CallBudget;
+pub use client::BuildkiteClient;
+pub use error::BuildkiteError;
+pub(crate) use model::{Agent, NewBuild, pick_result};
+pub use model::{Build, BuildJob, TERMINAL_STATES};
+pub(crate) use webhook::{EVENT_HEADER, SIGNATURE_HEADER, TOKEN_HEADER};
+pub use webhook::{VerifyError, WebhookAuth, WebhookEvent, sign};

@@ -1,16 +1,15 @@
 //! The Buildkite objects we read and write (REST API and webhook payloads share them).
 
 use std::collections::{BTreeMap, HashMap};
-
 use std::time::SystemTime;
-
-pub use crate::result::Timings;
 
 use serde::{Deserialize, Serialize};
 
+use crate::result::Timings;
+
 /// What we send to create a build.
 #[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct NewBuild {
+pub(crate) struct NewBuild {
     pub commit: String,
     pub branch: String,
     pub message: String,
@@ -20,7 +19,7 @@ pub struct NewBuild {
 
 /// An agent as the agents API lists it (`read_agents`).
 #[derive(Clone, Debug, Deserialize)]
-pub struct Agent {
+pub(crate) struct Agent {
     pub name: String,
     #[serde(default)]
     pub connection_state: String,
@@ -34,18 +33,18 @@ pub struct Agent {
 
 impl Agent {
     /// The queue its `queue=` tag names (Buildkite's `default` when it has none).
-    pub fn queue(&self) -> &str {
+    pub(crate) fn queue(&self) -> &str {
         self.meta_data
             .iter()
             .find_map(|t| t.strip_prefix("queue="))
             .unwrap_or("default")
     }
 
-    pub fn is_connected(&self) -> bool {
+    pub(crate) fn is_connected(&self) -> bool {
         self.connection_state == "connected"
     }
 
-    pub fn is_busy(&self) -> bool {
+    pub(crate) fn is_busy(&self) -> bool {
         self.job.as_ref().is_some_and(|j| !j.is_null())
     }
 }
@@ -91,8 +90,6 @@ pub const TERMINAL_STATES: &[&str] = &[
 ];
 
 impl Build {
-    /// The run id we set in the build's meta-data when we created it; builds without it are
-    /// not ours.
     /// How long the evaluation waited for an agent (from the build's creation to its last
     /// evaluation job's start) and how long it ran, from Buildkite's timestamps.
     pub fn timings(&self) -> Timings {
@@ -116,6 +113,8 @@ impl Build {
         }
     }
 
+    /// The run id we set in the build's meta-data when we created it; builds without it are
+    /// not ours.
     pub fn run_id(&self) -> Option<&str> {
         self.meta_data.as_ref()?.get("run_id")?.as_str()
     }
@@ -132,7 +131,7 @@ impl Build {
 }
 
 #[derive(Clone, Debug, Deserialize)]
-pub struct Artifact {
+pub(crate) struct Artifact {
     pub id: String,
     pub job_id: String,
     #[serde(default)]
@@ -145,12 +144,12 @@ pub struct Artifact {
     pub file_size: Option<u64>,
 }
 
-pub const RESULT_FILE: &str = "result.json";
+pub(crate) const RESULT_FILE: &str = "result.json";
 
 /// The `result.json` to read: a finished upload, from the latest job that has one.
 /// Automatic retries (agent lost) give a build several jobs, each possibly with a result;
 /// the REST API lists a build's jobs in the order they were created.
-pub fn pick_result<'a>(build: &Build, artifacts: &'a [Artifact]) -> Option<&'a Artifact> {
+pub(crate) fn pick_result<'a>(build: &Build, artifacts: &'a [Artifact]) -> Option<&'a Artifact> {
     let is_result = |a: &&Artifact| {
         a.state == "finished"
             && (a.filename == RESULT_FILE

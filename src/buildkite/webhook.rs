@@ -15,17 +15,29 @@ use sha2::Sha256;
 use super::model::{Build, BuildJob};
 
 /// How far the signature's timestamp may be from our clock, either way.
-pub const TOLERANCE_SECS: i64 = 300;
+pub(crate) const TOLERANCE_SECS: i64 = 300;
 
-pub const SIGNATURE_HEADER: &str = "x-buildkite-signature";
-pub const TOKEN_HEADER: &str = "x-buildkite-token";
-pub const EVENT_HEADER: &str = "x-buildkite-event";
+pub(crate) const SIGNATURE_HEADER: &str = "x-buildkite-signature";
+pub(crate) const TOKEN_HEADER: &str = "x-buildkite-token";
+pub(crate) const EVENT_HEADER: &str = "x-buildkite-event";
 
 #[derive(Clone)]
 pub struct WebhookAuth {
-    pub secrets: Vec<SecretString>,
+    secrets: Vec<SecretString>,
     /// Accept the clear-text `X-Buildkite-Token` header (weaker: no replay protection).
-    pub allow_token: bool,
+    allow_token: bool,
+}
+
+impl std::fmt::Debug for WebhookAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebhookAuth")
+            .field(
+                "secrets",
+                &format_args!("[{} redacted]", self.secrets.len()),
+            )
+            .field("allow_token", &self.allow_token)
+            .finish()
+    }
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -84,6 +96,15 @@ fn parse_signature_header(header: &str) -> Result<(&str, i64, Vec<u8>), VerifyEr
 }
 
 impl WebhookAuth {
+    /// Accepts signatures made with any of `secrets` (and, if `allow_token`, any of them as
+    /// a clear-text token).
+    pub fn new(secrets: Vec<SecretString>, allow_token: bool) -> Self {
+        Self {
+            secrets,
+            allow_token,
+        }
+    }
+
     /// Verifies a request's headers against its raw body at time `now` (Unix seconds).
     pub fn verify(
         &self,
@@ -113,7 +134,7 @@ impl WebhookAuth {
                 let ok = self
                     .secrets
                     .iter()
-                    .any(|s| crate::secrets::same(s.expose_secret().as_bytes(), token.as_bytes()));
+                    .any(|s| crate::token::same(s.expose_secret().as_bytes(), token.as_bytes()));
                 if ok {
                     Ok(())
                 } else {
@@ -143,10 +164,10 @@ mod tests {
     const BODY: &[u8] = br#"{"event":"build.finished","build":{"id":"b"}}"#;
 
     fn auth(secrets: &[&str], allow_token: bool) -> WebhookAuth {
-        WebhookAuth {
-            secrets: secrets.iter().map(|s| SecretString::from(*s)).collect(),
+        WebhookAuth::new(
+            secrets.iter().map(|s| SecretString::from(*s)).collect(),
             allow_token,
-        }
+        )
     }
 
     #[test]

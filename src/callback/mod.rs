@@ -1,11 +1,17 @@
 //! Signed completion callbacks to the caller (`CALLBACK_URL`), per the Standard Webhooks
-//! spec: [`signature`] signs, [`event`] renders a job's state change, [`sender`] posts it.
-//! They go through the job's callback outbox (see `flow::deliver`) like Discord reports.
+//! spec: [`signature`] signs, [`sender`] posts one [`Event`]. What an event says about a job
+//! is the flow's (`flow::present`); they go through the job's callback outbox like Discord
+//! reports.
 
-pub mod event;
-pub mod sender;
-pub mod signature;
+mod sender;
+mod signature;
 
-pub use event::Event;
-pub use sender::{CallbackError, CallbackSender};
-pub use signature::{InvalidKey, SigningKey};
+pub(crate) use sender::{CallbackError, CallbackSender, SenderError};
+
+/// One callback, ready to sign and send.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Event {
+    /// `webhook-id`: the same on every attempt of one message.
+    pub id: String,
+    pub body: Vec<u8>,
+}

@@ -11,11 +11,11 @@ const PREFIX: &str = "whsec_";
 
 /// A signing key; its bytes are never printed.
 #[derive(Clone)]
-pub struct SigningKey(std::sync::Arc<SecretBox<Vec<u8>>>);
+pub(super) struct SigningKey(std::sync::Arc<SecretBox<Vec<u8>>>);
 
 /// Why a `CALLBACK_SECRET` entry is unusable. The text never quotes the secret.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum InvalidKey {
+pub(crate) enum InvalidKey {
     #[error("each secret must start with {PREFIX}")]
     Prefix,
     #[error("a secret's key is not valid base64")]
@@ -25,7 +25,7 @@ pub enum InvalidKey {
 }
 
 impl SigningKey {
-    pub fn parse(secret: &str) -> Result<Self, InvalidKey> {
+    pub(super) fn parse(secret: &str) -> Result<Self, InvalidKey> {
         let encoded = secret.strip_prefix(PREFIX).ok_or(InvalidKey::Prefix)?;
         let key = STANDARD.decode(encoded).map_err(|_| InvalidKey::Base64)?;
         if key.is_empty() {
@@ -48,7 +48,7 @@ impl SigningKey {
 }
 
 /// The `webhook-signature` header: one signature per key (all of them while rotating).
-pub fn header(keys: &[SigningKey], id: &str, timestamp: i64, body: &[u8]) -> String {
+pub(crate) fn header(keys: &[SigningKey], id: &str, timestamp: i64, body: &[u8]) -> String {
     keys.iter()
         .map(|k| k.sign(id, timestamp, body))
         .collect::<Vec<_>>()

@@ -7,13 +7,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use axum::extract::{FromRequest, Multipart, Path, RawQuery, Request, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{patch, post};
 use axum::{Json, Router};
 use serde_json::{Value, json};
 
-use crate::discord::message::limits;
+use crate::discord::limits;
 
 #[derive(Clone, Debug)]
 pub struct DiscordCall {
@@ -193,6 +193,8 @@ impl DiscordStandin {
 
 type Shared = Arc<Mutex<Inner>>;
 
+/// One call to a webhook (`message_id`: an edit), as Discord would answer it: a fault the
+/// test queued or the chaos rate drew, else the post or edit itself. Every call is recorded.
 async fn handle(
     inner: Shared,
     method: &'static str,
@@ -222,77 +224,14 @@ async fn handle(
         }
         _ => {}
     }
-    let (status, response) = if s.gone.contains(&webhook_id) {
-        (404, error(StatusCode::NOT_FOUND, 10015, "Unknown Webhook"))
-    } else if s.tokens.get(&webhook_id).is_some_and(|t| *t != token) {
-        (
-            401,
-            error(StatusCode::UNAUTHORIZED, 50027, "Invalid Webhook Token"),
-        )
-    } else if let Some(wait) = s.rate_limits.pop_front() {
-        let mut headers = HeaderMap::new();
-        headers.insert(
-            "retry-after",
-            format!("{}", wait.ceil() as u64)
-                .parse()
-                .unwrap_or_else(|_| unreachable!()),
-        );
-        headers.insert(
-            "x-ratelimit-scope",
-            "user".parse().unwrap_or_else(|_| unreachable!()),
-        );
-        let body =
-            json!({"message": "You are being rate limited.", "retry_after": wait, "global": false});
-        (
-            429,
-            (StatusCode::TOO_MANY_REQUESTS, headers, Json(body)).into_response(),
-        )
-    } else if let Some(code) = s.failures.pop_front() {
-        let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        (code, error(status, 0, "500: Internal Server Error"))
-    } else if let Err(reason) = check_limits(&body) {
-        (
-            400,
-            error(
-                StatusCode::BAD_REQUEST,
-                50035,
-                &format!("Invalid Form Body: {reason}"),
-            ),
-        )
-    } else if let Some(mid) = &message_id {
-        match s.messages.get(mid) {
-            Some(old) if old["webhook_id"] == json!(webhook_id) => {
-                let mut msg = body.clone();
-                // An edit that names no attachments keeps the message's own, as Discord does.
-                if msg.get("attachments").is_none()
-                    && let Some(a) = old.get("attachments")
-                {
-                    msg["attachments"] = a.clone();
-                }
-                msg["id"] = json!(mid);
-                msg["webhook_id"] = json!(webhook_id);
-                s.messages.insert(mid.clone(), msg.clone());
-                (200, Json(msg).into_response())
-            }
-            _ => (404, error(StatusCode::NOT_FOUND, 10008, "Unknown Message")),
-        }
-    } else {
-        s.tokens.insert(webhook_id.clone(), token);
-        s.next_id += 1;
-        let id = s.next_id.to_string();
-        let mut msg = body.clone();
-        msg["id"] = json!(id);
-        msg["webhook_id"] = json!(webhook_id);
-        s.messages.insert(id, msg.clone());
-        let wait = query
-            .as_deref()
-            .is_some_and(|q| q.split('&').any(|p| p == "wait=true"));
-        if wait {
-            (200, Json(msg).into_response())
-        } else {
-            (204, StatusCode::NO_CONTENT.into_response())
-        }
+    let call = Call {
+        webhook_id: &webhook_id,
+        token,
+        message_id: message_id.as_deref(),
+        query: query.as_deref(),
+        body: &body,
     };
+    let (status, response) = answer(&mut s, call);
     s.calls.push(DiscordCall {
         method,
         webhook_id,
@@ -302,6 +241,94 @@ async fn handle(
         status,
     });
     response
+}
+
+/// One call as [`answer`] reads it.
+struct Call<'a> {
+    webhook_id: &'a str,
+    token: String,
+    message_id: Option<&'a str>,
+    query: Option<&'a str>,
+    body: &'a Value,
+}
+
+/// Discord's answer to `call`, and its status.
+fn answer(s: &mut Inner, call: Call<'_>) -> (u16, Response) {
+    if s.gone.contains(call.webhook_id) {
+        return (404, error(StatusCode::NOT_FOUND, 10015, "Unknown Webhook"));
+    }
+    if s.tokens
+        .get(call.webhook_id)
+        .is_some_and(|t| *t != call.token)
+    {
+        let refused = error(StatusCode::UNAUTHORIZED, 50027, "Invalid Webhook Token");
+        return (401, refused);
+    }
+    if let Some(wait) = s.rate_limits.pop_front() {
+        return (429, rate_limited(wait));
+    }
+    if let Some(code) = s.failures.pop_front() {
+        let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        return (code, error(status, 0, "500: Internal Server Error"));
+    }
+    if let Err(reason) = check_limits(call.body) {
+        let why = format!("Invalid Form Body: {reason}");
+        return (400, error(StatusCode::BAD_REQUEST, 50035, &why));
+    }
+    match call.message_id {
+        Some(id) => edit_message(s, call.webhook_id, id, call.body),
+        None => post_message(s, call),
+    }
+}
+
+/// A 429 asking for `wait` seconds, in the body and (rounded up) the header.
+fn rate_limited(wait: f64) -> Response {
+    let body =
+        json!({"message": "You are being rate limited.", "retry_after": wait, "global": false});
+    let headers = [
+        ("retry-after", format!("{}", wait.ceil() as u64)),
+        ("x-ratelimit-scope", "user".to_owned()),
+    ];
+    (StatusCode::TOO_MANY_REQUESTS, headers, Json(body)).into_response()
+}
+
+fn edit_message(s: &mut Inner, webhook_id: &str, id: &str, body: &Value) -> (u16, Response) {
+    let Some(old) = s
+        .messages
+        .get(id)
+        .filter(|m| m["webhook_id"] == json!(webhook_id))
+    else {
+        return (404, error(StatusCode::NOT_FOUND, 10008, "Unknown Message"));
+    };
+    let mut msg = body.clone();
+    // An edit that names no attachments keeps the message's own, as Discord does.
+    if msg.get("attachments").is_none()
+        && let Some(a) = old.get("attachments")
+    {
+        msg["attachments"] = a.clone();
+    }
+    msg["id"] = json!(id);
+    msg["webhook_id"] = json!(webhook_id);
+    s.messages.insert(id.to_owned(), msg.clone());
+    (200, Json(msg).into_response())
+}
+
+fn post_message(s: &mut Inner, call: Call<'_>) -> (u16, Response) {
+    s.tokens.insert(call.webhook_id.to_owned(), call.token);
+    s.next_id += 1;
+    let id = s.next_id.to_string();
+    let mut msg = call.body.clone();
+    msg["id"] = json!(id);
+    msg["webhook_id"] = json!(call.webhook_id);
+    s.messages.insert(id, msg.clone());
+    let wait = call
+        .query
+        .is_some_and(|q| q.split('&').any(|p| p == "wait=true"));
+    if wait {
+        (200, Json(msg).into_response())
+    } else {
+        (204, StatusCode::NO_CONTENT.into_response())
+    }
 }
 
 /// The message of a request: a JSON body, or Discord's multipart form (`payload_json` and

@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 /// Whether `host` names the loopback listener on `port`.
-pub fn is_local(host: Option<&str>, port: u16) -> bool {
+pub(super) fn is_local(host: Option<&str>, port: u16) -> bool {
     host.is_some_and(|h| {
         [
             format!("127.0.0.1:{port}"),
@@ -23,7 +23,7 @@ pub fn is_local(host: Option<&str>, port: u16) -> bool {
 }
 
 /// `router`, answering only requests whose `Host` names the loopback listener on `port`.
-pub fn loopback_only(router: Router, port: u16) -> Router {
+pub(super) fn loopback_only(router: Router, port: u16) -> Router {
     router.layer(middleware::from_fn(
         move |req: Request, next: Next| async move {
             let host = req

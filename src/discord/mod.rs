@@ -1,10 +1,11 @@
 //! Discord: where a job's status is shown, as one webhook message edited through its life.
+//! This module speaks Discord's wire format (messages, limits, webhook URLs and answers);
+//! turning a job into a message is the flow's (`flow::present`).
 
-pub mod message;
-pub mod notifier;
-pub mod report;
-pub mod target;
+mod message;
+mod notifier;
+mod target;
 
-pub use message::{Message, render};
+pub use message::{AllowedMentions, Embed, Field, Message, REPORT_FILENAME, limits};
 pub use notifier::{DiscordError, Notifier};
-pub use target::DiscordTarget;
+pub use target::{DiscordTarget, InvalidWebhookUrl};

@@ -12,19 +12,20 @@ use reqwest::{Method, Response, StatusCode};
 use serde::Deserialize;
 use url::Url;
 
-use super::message::Message;
+use super::message::{Message, REPORT_FILENAME};
 use super::target::DiscordTarget;
+use crate::error::{BoxError, chain};
 use crate::retry::{Again, Deadline, Policy, Transient};
 
 /// Discord answers in well under a second; a slow answer must not hold a function long.
 const TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Discord's JSON error codes we act on.
-pub mod codes {
-    pub const UNKNOWN_MESSAGE: u64 = 10008;
-    pub const UNKNOWN_WEBHOOK: u64 = 10015;
-    pub const EDIT_LIMIT: u64 = 30046;
-    pub const INVALID_WEBHOOK_TOKEN: u64 = 50027;
+mod codes {
+    pub(super) const UNKNOWN_MESSAGE: u64 = 10008;
+    pub(super) const UNKNOWN_WEBHOOK: u64 = 10015;
+    pub(super) const EDIT_LIMIT: u64 = 30046;
+    pub(super) const INVALID_WEBHOOK_TOKEN: u64 = 50027;
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -43,18 +44,20 @@ pub enum DiscordError {
         code: Option<u64>,
         message: String,
     },
-    /// Worth trying later: 5xx, 429, a timeout, no answer.
-    #[error("Discord unavailable: {message}")]
+    /// Worth trying later: 5xx, 429, a timeout, no answer. A transport error is kept
+    /// without its URL, whose path holds the webhook token.
+    #[error("Discord unavailable: {}", chain(source.as_ref()))]
     Unavailable {
-        message: String,
+        #[source]
+        source: BoxError,
         retry_after: Option<Duration>,
     },
 }
 
 impl DiscordError {
-    fn unavailable(message: impl Into<String>) -> Self {
+    fn unavailable(source: impl Into<BoxError>) -> Self {
         Self::Unavailable {
-            message: message.into(),
+            source: source.into(),
             retry_after: None,
         }
     }
@@ -77,6 +80,11 @@ pub struct Notifier {
     timeout: Duration,
 }
 
+/// Discord's answer to a post could not be read for the new message's id.
+#[derive(Debug, thiserror::Error)]
+#[error("message id missing from answer")]
+struct MissingId(#[source] reqwest::Error);
+
 #[derive(Deserialize)]
 struct Posted {
     id: String,
@@ -94,7 +102,7 @@ struct ErrorBody {
 
 fn transport(e: reqwest::Error) -> DiscordError {
     // `without_url`: the URL holds the webhook token.
-    DiscordError::unavailable(e.without_url().to_string())
+    DiscordError::unavailable(e.without_url())
 }
 
 /// What a non-success answer means, read from its status, headers and JSON error body.
@@ -115,7 +123,7 @@ async fn classify(resp: Response) -> DiscordError {
                 .and_then(|s| Duration::try_from_secs_f64(s).ok())
                 .unwrap_or(Duration::from_secs(1));
             DiscordError::Unavailable {
-                message: format!("rate limited for {wait:?}"),
+                source: format!("rate limited for {wait:?}").into(),
                 retry_after: Some(wait),
             }
         }
@@ -131,17 +139,16 @@ async fn classify(resp: Response) -> DiscordError {
         (s, code) => DiscordError::Rejected {
             status: s.as_u16(),
             code,
-            message: super::message::truncate(body.message.trim(), 300),
+            message: crate::text::truncate(body.message.trim(), 300),
         },
     }
 }
 
 /// Discord's multipart form: the message as `payload_json`, the report as `files[0]`.
 fn form(message: &Message, text: &str) -> Result<Form, DiscordError> {
-    let json = serde_json::to_string(message)
-        .map_err(|e| DiscordError::unavailable(format!("message not serialisable: {e}")))?;
+    let json = serde_json::to_string(message).map_err(DiscordError::unavailable)?;
     let file = Part::text(text.to_owned())
-        .file_name(super::report::FILENAME)
+        .file_name(REPORT_FILENAME)
         .mime_str("text/plain; charset=utf-8")
         .map_err(transport)?;
     let payload = Part::text(json)
@@ -257,12 +264,10 @@ impl Notifier {
         let resp = self
             .send(Method::POST, self.url(target, "", true)?, message, deadline)
             .await?;
-        let posted: Posted = resp.json().await.map_err(|e| {
-            DiscordError::unavailable(format!(
-                "message id missing from answer: {}",
-                e.without_url()
-            ))
-        })?;
+        let posted: Posted = resp
+            .json()
+            .await
+            .map_err(|e| DiscordError::unavailable(MissingId(e.without_url())))?;
         Ok(posted.id)
     }
 

@@ -18,10 +18,10 @@ const HOSTS: &[&str] = &[
 
 #[derive(Clone)]
 pub struct DiscordTarget {
-    pub webhook_id: String,
-    pub token: SecretString,
+    pub(crate) webhook_id: String,
+    pub(crate) token: SecretString,
     /// Post into this thread of the webhook's channel.
-    pub thread_id: Option<String>,
+    pub(crate) thread_id: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -93,7 +93,7 @@ impl DiscordTarget {
     }
 
     /// The webhook's path under the Discord API base, token included: never log it.
-    pub fn path(&self) -> String {
+    pub(crate) fn path(&self) -> String {
         format!(
             "webhooks/{}/{}",
             self.webhook_id,

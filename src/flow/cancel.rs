@@ -3,7 +3,8 @@
 
 use tracing::warn;
 
-use super::{DispatchError, Dispatcher, rules};
+use super::rules::ending::request_cancel;
+use super::{Deps, DispatchError, deliver};
 use crate::jobs::{Job, RunId, Updated, update};
 use crate::retry::Deadline;
 
@@ -17,45 +18,38 @@ pub enum Canceled {
     Unknown,
 }
 
-impl Dispatcher {
-    pub async fn cancel(
-        &self,
-        run_id: &RunId,
-        deadline: Deadline,
-    ) -> Result<Canceled, DispatchError> {
-        let now = self.clock.now();
-        let job = match update(self.store.as_ref(), run_id, |j| {
-            rules::request_cancel(j, now)
-        })
-        .await?
-        {
-            Updated::Missing => return Ok(Canceled::Unknown),
-            Updated::Unchanged(j) if j.state.is_terminal() && !j.cancel_requested => {
-                return Ok(Canceled::AlreadyFinished(j));
-            }
-            Updated::Unchanged(j) | Updated::Written(j) => j,
-        };
-        match &job.build {
-            Some(b) if !job.state.is_terminal() => {
-                self.cancel_build(b.number, self.buildkite_deadline(deadline))
-                    .await;
-            }
-            _ => {
-                self.deliver(&job, deadline).await?;
-            }
+pub async fn cancel(
+    d: &Deps,
+    run_id: &RunId,
+    deadline: Deadline,
+) -> Result<Canceled, DispatchError> {
+    let now = d.clock.now();
+    let job = match update(d.store.as_ref(), run_id, |j| request_cancel(j, now)).await? {
+        Updated::Missing => return Ok(Canceled::Unknown),
+        Updated::Unchanged(j) if j.state.is_terminal() && !j.cancel_requested => {
+            return Ok(Canceled::AlreadyFinished(j));
         }
-        Ok(Canceled::Accepted(job))
+        Updated::Unchanged(j) | Updated::Written(j) => j,
+    };
+    match &job.build {
+        Some(b) if !job.state.is_terminal() => {
+            stop_build(d, b.number, d.buildkite_deadline(deadline)).await;
+        }
+        _ => {
+            deliver::deliver(d, &job, deadline).await?;
+        }
     }
+    Ok(Canceled::Accepted(job))
+}
 
-    /// Cancels a build; a failure is logged and left to the sweep, which cancels the builds
-    /// of canceled and overdue jobs on every pass.
-    pub(crate) async fn cancel_build(&self, number: u64, deadline: Deadline) -> bool {
-        match self.buildkite.cancel_build(number, deadline).await {
-            Ok(()) => true,
-            Err(e) => {
-                warn!(build = number, error = %e, "could not cancel the build; the sweep will");
-                false
-            }
+/// Cancels a build; a failure is logged and left to the sweep, which cancels the builds of
+/// canceled and overdue jobs on every pass. Whether it is canceled.
+pub(crate) async fn stop_build(d: &Deps, number: u64, deadline: Deadline) -> bool {
+    match d.buildkite.cancel_build(number, deadline).await {
+        Ok(()) => true,
+        Err(e) => {
+            warn!(build = number, error = %e, "could not cancel the build; the sweep will");
+            false
         }
     }
 }

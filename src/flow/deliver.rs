@@ -1,189 +1,176 @@
 //! The outboxes: sending a job's Discord status and its signed callbacks until nothing is
-//! owed. Both run side by side; each is a compare-and-swap on its own part of the job.
+//! owed. Both run side by side, the same way; each is a compare-and-swap on its own part of
+//! the job (see [`rules::outbox`](super::rules::outbox)).
 //!
-//! A sender first takes the job's message (a lease, by compare-and-swap), renders the job as
-//! it is then, sends, and records what Discord said. Only one sender holds a message at a
-//! time, so a render of an older state can never land after a newer one; a state that
-//! arrives while a render is in flight is owed afterwards, and the holder sends it next.
-//! Whatever is left (no time, Discord down, the holder died) the sweep sends later.
+//! A sender first takes the job's message (a lease), renders the job as it is then, sends,
+//! and records the answer. Only one sender holds a message at a time, so an older state can
+//! never land after a newer one; a state that arrives while a message is in flight is owed
+//! afterwards, and the holder sends it next. Whatever is left (no time, the receiver down,
+//! the holder died) the sweep sends later.
+
+use std::time::Duration;
 
 use tracing::{info, warn};
 
-use super::Dispatcher;
-use super::rules::{self, Answered, LEASE_SLACK_MS, Sent};
+use super::Deps;
+use super::present;
+use super::rules::outbox::{self, Answer, LEASE_SLACK_MS};
 use crate::callback::CallbackError;
-use crate::discord::{DiscordError, render};
-use crate::jobs::{Job, StoreError, Updated, update_seen};
+use crate::discord::DiscordError;
+use crate::jobs::{Channel, Job, StoreError, Updated, update_seen};
 use crate::retry::Deadline;
 
-/// Renders one sender sends in one go at most (each state once, and a repost).
+/// Messages one sender sends in one go at most (each state once, and a repost).
 const MAX_SENDS: usize = 6;
 
 /// A send is only started with time left for its record after it.
-const RECORD_RESERVE: std::time::Duration = std::time::Duration::from_secs(2);
+const RECORD_RESERVE: Duration = Duration::from_secs(2);
 
-fn sent_of(result: Result<Option<String>, DiscordError>) -> Sent {
-    match result {
-        Ok(posted) => Sent::Accepted { posted },
-        Err(DiscordError::MessageGone { .. }) => Sent::MessageGone,
-        Err(e @ DiscordError::Gone { .. }) => Sent::TargetGone(e.to_string()),
-        Err(e @ DiscordError::Rejected { .. }) => Sent::Refused(e.to_string()),
-        Err(e @ DiscordError::Unavailable { .. }) => Sent::Transient(e.to_string()),
+/// Drives both outboxes of the job within `deadline`, starting from `seen` (the job as last
+/// read or written: a stale one costs a refused write, not a wrong send); returns the job as
+/// last seen.
+pub async fn deliver(d: &Deps, seen: &Job, deadline: Deadline) -> Result<Option<Job>, StoreError> {
+    let (discord, callback) = tokio::join!(
+        drain(d, Channel::Discord, seen, deadline),
+        drain(d, Channel::Callback, seen, deadline)
+    );
+    let newest = [discord?, callback?]
+        .into_iter()
+        .flatten()
+        .max_by_key(|j| j.version);
+    Ok(newest)
+}
+
+/// The receiver's name, for logs.
+fn name(channel: Channel) -> &'static str {
+    match channel {
+        Channel::Discord => "Discord",
+        Channel::Callback => "the callback receiver",
     }
 }
 
-impl Dispatcher {
-    /// Drives both outboxes of the job within `deadline`, starting from `seen` (the job as
-    /// last read or written: a stale one costs a refused write, not a wrong send); returns
-    /// the job as last seen.
-    pub async fn deliver(&self, seen: &Job, deadline: Deadline) -> Result<Option<Job>, StoreError> {
-        let (discord, callback) = tokio::join!(
-            self.deliver_discord(seen, deadline),
-            self.deliver_callback(seen, deadline)
-        );
-        let newest = [discord?, callback?]
-            .into_iter()
-            .flatten()
-            .max_by_key(|j| j.version);
-        Ok(newest)
+/// Drives the job's outbox to `channel` within `deadline`; returns the job as last seen.
+pub(crate) async fn drain(
+    d: &Deps,
+    channel: Channel,
+    seen: &Job,
+    deadline: Deadline,
+) -> Result<Option<Job>, StoreError> {
+    // A job's outboxes are set when it is created: one without never owes (and a fresh
+    // read to confirm that would be wasted).
+    if seen.delivery(channel).is_none() {
+        return Ok(Some(seen.clone()));
     }
-
-    /// Drives the job's callback outbox within `deadline`; returns the job as last seen.
-    pub async fn deliver_callback(
-        &self,
-        seen: &Job,
-        deadline: Deadline,
-    ) -> Result<Option<Job>, StoreError> {
-        // A job's outboxes are set when it is created: one without never owes (and a fresh
-        // read to confirm that would be wasted).
-        if seen.callback.is_none() {
-            return Ok(Some(seen.clone()));
+    let Some(call_timeout) = timeout(d, channel) else {
+        let reason = "CALLBACK_URL is no longer set";
+        let abandoned = update_seen(d.store.as_ref(), seen, |j| {
+            outbox::abandon(j, channel, reason)
+        });
+        return Ok(abandoned.await?.job());
+    };
+    let owner = uuid::Uuid::new_v4().simple().to_string();
+    let (mut last, mut current) = (None, seen.clone());
+    for _ in 0..MAX_SENDS {
+        if deadline.remaining() < call_timeout + RECORD_RESERVE {
+            info!(run_id = %seen.run_id, receiver = name(channel), "no time left; the sweep will send");
+            break;
         }
-        let Some(sender) = &self.callbacks else {
-            return Ok(
-                update_seen(self.store.as_ref(), seen, rules::abandon_callback)
-                    .await?
-                    .job(),
-            );
+        let now = d.clock.now();
+        let until = now + deadline.remaining().as_millis() as i64 + LEASE_SLACK_MS;
+        let claimed = update_seen(d.store.as_ref(), &current, |j| {
+            outbox::claim(j, channel, &owner, now, until)
+        })
+        .await?;
+        let job = match claimed {
+            Updated::Written(job) => job,
+            // Nothing owed, or another sender holds the message (and sends what is owed).
+            other => return Ok(other.job().or(last)),
         };
-        let run_id = &seen.run_id;
-        let owner = uuid::Uuid::new_v4().simple().to_string();
-        let mut last = None;
-        let mut current = seen.clone();
-        for _ in 0..MAX_SENDS {
-            if deadline.remaining() < sender.timeout() + RECORD_RESERVE {
-                info!(%run_id, "no time left for the callback; the sweep will send it");
-                break;
-            }
-            let now = self.clock.now();
-            let until = now + deadline.remaining().as_millis() as i64 + LEASE_SLACK_MS;
-            let claimed = update_seen(self.store.as_ref(), &current, |j| {
-                rules::claim_callback(j, &owner, now, until)
-            })
-            .await?;
-            let job = match claimed {
-                Updated::Written(job) => job,
-                other => return Ok(other.job().or(last)),
-            };
-            let answer = match crate::callback::event::render(&job) {
-                Some(event) => match sender.send(&event, deadline).await {
-                    Ok(()) => Answered::Accepted,
-                    Err(CallbackError::Gone) => Answered::Gone,
-                    Err(e) => Answered::Failed(e.to_string()),
-                },
-                None => Answered::Failed("the callback could not be rendered".into()),
-            };
-            if let Answered::Failed(e) = &answer {
-                warn!(%run_id, state = %job.state, error = %e, "the callback was not accepted");
-            }
-            let sent = job.state;
-            let after = update_seen(self.store.as_ref(), &job, |j| {
-                rules::record_callback(j, &owner, sent, &answer, self.clock.now())
-            })
-            .await?
-            .job();
-            let again =
-                after.as_ref().is_some_and(Job::owes_callback) && answer == Answered::Accepted;
-            last = after;
-            match &last {
-                Some(after) if again => current = after.clone(),
-                _ => break,
-            }
+        let answer = send(d, channel, &job, deadline).await;
+        let after = record(d, channel, &owner, &job, &answer).await?;
+        let again = after.as_ref().is_some_and(|j| j.owes(channel))
+            && matches!(answer, Answer::Accepted { .. } | Answer::MessageGone);
+        last = after;
+        match &last {
+            Some(after) if again => current = after.clone(),
+            _ => break,
         }
-        Ok(last)
     }
+    Ok(last)
+}
 
-    /// Drives the job's Discord outbox within `deadline`; returns the job as last seen.
-    pub async fn deliver_discord(
-        &self,
-        seen: &Job,
-        deadline: Deadline,
-    ) -> Result<Option<Job>, StoreError> {
-        if seen.discord.is_none() {
-            return Ok(Some(seen.clone()));
-        }
-        let run_id = &seen.run_id;
-        let owner = uuid::Uuid::new_v4().simple().to_string();
-        let mut last = None;
-        let mut current = seen.clone();
-        for _ in 0..MAX_SENDS {
-            if deadline.remaining() < self.discord.timeout() + RECORD_RESERVE {
-                info!(%run_id, "no time left for Discord; the sweep will send");
-                break;
-            }
-            let now = self.clock.now();
-            let until = now + deadline.remaining().as_millis() as i64 + LEASE_SLACK_MS;
-            let claimed = update_seen(self.store.as_ref(), &current, |j| {
-                rules::claim(j, &owner, now, until)
-            })
-            .await?;
-            let job = match claimed {
-                Updated::Written(job) => job,
-                // Nothing owed, or another sender holds the message (and sends what is owed).
-                other => return Ok(other.job().or(last)),
-            };
-            let sent = self.send_render(&job, deadline).await;
-            if let Sent::Transient(e) | Sent::Refused(e) | Sent::TargetGone(e) = &sent {
-                warn!(%run_id, state = %job.state, error = %e, "Discord did not take the status");
-            }
-            let rendered = job.state;
-            let after = update_seen(self.store.as_ref(), &job, |j| {
-                rules::record(j, &owner, rendered, &sent, self.clock.now())
-            })
-            .await?
-            .job();
-            let again = after.as_ref().is_some_and(Job::owes_discord)
-                && matches!(sent, Sent::Accepted { .. } | Sent::MessageGone);
-            last = after;
-            match &last {
-                Some(after) if again => current = after.clone(),
-                _ => break,
-            }
-        }
-        Ok(last)
+/// The time one try to `channel` may take; `None` when no such receiver is configured.
+fn timeout(d: &Deps, channel: Channel) -> Option<Duration> {
+    match channel {
+        Channel::Discord => Some(d.discord.timeout()),
+        Channel::Callback => d.callbacks.as_ref().map(|c| c.timeout()),
     }
+}
 
-    /// Posts the job's status message, or edits it if it exists.
-    async fn send_render(&self, job: &Job, deadline: Deadline) -> Sent {
-        let Some(outbox) = job.discord.as_ref() else {
-            return Sent::Refused("no Discord target".into());
-        };
-        let Some(target) = outbox.target.as_ref() else {
-            return Sent::Refused("no Discord target".into());
-        };
-        let message = render(job);
-        let result = match &outbox.message_id {
-            Some(id) => self
-                .discord
-                .edit(target, id, &message, deadline)
-                .await
-                .map(|()| None),
-            None => self
-                .discord
-                .post(target, &message, deadline)
-                .await
-                .map(Some),
-        };
-        sent_of(result)
+/// Records what the receiver said to the message of `job` (as it was sent).
+async fn record(
+    d: &Deps,
+    channel: Channel,
+    owner: &str,
+    job: &Job,
+    answer: &Answer,
+) -> Result<Option<Job>, StoreError> {
+    if let Answer::Failed(e) | Answer::Refused(e) | Answer::Gone(e) = answer {
+        warn!(run_id = %job.run_id, state = %job.state, receiver = name(channel), error = %e,
+            "the message was not accepted");
+    }
+    let sent = job.state;
+    let now = d.clock.now();
+    let written = update_seen(d.store.as_ref(), job, |j| {
+        outbox::record(j, channel, owner, sent, answer, now)
+    });
+    Ok(written.await?.job())
+}
+
+/// Sends the job as it is to `channel`: what the receiver said.
+async fn send(d: &Deps, channel: Channel, job: &Job, deadline: Deadline) -> Answer {
+    match channel {
+        Channel::Discord => send_discord(d, job, deadline).await,
+        Channel::Callback => send_callback(d, job, deadline).await,
+    }
+}
+
+/// Posts the job's status message, or edits it if it exists.
+async fn send_discord(d: &Deps, job: &Job, deadline: Deadline) -> Answer {
+    let Some((outbox, address)) = job
+        .discord
+        .as_ref()
+        .and_then(|o| Some((o, o.target.as_ref()?)))
+    else {
+        return Answer::Refused("no Discord target".into());
+    };
+    let target = present::discord::target(address);
+    let message = present::render(job);
+    let result = match &outbox.message_id {
+        Some(id) => d
+            .discord
+            .edit(&target, id, &message, deadline)
+            .await
+            .map(|()| None),
+        None => d.discord.post(&target, &message, deadline).await.map(Some),
+    };
+    match result {
+        Ok(posted) => Answer::Accepted { posted },
+        Err(DiscordError::MessageGone { .. }) => Answer::MessageGone,
+        Err(e @ DiscordError::Gone { .. }) => Answer::Gone(e.to_string()),
+        Err(e @ DiscordError::Rejected { .. }) => Answer::Refused(e.to_string()),
+        Err(e @ DiscordError::Unavailable { .. }) => Answer::Failed(e.to_string()),
+    }
+}
+
+/// Posts the callback of the job's state, signed.
+async fn send_callback(d: &Deps, job: &Job, deadline: Deadline) -> Answer {
+    let (Some(sender), Some(event)) = (&d.callbacks, present::callback::render(job)) else {
+        return Answer::Failed("the callback could not be rendered".into());
+    };
+    match sender.send(&event, deadline).await {
+        Ok(()) => Answer::Accepted { posted: None },
+        Err(CallbackError::Gone) => Answer::Gone("the receiver answered 410 Gone".into()),
+        Err(e) => Answer::Failed(e.to_string()),
     }
 }

@@ -7,18 +7,18 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::Dispatcher;
+use super::Deps;
 use crate::buildkite::{Agent, BuildkiteError};
-use crate::jobs::model::Millis;
 use crate::jobs::{CacheEntry, JobState, StoreError};
 use crate::retry::Deadline;
+use crate::time::Millis;
 
 /// The store key of the shared agents list (`~` never starts a run id).
-pub const AGENTS_KEY: &str = "~agents";
+const AGENTS_KEY: &str = "~agents";
 /// The agents list is refreshed at most this often, by one instance.
-pub const REFRESH_MS: Millis = 60_000;
+const REFRESH_MS: Millis = 60_000;
 /// A list this old is not served: the agents API has been failing for minutes.
-pub const MAX_STALE_MS: Millis = 10 * 60_000;
+const MAX_STALE_MS: Millis = 10 * 60_000;
 /// While another instance fetches the first list, wait this long for it at most.
 const WAIT_FOR_FIRST: Duration = Duration::from_secs(3);
 
@@ -41,35 +41,38 @@ pub enum QueueError {
 
 /// An agent as the cache keeps it: connected agents only.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SeenAgent {
+pub(crate) struct SeenAgent {
+    pub(crate) name: String,
+    pub(crate) queue: String,
+    pub(crate) busy: bool,
+}
+
+/// One of the queue's agents.
+#[derive(Debug, PartialEq)]
+pub struct AgentSeen {
     pub name: String,
-    pub queue: String,
     pub busy: bool,
 }
 
-#[derive(Debug, PartialEq, Serialize)]
-pub struct AgentView {
-    pub name: String,
-    pub busy: bool,
-}
-
-#[derive(Debug, PartialEq, Serialize)]
+/// The queue's connected agents, by name.
+#[derive(Debug, PartialEq)]
 pub struct Agents {
     pub total: usize,
     pub idle: usize,
     pub busy: usize,
-    pub list: Vec<AgentView>,
+    pub list: Vec<AgentSeen>,
 }
 
-#[derive(Debug, PartialEq, Serialize)]
+/// The queue's open jobs.
+#[derive(Debug, PartialEq)]
 pub struct Jobs {
     /// `submitted` and `scheduled`.
     pub queued: usize,
     pub running: usize,
 }
 
-/// The answer of `GET /queues/{gpu}`.
-#[derive(Debug, PartialEq, Serialize)]
+/// Who can run a queue's jobs and how many wait.
+#[derive(Debug, PartialEq)]
 pub struct QueueStatus {
     pub gpu: String,
     pub queue: String,
@@ -80,17 +83,17 @@ pub struct QueueStatus {
 }
 
 /// The queue's status from the agents seen and its open jobs, at `now`.
-pub fn summarize(
+pub(crate) fn summarize(
     gpu: &str,
     queue: &str,
     agents: &[SeenAgent],
     open: &[(JobState, Millis)],
     now: Millis,
 ) -> QueueStatus {
-    let mut list: Vec<AgentView> = agents
+    let mut list: Vec<AgentSeen> = agents
         .iter()
         .filter(|a| a.queue == queue)
-        .map(|a| AgentView {
+        .map(|a| AgentSeen {
             name: a.name.clone(),
             busy: a.busy,
         })
@@ -122,7 +125,7 @@ pub fn summarize(
 }
 
 /// What the cache keeps of the agents API's answer.
-pub fn seen(agents: &[Agent]) -> Vec<SeenAgent> {
+pub(crate) fn seen(agents: &[Agent]) -> Vec<SeenAgent> {
     agents
         .iter()
         .filter(|a| a.is_connected())
@@ -138,99 +141,87 @@ fn parse(entry: &CacheEntry) -> Option<Vec<SeenAgent>> {
     serde_json::from_str(entry.value.as_deref()?).ok()
 }
 
-impl Dispatcher {
-    pub async fn queue_status(
-        &self,
-        gpu: &str,
-        deadline: Deadline,
-    ) -> Result<QueueStatus, QueueError> {
-        let queue = self
-            .config
-            .queues
-            .queue_for(gpu)
-            .ok_or_else(|| QueueError::UnknownGpu {
-                gpu: gpu.to_owned(),
-                known: self.config.queues.gpus().collect::<Vec<_>>().join(", "),
-            })?
-            .to_owned();
-        let agents = self.agents(deadline).await?;
-        let open = self.store.open_in_queue(&queue).await?;
-        Ok(summarize(gpu, &queue, &agents, &open, self.clock.now()))
-    }
+/// `GET /queues/{gpu}`: the queue's agents and open jobs.
+pub async fn status(d: &Deps, gpu: &str, deadline: Deadline) -> Result<QueueStatus, QueueError> {
+    let queues = &d.config.queues;
+    let queue = queues
+        .queue_for(gpu)
+        .ok_or_else(|| QueueError::UnknownGpu {
+            gpu: gpu.to_owned(),
+            known: queues.known(),
+        })?
+        .to_owned();
+    let agents = agents(d, deadline).await?;
+    let open = d.store.open_in_queue(&queue).await?;
+    Ok(summarize(gpu, &queue, &agents, &open, d.clock.now()))
+}
 
-    /// The agents list: the cached one while under a minute old; else whoever claims the
-    /// refresh first lists the agents, and everyone else serves the last list meanwhile.
-    async fn agents(&self, deadline: Deadline) -> Result<Vec<SeenAgent>, QueueError> {
-        let now = self.clock.now();
-        let entry = self.store.cached(AGENTS_KEY).await?;
-        let cached = entry.as_ref().and_then(parse);
-        if let (Some(e), Some(list)) = (&entry, &cached)
-            && now - e.fetched_at < REFRESH_MS
-        {
-            return Ok(list.clone());
-        }
-        if entry
-            .as_ref()
-            .is_none_or(|e| now - e.claimed_at >= REFRESH_MS)
-        {
-            let claim = CacheEntry {
-                value: entry.as_ref().and_then(|e| e.value.clone()),
-                fetched_at: entry.as_ref().map_or(0, |e| e.fetched_at),
-                claimed_at: now,
-            };
-            let expected = entry.as_ref().map(|e| e.claimed_at);
-            if self.store.put_cached(AGENTS_KEY, &claim, expected).await? {
-                return self.refresh_agents(now, deadline).await;
-            }
-        }
-        match (cached, entry.map(|e| now - e.fetched_at)) {
-            (Some(list), Some(age)) if age < MAX_STALE_MS => Ok(list),
-            (Some(_), Some(age)) => Err(QueueError::Stale(age / 60_000)),
-            _ => self.wait_for_agents(deadline).await,
-        }
+/// The agents list: the cached one while under a minute old; else whoever claims the
+/// refresh first lists the agents, and everyone else serves the last list meanwhile.
+async fn agents(d: &Deps, deadline: Deadline) -> Result<Vec<SeenAgent>, QueueError> {
+    let now = d.clock.now();
+    let entry = d.store.cached(AGENTS_KEY).await?;
+    let cached = entry.as_ref().and_then(parse);
+    if let (Some(e), Some(list)) = (&entry, &cached)
+        && now - e.fetched_at < REFRESH_MS
+    {
+        return Ok(list.clone());
     }
-
-    /// Lists the agents (this instance holds the minute's claim made at `claimed_at`).
-    async fn refresh_agents(
-        &self,
-        claimed_at: Millis,
-        deadline: Deadline,
-    ) -> Result<Vec<SeenAgent>, QueueError> {
-        let agents = self
-            .buildkite
-            .list_agents(deadline)
-            .await
-            .map_err(QueueError::Buildkite)?;
-        let list = seen(&agents);
-        let entry = CacheEntry {
-            value: serde_json::to_string(&list).ok(),
-            fetched_at: self.clock.now(),
-            claimed_at,
+    if entry
+        .as_ref()
+        .is_none_or(|e| now - e.claimed_at >= REFRESH_MS)
+    {
+        let claim = CacheEntry {
+            value: entry.as_ref().and_then(|e| e.value.clone()),
+            fetched_at: entry.as_ref().map_or(0, |e| e.fetched_at),
+            claimed_at: now,
         };
-        // Lost only to a later claim, whose list is as good.
-        self.store
-            .put_cached(AGENTS_KEY, &entry, Some(claimed_at))
-            .await?;
-        Ok(list)
-    }
-
-    /// The first list, fetched by another instance.
-    async fn wait_for_agents(&self, deadline: Deadline) -> Result<Vec<SeenAgent>, QueueError> {
-        let until = Deadline::after(WAIT_FOR_FIRST.min(deadline.remaining()));
-        while until.remaining() > Duration::ZERO {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            if let Some(list) = self
-                .store
-                .cached(AGENTS_KEY)
-                .await?
-                .as_ref()
-                .and_then(parse)
-            {
-                return Ok(list);
-            }
+        let expected = entry.as_ref().map(|e| e.claimed_at);
+        if d.store.put_cached(AGENTS_KEY, &claim, expected).await? {
+            return refresh_agents(d, now, deadline).await;
         }
-        Err(QueueError::Pending)
     }
+    match (cached, entry.map(|e| now - e.fetched_at)) {
+        (Some(list), Some(age)) if age < MAX_STALE_MS => Ok(list),
+        (Some(_), Some(age)) => Err(QueueError::Stale(age / 60_000)),
+        _ => wait_for_agents(d, deadline).await,
+    }
+}
+
+/// Lists the agents (this instance holds the minute's claim made at `claimed_at`).
+async fn refresh_agents(
+    d: &Deps,
+    claimed_at: Millis,
+    deadline: Deadline,
+) -> Result<Vec<SeenAgent>, QueueError> {
+    let agents = d
+        .buildkite
+        .list_agents(deadline)
+        .await
+        .map_err(QueueError::Buildkite)?;
+    let list = seen(&agents);
+    let entry = CacheEntry {
+        value: serde_json::to_string(&list).ok(),
+        fetched_at: d.clock.now(),
+        claimed_at,
+    };
+    // Lost only to a later claim, whose list is as good.
+    d.store
+        .put_cached(AGENTS_KEY, &entry, Some(claimed_at))
+        .await?;
+    Ok(list)
+}
+
+/// The first list, fetched by another instance.
+async fn wait_for_agents(d: &Deps, deadline: Deadline) -> Result<Vec<SeenAgent>, QueueError> {
+    let until = Deadline::after(WAIT_FOR_FIRST.min(deadline.remaining()));
+    while until.remaining() > Duration::ZERO {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        if let Some(list) = d.store.cached(AGENTS_KEY).await?.as_ref().and_then(parse) {
+            return Ok(list);
+        }
+    }
+    Err(QueueError::Pending)
 }
 
 #[cfg(test)]

@@ -1,14 +1,15 @@
 //! The one error type of the HTTP boundary, mapped once to a status and a JSON body
-//! `{"error": "<code>", "message": "<text>"}`.
+//! ([`ErrorBody`]). A 5xx's detail is logged, never returned.
 
 use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
 
+use super::views::ErrorBody;
 use crate::flow::DispatchError;
+use crate::flow::events::WebhookError;
 use crate::flow::queues::QueueError;
-use crate::submission::Invalid;
+use crate::flow::submission::Invalid;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -99,6 +100,23 @@ impl From<QueueError> for ApiError {
     }
 }
 
+impl From<WebhookError> for ApiError {
+    fn from(e: WebhookError) -> Self {
+        match e {
+            WebhookError::Unauthorized(_) => Self::Unauthorized,
+            WebhookError::NotAnEvent(_) => Self::BadRequest {
+                code: "invalid_json",
+                message: e.to_string(),
+            },
+            WebhookError::EventMismatch { .. } => Self::BadRequest {
+                code: "event_mismatch",
+                message: e.to_string(),
+            },
+            WebhookError::Dispatch(e) => e.into(),
+        }
+    }
+}
+
 impl ApiError {
     /// The HTTP status this error answers with.
     pub fn status(&self) -> StatusCode {
@@ -126,10 +144,15 @@ impl IntoResponse for ApiError {
             tracing::error!(error = %detail, "request failed");
         }
         let (status, code) = self.status_and_code();
-        let mut body = json!({"error": code, "message": self.to_string()});
-        if let Self::InvalidConfig { field, .. } = &self {
-            body["field"] = json!(field);
-        }
+        let field = match &self {
+            Self::InvalidConfig { field, .. } => Some(field.clone()),
+            _ => None,
+        };
+        let body = ErrorBody {
+            error: code,
+            message: self.to_string(),
+            field,
+        };
         (status, Json(body)).into_response()
     }
 }

@@ -1,89 +1,65 @@
-//! `POST /webhooks/buildkite`: verify, then hand the event to the dispatcher.
+//! The webhook function's route: `POST /webhooks/buildkite`. Every answer is counted by
+//! outcome: a webhook answering 5xx (Buildkite is never told to retry) shows up in the
+//! `WebhookRequests{Outcome=error}` metric the alarms watch.
 
 use std::sync::Arc;
 
-use axum::extract::{Request, State};
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::HeaderMap;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use serde_json::{Value, json};
 
-use super::{ApiError, deadline_of, healthz, read_body};
-use crate::buildkite::webhook::{EVENT_HEADER, SIGNATURE_HEADER, TOKEN_HEADER, WebhookEvent};
-use crate::flow::{Dispatcher, EventOutcome};
+use super::extract::{Body, Invocation};
+use super::views::EventView;
+use super::{ApiError, MAX_BODY, healthz, in_span};
+use crate::flow::Deps;
+use crate::flow::events::{self, EventOutcome, Signed};
 use crate::telemetry::metrics::Unit;
 
-/// Buildkite build payloads are a few KiB; anything near this is not one.
-pub const MAX_BODY: usize = 1024 * 1024;
-
-pub fn router(dispatcher: Arc<Dispatcher>) -> Router {
+pub fn router(deps: Arc<Deps>) -> Router {
     Router::new()
         .route("/webhooks/buildkite", post(receive))
+        .route_layer(axum::middleware::from_fn_with_state(deps.clone(), count))
         .route("/healthz", get(healthz))
-        .layer(axum::middleware::from_fn(super::in_span))
-        .with_state(dispatcher)
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .layer(axum::middleware::from_fn(in_span))
+        .with_state(deps)
 }
 
-fn now_secs() -> i64 {
-    crate::jobs::model::now_millis() / 1000
-}
+/// What a webhook did, as its answer carries it to [`count`].
+#[derive(Clone, Copy)]
+struct Counted(&'static str);
 
-/// Handles one request and counts it by outcome: a webhook answering 5xx (Buildkite is
-/// never told to retry) shows up in the `WebhookRequests{Outcome=error}` metric.
 async fn receive(
-    State(d): State<Arc<Dispatcher>>,
-    request: Request,
-) -> Result<Json<Value>, ApiError> {
-    let result = handle(&d, request).await;
-    let outcome = match &result {
-        Ok(EventOutcome::Advanced(_)) => "advanced",
-        Ok(EventOutcome::Ignored(_)) => "ignored",
-        Err(e) if e.status().is_server_error() => "error",
-        Err(_) => "refused",
+    State(d): State<Arc<Deps>>,
+    Invocation(deadline): Invocation,
+    headers: HeaderMap,
+    Body(body): Body,
+) -> Result<Response, ApiError> {
+    let signed = Signed::from_headers(&headers, &body);
+    let now = crate::time::now_secs();
+    let (view, outcome) = match events::receive(&d, signed, now, deadline).await? {
+        EventOutcome::Advanced(state) => (EventView::advanced(state), "advanced"),
+        EventOutcome::Ignored(reason) => (EventView::ignored(reason), "ignored"),
+    };
+    let mut response = Json(view).into_response();
+    response.extensions_mut().insert(Counted(outcome));
+    Ok(response)
+}
+
+/// Counts every answer of the route, refusals by extractors included.
+async fn count(State(d): State<Arc<Deps>>, request: Request, next: Next) -> Response {
+    let response = next.run(request).await;
+    let outcome = match response.extensions().get::<Counted>() {
+        Some(Counted(outcome)) => outcome,
+        None if response.status().is_server_error() => "error",
+        None => "refused",
     };
     d.metrics.put(
         &[("Outcome", outcome)],
         &[("WebhookRequests", Unit::Count, 1.0)],
     );
-    let body = match result? {
-        EventOutcome::Advanced(state) => json!({"ok": true, "state": state}),
-        EventOutcome::Ignored(reason) => json!({"ok": true, "ignored": reason}),
-    };
-    Ok(Json(body))
-}
-
-async fn handle(d: &Dispatcher, request: Request) -> Result<EventOutcome, ApiError> {
-    let deadline = deadline_of(request.extensions());
-    let (parts, body) = request.into_parts();
-    let header = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok());
-    let body = read_body(body, MAX_BODY).await?;
-    // Verify the raw bytes before any parsing.
-    d.config
-        .webhook_auth
-        .verify(
-            header(SIGNATURE_HEADER),
-            header(TOKEN_HEADER),
-            &body,
-            now_secs(),
-        )
-        .map_err(|e| {
-            tracing::warn!(reason = %e, "webhook rejected");
-            ApiError::Unauthorized
-        })?;
-    let event: WebhookEvent = serde_json::from_slice(&body).map_err(|e| ApiError::BadRequest {
-        code: "invalid_json",
-        message: format!("webhook body is not a Buildkite event: {e}"),
-    })?;
-    // The signed body decides; an unsigned header that disagrees is someone's replay.
-    if let Some(claimed) = header(EVENT_HEADER).filter(|h| *h != event.event) {
-        tracing::warn!(header = claimed, body = %event.event, "event header disagrees with the signed body");
-        return Err(ApiError::BadRequest {
-            code: "event_mismatch",
-            message: format!(
-                "X-Buildkite-Event {:?} does not match the signed body's event {:?}",
-                claimed.chars().take(64).collect::<String>(),
-                event.event.chars().take(64).collect::<String>()
-            ),
-        });
-    }
-    Ok(d.on_event(&event, deadline).await?)
+    response
 }

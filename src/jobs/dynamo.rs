@@ -12,16 +12,20 @@ use std::time::Duration;
 use async_trait::async_trait;
 use aws_config::timeout::TimeoutConfig;
 use aws_sdk_dynamodb::Client;
-use aws_sdk_dynamodb::error::{DisplayErrorContext, ProvideErrorMetadata};
+use aws_sdk_dynamodb::error::ProvideErrorMetadata;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure};
 
-use super::model::{Job, JobState, Millis, RunId};
+use super::error::StoreError;
+use super::id::RunId;
+use super::model::Job;
 use super::record::JobRecord;
-use super::store::{CURSOR_KEY, CacheEntry, Created, JobStore, Replaced, Shard, StoreError};
+use super::state::JobState;
+use super::store::{CURSOR_KEY, CacheEntry, Created, JobStore, Replaced, Shard};
+use crate::time::Millis;
 
-pub const OPEN_JOBS_INDEX: &str = "open-jobs";
+pub(crate) const OPEN_JOBS_INDEX: &str = "open-jobs";
 /// Open jobs by queue (sparse: only unfinished jobs carry `open_queue`), for queue status.
-pub const QUEUE_JOBS_INDEX: &str = "queue-jobs";
+pub(crate) const QUEUE_JOBS_INDEX: &str = "queue-jobs";
 /// 1 MB pages of two small attributes: tens of thousands of open jobs, far past any queue.
 const MAX_QUEUE_PAGES: usize = 10;
 
@@ -38,12 +42,14 @@ pub struct DynamoStore {
 
 type Item = HashMap<String, AttributeValue>;
 
-fn unavailable(e: impl std::error::Error) -> StoreError {
-    StoreError::Unavailable(DisplayErrorContext(e).to_string())
+fn unavailable(e: impl std::error::Error + Send + Sync + 'static) -> StoreError {
+    StoreError::unavailable(e)
 }
 
 /// A write's error: an oversize item is permanent, anything else may pass on a later try.
-fn write_error(e: impl std::error::Error + ProvideErrorMetadata) -> StoreError {
+fn write_error(
+    e: impl std::error::Error + ProvideErrorMetadata + Send + Sync + 'static,
+) -> StoreError {
     let oversize = e.code() == Some("ValidationException")
         && e.message().is_some_and(|m| m.contains("Item size"));
     if oversize {
@@ -54,11 +60,11 @@ fn write_error(e: impl std::error::Error + ProvideErrorMetadata) -> StoreError {
 }
 
 fn record_from_item(item: Item) -> Result<JobRecord, StoreError> {
-    serde_dynamo::from_item(item).map_err(|e| StoreError::Corrupt(e.to_string()))
+    serde_dynamo::from_item(item).map_err(StoreError::corrupt)
 }
 
 fn item_from_record(record: &JobRecord) -> Result<Item, StoreError> {
-    serde_dynamo::to_item(record).map_err(|e| StoreError::Corrupt(e.to_string()))
+    serde_dynamo::to_item(record).map_err(StoreError::corrupt)
 }
 
 fn s(v: impl Into<String>) -> AttributeValue {
@@ -76,7 +82,7 @@ impl DynamoStore {
 
     /// Uses the standard AWS configuration chain (`AWS_ENDPOINT_URL_DYNAMODB` included), with
     /// an operation timeout so a slow DynamoDB cannot hold a function past its own deadline.
-    pub async fn from_env(table: String) -> Self {
+    pub(crate) async fn from_env(table: String) -> Self {
         let timeouts = TimeoutConfig::builder()
             .operation_timeout(OPERATION_TIMEOUT)
             .operation_attempt_timeout(ATTEMPT_TIMEOUT)
@@ -135,7 +141,7 @@ impl JobStore for DynamoStore {
             Err(None) => self
                 .get_record(&job.run_id)
                 .await?
-                .ok_or_else(|| StoreError::Unavailable("job vanished while created".into()))?,
+                .ok_or_else(|| StoreError::unavailable("job vanished while created"))?,
         };
         if existing.write_id == write_id {
             // Our own first try landed and its answer was lost.
@@ -240,13 +246,13 @@ impl JobStore for DynamoStore {
                 let state = item
                     .get("state")
                     .and_then(|v| v.as_s().ok())
-                    .ok_or_else(|| StoreError::Corrupt("open job without a state".into()))?;
+                    .ok_or_else(|| StoreError::corrupt("open job without a state"))?;
                 let created = item
                     .get("created_at")
                     .and_then(|v| v.as_n().ok())
                     .and_then(|n| n.parse().ok())
                     .unwrap_or(0);
-                jobs.push((state.parse().map_err(StoreError::Corrupt)?, created));
+                jobs.push((state.parse().map_err(StoreError::corrupt)?, created));
             }
             match out.last_evaluated_key {
                 Some(key) => start = Some(key),

@@ -3,124 +3,13 @@
 //! The state machine is pure: [`Job::apply`] decides whether a transition moves the job
 //! forward. The stores enforce the same rule atomically with conditional writes.
 
-use std::fmt;
-use std::str::FromStr;
-
 use serde::{Deserialize, Serialize};
 
-use crate::discord::target::DiscordTarget;
+use super::id::RunId;
+use super::outbox::{CallbackOutbox, Channel, Delivery, DiscordOutbox, WebhookAddress};
+use super::state::JobState;
 use crate::result::Outcome;
-
-/// A run id: the idempotency key of a submission, `[A-Za-z0-9_.-]{1,64}`.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub struct RunId(String);
-
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("run_id must be 1-64 characters of A-Z, a-z, 0-9, '_', '.', '-'")]
-pub struct InvalidRunId;
-
-impl RunId {
-    /// A fresh random id for submissions that bring none.
-    pub fn generate() -> Self {
-        Self(format!("run-{}", uuid::Uuid::new_v4().simple()))
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl FromStr for RunId {
-    type Err = InvalidRunId;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let ok = (1..=64).contains(&s.len())
-            && s.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
-        if ok {
-            Ok(Self(s.to_owned()))
-        } else {
-            Err(InvalidRunId)
-        }
-    }
-}
-
-impl TryFrom<String> for RunId {
-    type Error = InvalidRunId;
-    fn try_from(s: String) -> Result<Self, Self::Error> {
-        s.parse()
-    }
-}
-
-impl From<RunId> for String {
-    fn from(id: RunId) -> Self {
-        id.0
-    }
-}
-
-impl fmt::Display for RunId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-/// Where a job is in its life. The order of the variants is the order of progress.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum JobState {
-    Submitted,
-    Scheduled,
-    Running,
-    Finished,
-    Failed,
-}
-
-impl JobState {
-    /// A job only ever moves to a higher rank. `finished` and `failed` share the top rank:
-    /// neither can follow the other.
-    pub fn rank(self) -> u8 {
-        match self {
-            Self::Submitted => 0,
-            Self::Scheduled => 1,
-            Self::Running => 2,
-            Self::Finished | Self::Failed => 3,
-        }
-    }
-
-    pub fn is_terminal(self) -> bool {
-        self.rank() == 3
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Submitted => "submitted",
-            Self::Scheduled => "scheduled",
-            Self::Running => "running",
-            Self::Finished => "finished",
-            Self::Failed => "failed",
-        }
-    }
-}
-
-impl FromStr for JobState {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Ok(match s {
-            "submitted" => Self::Submitted,
-            "scheduled" => Self::Scheduled,
-            "running" => Self::Running,
-            "finished" => Self::Finished,
-            "failed" => Self::Failed,
-            other => return Err(format!("unknown job state {other:?}")),
-        })
-    }
-}
-
-impl fmt::Display for JobState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+use crate::time::Millis;
 
 /// The Buildkite build that runs a job.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -130,154 +19,8 @@ pub struct BuildRef {
     pub web_url: String,
 }
 
-/// Milliseconds since the Unix epoch.
-pub type Millis = i64;
-
-pub fn now_millis() -> Millis {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as Millis)
-        .unwrap_or(0)
-}
-
-/// `ms` as an RFC 3339 UTC time with milliseconds.
-pub fn rfc3339(ms: Millis) -> String {
-    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.max(0) as u64);
-    humantime::format_rfc3339_millis(t).to_string()
-}
-
 /// How long a job is kept before the table's TTL removes it.
-pub const RETENTION_SECS: i64 = 90 * 24 * 3600;
-
-/// Where a job's Discord delivery stands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum DeliveryStatus {
-    /// Renders may still be owed (see [`Outbox::owes`]).
-    Active,
-    /// Discord accepted the final report; nothing more is ever sent.
-    Delivered,
-    /// The webhook was deleted or its token revoked; nothing more can be sent.
-    Gone,
-    /// The final report could not be delivered (24 h of failures, or refused for good).
-    GivenUp,
-}
-
-impl DeliveryStatus {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Active => "active",
-            Self::Delivered => "delivered",
-            Self::Gone => "gone",
-            Self::GivenUp => "given_up",
-        }
-    }
-}
-
-impl FromStr for DeliveryStatus {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Ok(match s {
-            "active" => Self::Active,
-            "delivered" => Self::Delivered,
-            "gone" => Self::Gone,
-            "given_up" => Self::GivenUp,
-            other => return Err(format!("unknown delivery status {other:?}")),
-        })
-    }
-}
-
-/// A sender's exclusive hold on a job's Discord message: one sender at a time, so an older
-/// render can never land after a newer one.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Lease {
-    pub owner: String,
-    pub until: Millis,
-}
-
-/// The job's Discord outbox: the one status message and what it still owes.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Outbox {
-    /// `None` once nothing more will be sent: the webhook token is not kept longer than needed.
-    pub target: Option<DiscordTarget>,
-    pub message_id: Option<String>,
-    /// Rank of the newest job state whose render Discord accepted.
-    pub shown: Option<u8>,
-    pub status: DeliveryStatus,
-    /// Failed tries of the render now owed.
-    pub attempts: u32,
-    /// When the render now owed first failed (the 24 h give-up clock).
-    pub pending_since: Option<Millis>,
-    pub last_error: Option<String>,
-    /// Discord refused the render of this rank for good (a 4xx): not retried until the job
-    /// moves on.
-    pub refused: Option<u8>,
-    pub lease: Option<Lease>,
-}
-
-impl Outbox {
-    pub fn new(target: DiscordTarget) -> Self {
-        Self {
-            target: Some(target),
-            message_id: None,
-            shown: None,
-            status: DeliveryStatus::Active,
-            attempts: 0,
-            pending_since: None,
-            last_error: None,
-            refused: None,
-            lease: None,
-        }
-    }
-
-    /// Whether a render of a job in `state` is still owed.
-    pub fn owes(&self, state: JobState) -> bool {
-        let rank = state.rank();
-        self.status == DeliveryStatus::Active
-            && self.target.is_some()
-            && self.shown.is_none_or(|s| s < rank)
-            && self.refused != Some(rank)
-    }
-}
-
-/// The job's signed callbacks (`CALLBACK_URL`): the newest state the receiver accepted, and
-/// how the state now owed is going. Like the Discord outbox, only the current state is owed:
-/// an earlier one still pending is dropped once a later one is delivered.
-#[derive(Clone, Debug, PartialEq)]
-pub struct CallbackOutbox {
-    /// When the job entered its current state: the callback's `timestamp`.
-    pub entered_at: Millis,
-    /// Rank of the newest state the receiver accepted (2xx).
-    pub delivered: Option<u8>,
-    /// `Active` while callbacks may be owed; `Delivered` once the last one was accepted;
-    /// `Gone` after a 410; `GivenUp` after 24 h of failures.
-    pub status: DeliveryStatus,
-    pub attempts: u32,
-    pub pending_since: Option<Millis>,
-    pub last_error: Option<String>,
-    pub lease: Option<Lease>,
-}
-
-impl CallbackOutbox {
-    pub fn new(now: Millis) -> Self {
-        Self {
-            entered_at: now,
-            delivered: None,
-            status: DeliveryStatus::Active,
-            attempts: 0,
-            pending_since: None,
-            last_error: None,
-            lease: None,
-        }
-    }
-
-    /// Whether the callback of a job in `state` is still owed (`submitted` sends none).
-    pub fn owes(&self, state: JobState) -> bool {
-        state != JobState::Submitted
-            && self.status == DeliveryStatus::Active
-            && self.delivered.is_none_or(|d| d < state.rank())
-    }
-}
+pub(crate) const RETENTION_SECS: i64 = 90 * 24 * 3600;
 
 /// A build still to be created: the payload waits in the job until its build exists.
 #[derive(Clone, Debug, PartialEq)]
@@ -299,7 +42,7 @@ pub struct Job {
     pub queue: String,
     pub title: Option<String>,
     /// Where status is shown; `None` when the job reports to no Discord webhook.
-    pub discord: Option<Outbox>,
+    pub discord: Option<DiscordOutbox>,
     /// Signed callbacks owed; `None` when the deployment sends none.
     pub callback: Option<CallbackOutbox>,
     pub build: Option<BuildRef>,
@@ -329,7 +72,7 @@ impl Job {
         gpu: String,
         queue: String,
         title: Option<String>,
-        discord: Option<DiscordTarget>,
+        discord: Option<WebhookAddress>,
         now: Millis,
     ) -> Self {
         Self {
@@ -338,7 +81,7 @@ impl Job {
             gpu,
             queue,
             title,
-            discord: discord.map(Outbox::new),
+            discord: discord.map(DiscordOutbox::new),
             callback: None,
             build: None,
             creation: None,
@@ -355,23 +98,37 @@ impl Job {
     }
 
     /// Seconds since the epoch at which the store may forget the job.
-    pub fn expires_at(&self) -> i64 {
+    pub(crate) fn expires_at(&self) -> i64 {
         self.created_at / 1000 + RETENTION_SECS
     }
 
-    /// Whether a Discord render is owed for the job as it is now.
-    pub fn owes_discord(&self) -> bool {
-        self.discord.as_ref().is_some_and(|o| o.owes(self.state))
+    /// How the job's message to `channel` is going; `None` when it reports to no such
+    /// receiver.
+    pub fn delivery(&self, channel: Channel) -> Option<&Delivery> {
+        match channel {
+            Channel::Discord => self.discord.as_ref().map(|o| &o.delivery),
+            Channel::Callback => self.callback.as_ref().map(|c| &c.delivery),
+        }
     }
 
-    /// Whether a callback is owed for the job as it is now.
-    pub fn owes_callback(&self) -> bool {
-        self.callback.as_ref().is_some_and(|c| c.owes(self.state))
+    pub(crate) fn delivery_mut(&mut self, channel: Channel) -> Option<&mut Delivery> {
+        match channel {
+            Channel::Discord => self.discord.as_mut().map(|o| &mut o.delivery),
+            Channel::Callback => self.callback.as_mut().map(|c| &mut c.delivery),
+        }
+    }
+
+    /// Whether a message to `channel` is owed for the job as it is now.
+    pub fn owes(&self, channel: Channel) -> bool {
+        match channel {
+            Channel::Discord => self.discord.as_ref().is_some_and(|o| o.owes(self.state)),
+            Channel::Callback => self.callback.as_ref().is_some_and(|c| c.owes(self.state)),
+        }
     }
 
     /// Whether either outbox still owes something for the job as it is now.
     pub fn owes_delivery(&self) -> bool {
-        self.owes_discord() || self.owes_callback()
+        Channel::ALL.into_iter().any(|c| self.owes(c))
     }
 
     /// The job after `t`, or `None` when `t` would not move it forward (a duplicate or a
@@ -385,17 +142,13 @@ impl Job {
             return None;
         }
         let mut next = self.clone();
-        if let Some(o) = next.discord.as_mut() {
-            // A new state owes a new render: its own tries and its own 24 hours.
-            o.attempts = 0;
-            o.pending_since = None;
+        for channel in Channel::ALL {
+            if let Some(d) = next.delivery_mut(channel) {
+                d.restart();
+            }
         }
         if let Some(c) = next.callback.as_mut() {
-            // A new state: a new callback with its own time, tries and 24 hours.
             c.entered_at = t.at;
-            c.attempts = 0;
-            c.pending_since = None;
-            c.last_error = None;
         }
         next.state = t.to;
         next.updated_at = t.at;
@@ -450,10 +203,10 @@ impl Transition {
         self
     }
 
-    /// Cut to what the store can keep (see [`fit_outcome`](super::record::fit_outcome)), so the
-    /// job a writer goes on with is the job as stored.
+    /// Cut to what the store can keep (see [`fit_outcome`](super::outcome::fit_outcome)), so
+    /// the job a writer goes on with is the job as stored.
     pub fn with_outcome(mut self, outcome: Outcome) -> Self {
-        self.outcome = Some(super::record::fit_outcome(&outcome).unwrap_or(outcome));
+        self.outcome = Some(super::outcome::fit_outcome(&outcome).unwrap_or(outcome));
         self
     }
 }
@@ -471,17 +224,6 @@ mod tests {
             None,
             1_000,
         )
-    }
-
-    #[test]
-    fn run_ids_are_validated() {
-        assert!("sub-42_H100.v2".parse::<RunId>().is_ok());
-        assert!("a".repeat(64).parse::<RunId>().is_ok());
-        assert_eq!("".parse::<RunId>(), Err(InvalidRunId));
-        assert_eq!("a".repeat(65).parse::<RunId>(), Err(InvalidRunId));
-        assert_eq!("a/b".parse::<RunId>(), Err(InvalidRunId));
-        assert_eq!("ünï".parse::<RunId>(), Err(InvalidRunId));
-        assert!(RunId::generate().as_str().parse::<RunId>().is_ok());
     }
 
     #[test]

@@ -14,13 +14,24 @@ use std::time::Duration;
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
-use super::model::{Job, JobState, Millis, RunId};
+use super::error::StoreError;
+use super::id::RunId;
+use super::model::Job;
 use super::record::JobRecord;
-use super::store::{
-    CURSOR_KEY, CacheEntry, Created, JobStore, MAX_ITEM_BYTES, Replaced, Shard, StoreError,
-};
+use super::state::JobState;
+use super::store::{CURSOR_KEY, CacheEntry, Created, JobStore, Replaced, Shard};
+use crate::time::Millis;
 
-pub const FILE_NAME: &str = "jobs.sqlite3";
+/// Largest record either store accepts (DynamoDB's item limit): this store enforces it too,
+/// so both fail alike.
+const MAX_ITEM_BYTES: usize = 400 * 1024;
+
+pub(crate) const FILE_NAME: &str = "jobs.sqlite3";
+
+/// The store's directory could not be made.
+#[derive(Debug, thiserror::Error)]
+#[error("{}", .0.display())]
+struct CannotCreate(std::path::PathBuf, #[source] std::io::Error);
 
 #[derive(Clone)]
 pub struct SqliteStore {
@@ -60,13 +71,13 @@ fn spawn_writer(mut conn: Connection) -> Result<Sender<Work>, StoreError> {
     Ok(tx)
 }
 
-fn unavailable(e: impl std::fmt::Display) -> StoreError {
-    StoreError::Unavailable(e.to_string())
+fn unavailable(e: impl Into<crate::error::BoxError>) -> StoreError {
+    StoreError::unavailable(e)
 }
 
 /// The record's text, refused over the item limit as DynamoDB would.
 fn to_json(record: &JobRecord) -> Result<String, StoreError> {
-    let text = serde_json::to_string(record).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    let text = serde_json::to_string(record).map_err(StoreError::corrupt)?;
     if text.len() > MAX_ITEM_BYTES {
         return Err(StoreError::TooLarge);
     }
@@ -74,7 +85,7 @@ fn to_json(record: &JobRecord) -> Result<String, StoreError> {
 }
 
 fn parse(text: &str) -> Result<JobRecord, StoreError> {
-    serde_json::from_str(text).map_err(|e| StoreError::Corrupt(e.to_string()))
+    serde_json::from_str(text).map_err(StoreError::corrupt)
 }
 
 fn read(conn: &Connection, run_id: &str) -> Result<Option<JobRecord>, StoreError> {
@@ -108,7 +119,7 @@ fn read_cached(conn: &Connection, key: &str) -> Result<Option<CacheEntry>, Store
     .optional()
     .map_err(unavailable)?
     .flatten()
-    .map(|t| serde_json::from_str(&t).map_err(|e| StoreError::Corrupt(e.to_string())))
+    .map(|t| serde_json::from_str(&t).map_err(StoreError::corrupt))
     .transpose()
 }
 
@@ -143,7 +154,7 @@ fn migrate_v1(conn: &Connection) -> Result<(), StoreError> {
 impl SqliteStore {
     /// Opens (creating if needed) the store in `dir`.
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
-        std::fs::create_dir_all(dir).map_err(|e| unavailable(format!("{}: {e}", dir.display())))?;
+        std::fs::create_dir_all(dir).map_err(|e| unavailable(CannotCreate(dir.to_owned(), e)))?;
         let conn = Connection::open(dir.join(FILE_NAME)).map_err(unavailable)?;
         conn.busy_timeout(Duration::from_secs(5))
             .map_err(unavailable)?;
@@ -316,7 +327,7 @@ impl JobStore for SqliteStore {
                 .map_err(unavailable)?;
             rows.map(|r| {
                 let (state, created) = r.map_err(unavailable)?;
-                Ok((state.parse().map_err(StoreError::Corrupt)?, created))
+                Ok((state.parse().map_err(StoreError::corrupt)?, created))
             })
             .collect()
         })
@@ -336,7 +347,7 @@ impl JobStore for SqliteStore {
         expected: Option<Millis>,
     ) -> Result<bool, StoreError> {
         let key = key.to_owned();
-        let text = serde_json::to_string(entry).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let text = serde_json::to_string(entry).map_err(StoreError::corrupt)?;
         self.with(Access::Write, move |conn| {
             let tx = conn
                 .transaction_with_behavior(TransactionBehavior::Immediate)

@@ -4,7 +4,7 @@
 //! share a core.
 
 /// Parses a cpuset list like `0-7,16,18-19`.
-pub fn parse_cpuset(s: &str) -> Result<Vec<usize>, String> {
+pub(super) fn parse_cpuset(s: &str) -> Result<Vec<usize>, String> {
     let mut cpus = Vec::new();
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let (lo, hi) = part.split_once('-').unwrap_or((part, part));
@@ -28,7 +28,7 @@ pub fn parse_cpuset(s: &str) -> Result<Vec<usize>, String> {
 }
 
 /// Restricts this process to `cpus`.
-pub fn pin(cpus: &[usize]) -> std::io::Result<()> {
+pub(super) fn pin(cpus: &[usize]) -> std::io::Result<()> {
     // SAFETY: cpu_set_t is plain data; CPU_SET indexes are below CPU_SETSIZE (checked when
     // parsing) and sched_setaffinity reads the set we pass.
     unsafe {

@@ -5,12 +5,12 @@ use std::collections::BTreeMap;
 use serde_json::{Map, Value};
 
 /// Kernelbot's default per-mode timeout (seconds).
-pub const DEFAULT_TIMEOUT_SECS: u64 = 180;
+pub(super) const DEFAULT_TIMEOUT_SECS: u64 = 180;
 /// How long one compile (nvcc, or the warm-up run of a Python submission) may take.
-pub const COMPILE_TIMEOUT_SECS: u64 = 300;
+pub(super) const COMPILE_TIMEOUT_SECS: u64 = 300;
 /// No single timeout is longer than the whole evaluation's budget; a larger one is clamped
 /// (and would otherwise overflow the clock).
-pub const MAX_TIMEOUT_SECS: u64 = super::EVALUATION_BUDGET.as_secs();
+pub(super) const MAX_TIMEOUT_SECS: u64 = super::EVALUATION_BUDGET.as_secs();
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct EvalConfig {
@@ -133,7 +133,7 @@ fn timeout(obj: &Map<String, Value>, key: &str) -> Result<u64, InvalidConfig> {
 }
 
 /// Source names must stay inside the work directory (kernelbot asserts the same).
-pub fn safe_name(name: &str) -> bool {
+pub(super) fn safe_name(name: &str) -> bool {
     let p = std::path::Path::new(name);
     !name.is_empty()
         && p.components()
@@ -141,7 +141,7 @@ pub fn safe_name(name: &str) -> bool {
 }
 
 /// Python's `str()` of a JSON value, as kernelbot's f-strings print test parameters.
-pub fn python_str(v: &Value) -> String {
+pub(super) fn python_str(v: &Value) -> String {
     match v {
         Value::String(s) => s.clone(),
         Value::Bool(true) => "True".into(),
@@ -152,7 +152,7 @@ pub fn python_str(v: &Value) -> String {
 }
 
 /// Kernelbot's `build_test_string`: one line per case, `key: value` pairs joined by `; `.
-pub fn build_test_string(cases: &[Map<String, Value>]) -> String {
+pub(super) fn build_test_string(cases: &[Map<String, Value>]) -> String {
     cases
         .iter()
         .map(|case| {
@@ -165,76 +165,95 @@ pub fn build_test_string(cases: &[Map<String, Value>]) -> String {
         .collect()
 }
 
+/// `lang` and `mode`, each one of the values the runner knows.
+fn lang_and_mode(text: impl Fn(&str) -> Option<String>) -> Result<(String, String), InvalidConfig> {
+    let lang = text("lang").ok_or_else(|| bad("lang", "lang is required (\"py\" or \"cu\")"))?;
+    if !matches!(lang.as_str(), "py" | "cu") {
+        return Err(bad(
+            "lang",
+            format!("lang must be \"py\" or \"cu\", not {:?}", shown(&lang)),
+        ));
+    }
+    let mode = text("mode").ok_or_else(|| bad("mode", "mode is required"))?;
+    if !MODES.contains(&mode.as_str()) {
+        return Err(bad(
+            "mode",
+            format!(
+                "mode must be one of {}, not {:?}",
+                MODES.join(", "),
+                shown(&mode)
+            ),
+        ));
+    }
+    Ok((lang, mode))
+}
+
+/// File name → content.
+type Files = BTreeMap<String, String>;
+
+/// The sources (`sources`, else the older `files`) and headers, every name a relative path
+/// inside the work directory.
+fn sources_and_headers(obj: &Map<String, Value>) -> Result<(Files, Files), InvalidConfig> {
+    let mut sources = files(obj.get("sources"), "sources")?;
+    if sources.is_empty() {
+        sources = files(obj.get("files"), "files")?;
+    }
+    if sources.is_empty() {
+        return Err(bad("sources", "sources is required (file name → content)"));
+    }
+    let headers = files(obj.get("headers"), "headers")?;
+    for (key, names) in [("sources", &sources), ("headers", &headers)] {
+        if let Some(name) = names.keys().find(|n| !safe_name(n)).map(|n| shown(n)) {
+            return Err(bad(
+                format!("{key}.{name}"),
+                format!("file name {name:?} must be a relative path inside the work directory"),
+            ));
+        }
+    }
+    Ok((sources, headers))
+}
+
+/// Python runs `main`, which must be one of the sources.
+fn check_main(lang: &str, main: Option<&str>, sources: &Files) -> Result<(), InvalidConfig> {
+    match main {
+        _ if lang != "py" => Ok(()),
+        Some(m) if sources.contains_key(m) => Ok(()),
+        Some(m) => Err(bad(
+            "main",
+            format!("main {:?} is not one of the sources", shown(m)),
+        )),
+        None => Err(bad("main", "main is required for Python submissions")),
+    }
+}
+
+fn defines(v: Option<&Value>) -> Result<BTreeMap<String, Option<String>>, InvalidConfig> {
+    match v {
+        None | Some(Value::Null) => Ok(BTreeMap::new()),
+        Some(Value::Object(m)) => Ok(m
+            .iter()
+            .map(|(k, v)| (k.clone(), (!v.is_null()).then(|| python_str(v))))
+            .collect()),
+        Some(_) => Err(bad("defines", "defines must be an object")),
+    }
+}
+
 impl EvalConfig {
     pub fn from_json(value: &Value) -> Result<Self, InvalidConfig> {
         let Value::Object(obj) = value else {
             return Err(bad("", "config must be a JSON object"));
         };
         let text = |key: &str| obj.get(key).and_then(Value::as_str).map(str::to_owned);
-        let lang =
-            text("lang").ok_or_else(|| bad("lang", "lang is required (\"py\" or \"cu\")"))?;
-        if !matches!(lang.as_str(), "py" | "cu") {
-            return Err(bad(
-                "lang",
-                format!("lang must be \"py\" or \"cu\", not {:?}", shown(&lang)),
-            ));
-        }
-        let mode = text("mode").ok_or_else(|| bad("mode", "mode is required"))?;
-        if !MODES.contains(&mode.as_str()) {
-            return Err(bad(
-                "mode",
-                format!(
-                    "mode must be one of {}, not {:?}",
-                    MODES.join(", "),
-                    shown(&mode)
-                ),
-            ));
-        }
-        let mut sources = files(obj.get("sources"), "sources")?;
-        if sources.is_empty() {
-            sources = files(obj.get("files"), "files")?;
-        }
-        if sources.is_empty() {
-            return Err(bad("sources", "sources is required (file name → content)"));
-        }
-        for (key, names) in [
-            ("sources", &sources),
-            ("headers", &files(obj.get("headers"), "headers")?),
-        ] {
-            if let Some(name) = names.keys().find(|n| !safe_name(n)).map(|n| shown(n)) {
-                return Err(bad(
-                    format!("{key}.{name}"),
-                    format!("file name {name:?} must be a relative path inside the work directory"),
-                ));
-            }
-        }
+        let (lang, mode) = lang_and_mode(text)?;
+        let (sources, headers) = sources_and_headers(obj)?;
         let main = text("main");
-        if lang == "py" {
-            match &main {
-                Some(m) if sources.contains_key(m) => {}
-                Some(m) => {
-                    return Err(bad(
-                        "main",
-                        format!("main {:?} is not one of the sources", shown(m)),
-                    ));
-                }
-                None => return Err(bad("main", "main is required for Python submissions")),
-            }
-        }
-        let defines = match obj.get("defines") {
-            None | Some(Value::Null) => BTreeMap::new(),
-            Some(Value::Object(m)) => m
-                .iter()
-                .map(|(k, v)| (k.clone(), (!v.is_null()).then(|| python_str(v))))
-                .collect(),
-            Some(_) => return Err(bad("defines", "defines must be an object")),
-        };
+        check_main(&lang, main.as_deref(), &sources)?;
+        let defines = defines(obj.get("defines"))?;
         Ok(Self {
             lang,
             mode,
             sources,
             main,
-            headers: files(obj.get("headers"), "headers")?,
+            headers,
             tests: cases(obj.get("tests"), "tests")?,
             benchmarks: cases(obj.get("benchmarks"), "benchmarks")?,
             test_timeout: timeout(obj, "test_timeout")?,

@@ -15,7 +15,7 @@ use crate::result::{CompileResult, EvalResult, FullResult, RunResult};
 /// Kernelbot's `CUDA_FLAGS` (`consts.py`), the same on every runner, so a kernel's numbers
 /// here compare with the same kernel's on Modal or GitHub. A config's own `compile_flags`
 /// come after them.
-pub const CUDA_FLAGS: &[&str] = &[
+pub(super) const CUDA_FLAGS: &[&str] = &[
     "--std=c++20",
     "-DNDEBUG",
     "-Xcompiler=-Wno-psabi",
@@ -33,7 +33,7 @@ pub const CUDA_FLAGS: &[&str] = &[
 const PYTHONS: &[&str] = &["python", "python3", "/usr/bin/python3"];
 
 /// What every program of one evaluation shares: the sandbox, the time left, the interpreter.
-pub struct Evaluation<'a> {
+pub(super) struct Evaluation<'a> {
     pub sandbox: &'a Sandbox,
     /// When the whole evaluation's budget runs out.
     pub until: Instant,
@@ -41,7 +41,7 @@ pub struct Evaluation<'a> {
 }
 
 impl<'a> Evaluation<'a> {
-    pub fn new(sandbox: &'a Sandbox, budget: Duration) -> Self {
+    pub(super) fn new(sandbox: &'a Sandbox, budget: Duration) -> Self {
         let until = Instant::now() + budget;
         let mut e = Self {
             sandbox,
@@ -118,7 +118,7 @@ fn write_files(dir: &Path, files: &BTreeMap<String, String>) -> Result<(), Strin
 }
 
 /// Runs the whole config and returns what `result.json` holds.
-pub fn run_config(config: &EvalConfig, eval: &Evaluation) -> FullResult {
+pub(super) fn run_config(config: &EvalConfig, eval: &Evaluation) -> FullResult {
     let system = system::detect();
     for name in config.sources.keys().chain(config.headers.keys()) {
         if !safe_name(name) {
@@ -145,7 +145,7 @@ pub fn run_config(config: &EvalConfig, eval: &Evaluation) -> FullResult {
 }
 
 /// Which modes run, in order, each gated on the previous one passing.
-pub fn run_evaluation(
+pub(super) fn run_evaluation(
     mode: &str,
     mut call: impl FnMut(&str) -> EvalResult,
 ) -> BTreeMap<String, EvalResult> {

@@ -6,12 +6,12 @@
 //! verdict is in `result.json`), and when there is no payload at all (a push build); non-zero
 //! only when the infrastructure failed, so a failed build means "look at the node".
 
-pub mod affinity;
-pub mod config;
-pub mod eval;
-pub mod process;
-pub mod sandbox;
-pub mod system;
+mod affinity;
+mod config;
+mod eval;
+mod process;
+mod sandbox;
+mod system;
 
 use std::io::Write;
 use std::path::Path;
@@ -20,8 +20,8 @@ use std::time::Duration;
 use crate::payload::{self, PayloadError};
 use crate::result::FullResult;
 
-pub use config::EvalConfig;
-pub use sandbox::{Sandbox, SandboxReport};
+pub use config::{EvalConfig, InvalidConfig};
+use sandbox::{Sandbox, SandboxReport};
 
 /// The whole evaluation's time: every compile and run of every mode together. The pipeline
 /// step's `timeout_in_minutes` leaves room beyond it for the image pull, cleanup and upload.

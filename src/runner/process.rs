@@ -13,7 +13,7 @@ use super::sandbox::Sandbox;
 use crate::result::{RunResult, exit_code};
 
 /// Kernelbot keeps at most this much of each output stream.
-pub const MAX_OUTPUT: usize = 16 * 1024;
+pub(super) const MAX_OUTPUT: usize = 16 * 1024;
 /// We hold at most this much of a stream in memory while the program runs.
 const KEEP_BYTES: usize = 64 * 1024;
 /// The verdict pipe carries a few KiB at most; more is ignored.
@@ -54,7 +54,7 @@ fn capture(mut from: impl Read, keep: usize) -> Captured {
 }
 
 /// Kernelbot's `_limit_length`: whole lines while they fit, then `[...] N lines omitted`.
-pub fn limit_length(text: &str, omitted_after: usize) -> String {
+pub(super) fn limit_length(text: &str, omitted_after: usize) -> String {
     let lines: Vec<&str> = text.split('\n').collect();
     let mut size = 0;
     for (i, line) in lines.iter().enumerate() {
@@ -86,7 +86,7 @@ fn quote(args: &[String]) -> String {
 }
 
 /// Parses the verdict pipe: `key: value` lines (kernelbot's `line.partition(":")`).
-pub fn parse_verdict(text: &str) -> std::collections::BTreeMap<String, serde_json::Value> {
+pub(super) fn parse_verdict(text: &str) -> std::collections::BTreeMap<String, serde_json::Value> {
     text.lines()
         .filter_map(|line| {
             let (key, value) = line.split_once(':').unwrap_or((line, ""));
@@ -98,7 +98,7 @@ pub fn parse_verdict(text: &str) -> std::collections::BTreeMap<String, serde_jso
 
 /// Runs `args` in `dir` inside `sandbox` with `env` added, and returns kernelbot's
 /// `RunResult`. Every process the program started is gone when this returns.
-pub fn run_program(
+pub(super) fn run_program(
     sandbox: &Sandbox,
     args: &[String],
     dir: &Path,

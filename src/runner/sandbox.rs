@@ -30,7 +30,7 @@ use serde::Serialize;
 /// What a program may see of the runner's environment: what CUDA/ROCm, torch and Python
 /// need, and the GPU visibility the node set. Everything else (agent tokens, cloud keys, the
 /// payload) stays with the runner.
-pub const ENV_ALLOW: &[&str] = &[
+pub(super) const ENV_ALLOW: &[&str] = &[
     "PATH",
     "LANG",
     "LC_ALL",
@@ -60,10 +60,10 @@ pub const ENV_ALLOW: &[&str] = &[
 
 /// First sandbox uid; GPU `i` runs its programs as `UID_BASE + i`. Far above the ranges
 /// distributions, systemd's dynamic users and subordinate-uid allocations use.
-pub const UID_BASE: u32 = 2_100_000_000;
+pub(super) const UID_BASE: u32 = 2_100_000_000;
 /// Threads count against this too, and torch starts many.
-pub const MAX_PROCESSES: u64 = 4096;
-pub const MAX_OPEN_FILES: u64 = 65536;
+pub(super) const MAX_PROCESSES: u64 = 4096;
+pub(super) const MAX_OPEN_FILES: u64 = 65536;
 /// How long the runner keeps killing what a program left behind.
 const CLEANUP_LIMIT: Duration = Duration::from_secs(5);
 
@@ -77,7 +77,7 @@ struct Identity {
 
 /// What `result.json`'s `sandbox` object says.
 #[derive(Clone, Debug, Default, Serialize)]
-pub struct SandboxReport {
+pub(super) struct SandboxReport {
     /// The uid programs ran as; `null` when the runner could not switch (not root).
     pub uid: Option<u32>,
     pub gid: Option<u32>,
@@ -96,7 +96,7 @@ pub struct SandboxReport {
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
-pub struct Limits {
+pub(super) struct Limits {
     /// Per-uid process (and thread) limit; `null` when not set (shared uid).
     pub processes: Option<u64>,
     pub open_files: u64,
@@ -105,7 +105,7 @@ pub struct Limits {
 
 /// One program's scratch: a root-owned parent the program cannot rename or write, holding
 /// its working directory (the program's own) and the read-only cases file.
-pub struct Scratch {
+pub(super) struct Scratch {
     _parent: tempfile::TempDir,
     pub work: PathBuf,
     parent: PathBuf,
@@ -113,7 +113,7 @@ pub struct Scratch {
 
 impl Scratch {
     /// A file in the parent: readable by the program, not writable.
-    pub fn read_only_file(&self, name: &str, content: &str) -> io::Result<PathBuf> {
+    pub(super) fn read_only_file(&self, name: &str, content: &str) -> io::Result<PathBuf> {
         let path = self.parent.join(name);
         std::fs::write(&path, content)?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644))?;
@@ -121,7 +121,7 @@ impl Scratch {
     }
 }
 
-pub struct Sandbox {
+pub(super) struct Sandbox {
     identity: Option<Identity>,
     /// `CLONE_NEWNET` alone (root) or with `CLONE_NEWUSER` (not root); `None`: not possible.
     unshare_flags: Option<libc::c_int>,
@@ -132,7 +132,7 @@ pub struct Sandbox {
 
 impl Sandbox {
     /// Decides what can be applied on this machine. `lookup` reads the runner's environment.
-    pub fn new(lookup: &dyn Fn(&str) -> Option<String>) -> Self {
+    pub(super) fn new(lookup: &dyn Fn(&str) -> Option<String>) -> Self {
         let mut report = SandboxReport::default();
         // Orphans of the program are re-parented to us, so we can find and end them.
         // SAFETY: plain prctl on this process.
@@ -203,12 +203,7 @@ impl Sandbox {
         }
     }
 
-    /// Whether programs run as a uid of their own.
-    pub fn switches_user(&self) -> bool {
-        self.identity.is_some()
-    }
-
-    pub fn report(&self) -> SandboxReport {
+    pub(super) fn report(&self) -> SandboxReport {
         self.report
             .lock()
             .map(|r| r.clone())
@@ -216,7 +211,7 @@ impl Sandbox {
     }
 
     /// A fresh scratch directory: the working directory belongs to the program's uid.
-    pub fn scratch(&self) -> io::Result<Scratch> {
+    pub(super) fn scratch(&self) -> io::Result<Scratch> {
         let parent = tempfile::Builder::new().prefix("kernelbot-").tempdir()?;
         std::fs::set_permissions(parent.path(), std::fs::Permissions::from_mode(0o755))?;
         let work = parent.path().join("work");
@@ -233,7 +228,7 @@ impl Sandbox {
     /// Gives everything under `dir` (written by the runner) to the program's uid. Each
     /// directory is handed over after what it holds: until then only root can change it, so
     /// nothing can swap a directory for a symlink under the walk.
-    pub fn hand_over(&self, dir: &Path) -> io::Result<()> {
+    pub(super) fn hand_over(&self, dir: &Path) -> io::Result<()> {
         let Some(id) = &self.identity else {
             return Ok(());
         };
@@ -250,7 +245,7 @@ impl Sandbox {
 
     /// Removes files from a directory the program owned. As the program's uid, so a
     /// directory it swapped for a symlink cannot turn this into a root's delete elsewhere.
-    pub fn remove_files(&self, paths: &[PathBuf]) {
+    pub(super) fn remove_files(&self, paths: &[PathBuf]) {
         let Some(id) = &self.identity else {
             for p in paths {
                 let _ = std::fs::remove_file(p);
@@ -277,7 +272,7 @@ impl Sandbox {
     }
 
     /// A command for `program` in `dir`, with the sandbox applied when it starts.
-    pub fn command(&self, program: &str, dir: &Path) -> Command {
+    pub(super) fn command(&self, program: &str, dir: &Path) -> Command {
         let mut cmd = Command::new(program);
         cmd.current_dir(dir)
             .env_clear()
@@ -321,7 +316,7 @@ impl Sandbox {
 
     /// Kills every process the last program left behind: its process group, everything of
     /// the sandbox uid, and every orphan re-parented to us. Returns how many there were.
-    pub fn end_processes(&self, pgid: u32) -> usize {
+    pub(super) fn end_processes(&self, pgid: u32) -> usize {
         let me = std::process::id();
         let uid = self.identity.as_ref().map(|i| i.uid);
         let strays = || {
@@ -553,7 +548,7 @@ pub(crate) struct Proc {
 
 impl Proc {
     /// Not ended: running, or a zombie leader whose other threads still run.
-    pub fn alive(&self) -> bool {
+    pub(super) fn alive(&self) -> bool {
         self.state != 'Z' || self.threads > 1
     }
 }

@@ -29,7 +29,7 @@ fn python() -> &'static str {
 
 /// The Python interpreter submissions run with: `python` where it exists (kernelbot's
 /// images), else `python3`.
-pub fn python_command() -> String {
+pub(super) fn python_command() -> String {
     std::env::var("KERNELBOT_PYTHON").unwrap_or_else(|_| python().to_owned())
 }
 
@@ -50,7 +50,7 @@ fn uname() -> Option<(String, String)> {
 }
 
 /// Reads the GPU (nvidia-smi, else rocm-smi), CPU, platform, torch and hostname.
-pub fn detect() -> SystemInfo {
+pub(super) fn detect() -> SystemInfo {
     let mut info = SystemInfo {
         device_count: 1,
         ..Default::default()

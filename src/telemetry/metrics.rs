@@ -64,12 +64,7 @@ impl Metrics {
         if matches!(self.sink, Sink::Log) && !tracing::enabled!(tracing::Level::DEBUG) {
             return;
         }
-        let line = emf(
-            crate::jobs::model::now_millis(),
-            self.function,
-            dimensions,
-            values,
-        );
+        let line = emf(crate::time::now_millis(), self.function, dimensions, values);
         match &self.sink {
             Sink::Stdout => println!("{line}"),
             Sink::Log => tracing::debug!(metrics = %line, "metrics"),

@@ -1,0 +1,191 @@
+//! A Buildkite stand-in that speaks Buildkite's wire format: the REST endpoints we call
+//! ([`routes`]), with the faults a test can queue ([`faults`]), kept in one state
+//! ([`state`]), and the signed webhooks it sends ([`webhooks`]). With
+//! [`BuildkiteStandin::autorun`] it also plays the agent ([`autorun`]).
+
+mod autorun;
+mod faults;
+mod routes;
+mod state;
+mod webhooks;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use serde_json::json;
+
+pub use state::{StandinArtifact, StandinBuild};
+pub use webhooks::{deliver, unix_now};
+
+use state::{AutoRun, Inner, Shared, lock};
+
+/// What the agent's step produced: whether the command succeeded, and the `result.json` it
+/// left for upload (Buildkite uploads artifacts whether or not the command succeeded).
+#[derive(Clone, Debug, Default)]
+pub struct StepOutcome {
+    pub passed: bool,
+    pub result: Option<Vec<u8>>,
+}
+
+impl StepOutcome {
+    /// A step that passed and wrote `result`.
+    pub fn passed(result: Vec<u8>) -> Self {
+        Self {
+            passed: true,
+            result: Some(result),
+        }
+    }
+}
+
+/// Runs a build's step from its env (the agent's work).
+pub type StepRunner = Arc<dyn Fn(&BTreeMap<String, String>) -> StepOutcome + Send + Sync>;
+
+#[derive(Clone)]
+pub struct BuildkiteStandin {
+    /// Use as `BUILDKITE_API_URL`.
+    pub api_url: String,
+    pub org: String,
+    pub pipeline: String,
+    inner: Arc<Mutex<Inner>>,
+}
+
+impl BuildkiteStandin {
+    pub async fn start(token: &str, org: &str, pipeline: &str) -> std::io::Result<Self> {
+        let inner = Arc::new(Mutex::new(Inner::new(token, org, pipeline)));
+        let addr = super::spawn(routes::router(inner.clone())).await?;
+        lock(&inner).base = format!("http://{addr}");
+        Ok(Self::from_shared(inner))
+    }
+
+    /// The handle for a stand-in's state (what its own request handlers hold).
+    fn from_shared(inner: Shared) -> Self {
+        let (api_url, org, pipeline) = {
+            let s = lock(&inner);
+            (format!("{}/v2", s.base), s.org.clone(), s.pipeline.clone())
+        };
+        Self {
+            api_url,
+            org,
+            pipeline,
+            inner,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        lock(&self.inner)
+    }
+
+    /// Sets the organization's agents: `(name, queue tag, connection state, busy)`.
+    pub fn set_agents(&self, agents: &[(&str, &str, &str, bool)]) {
+        self.lock().agents = agents
+            .iter()
+            .enumerate()
+            .map(|(i, (name, queue, connection, busy))| {
+                json!({"id": format!("agent-{i}"), "name": name, "connection_state": connection,
+                       "hostname": "gpu-node-1", "meta_data": [format!("queue={queue}"), format!("gpu={i}")],
+                       "job": busy.then(|| json!({"id": format!("job-{i}"), "state": "running"}))})
+            })
+            .collect();
+    }
+
+    /// How many times the agents API was called.
+    pub fn agent_calls(&self) -> usize {
+        self.lock()
+            .api_calls
+            .iter()
+            .filter(|c| c.ends_with("/agents"))
+            .count()
+    }
+
+    /// Every build created, in order.
+    pub fn builds(&self) -> Vec<StandinBuild> {
+        self.lock().builds.clone()
+    }
+
+    pub fn build(&self, number: u64) -> Option<StandinBuild> {
+        let s = self.lock();
+        s.index_of(number).map(|i| s.builds[i].clone())
+    }
+
+    /// Every REST call as `METHOD path`.
+    pub fn api_calls(&self) -> Vec<String> {
+        self.lock().api_calls.clone()
+    }
+
+    /// The evaluation step starts on an agent: the build runs.
+    pub fn start_eval(&self, number: u64) {
+        if let Some(b) = self.lock().build_mut(number) {
+            b.state = "running".into();
+            b.eval_started = true;
+        }
+    }
+
+    /// Storage requests refused because they carried an `Authorization` header.
+    pub fn storage_auth_rejections(&self) -> usize {
+        self.lock().storage_auth_rejections
+    }
+
+    pub fn storage_downloads(&self) -> usize {
+        self.lock().storage_downloads
+    }
+
+    /// Moves a build to `state` (`blocked` sets the blocked flag on a passed build).
+    pub fn set_state(&self, number: u64, state: &str) {
+        if let Some(b) = self.lock().build_mut(number) {
+            b.blocked = state == "blocked";
+            b.state = if state == "blocked" {
+                "passed".into()
+            } else {
+                state.into()
+            };
+        }
+    }
+
+    /// Adds an artifact to the build's latest job, or a new retried job when `new_job`.
+    pub fn upload(&self, number: u64, path: &str, bytes: Vec<u8>, state: &str, new_job: bool) {
+        if let Some(b) = self.lock().build_mut(number) {
+            if new_job {
+                b.jobs.push(uuid::Uuid::new_v4().to_string());
+            }
+            let job_id = b.jobs.last().cloned().unwrap_or_default();
+            b.artifacts.push(StandinArtifact {
+                id: uuid::Uuid::new_v4().to_string(),
+                job_id,
+                path: path.to_owned(),
+                state: state.to_owned(),
+                bytes,
+            });
+        }
+    }
+
+    /// Plays the agent for every new build: see the module docs.
+    pub fn autorun(&self, webhook_url: &str, secret: &str, step: StepRunner) {
+        self.lock().autorun = Some(AutoRun {
+            webhook_url: webhook_url.to_owned(),
+            secret: secret.to_owned(),
+            step,
+        });
+    }
+}
+
+/// A `result.json` like kernelbot's runner writes, for a run whose tests all pass (or, with
+/// `failing_test`, one that fails).
+pub fn sample_result(failing_test: bool) -> Vec<u8> {
+    let status = if failing_test { "fail" } else { "pass" };
+    let v = json!({
+        "success": true, "error": "",
+        "system": {"gpu": "NVIDIA H100 80GB HBM3", "device_count": 1, "cpu": "AMD EPYC 9654",
+                   "runtime": "CUDA", "platform": "Linux-6.8.0-x86_64", "torch": "2.6.0+cu126", "hostname": "gpu-node-1"},
+        "runs": {
+            "test": {"start": "2026-11-21T10:00:01.000000", "end": "2026-11-21T10:00:04.500000", "compilation": null,
+                "run": {"success": true, "passed": !failing_test, "command": "python eval.py test", "stdout": "", "stderr": "",
+                        "exit_code": if failing_test { 112 } else { 0 }, "duration": 3.5,
+                        "result": {"check": status, "test-count": "3", "test.0.spec": "size: 1024", "test.0.status": "pass",
+                                   "test.1.spec": "size: 4096", "test.1.status": "pass",
+                                   "test.2.spec": "size: 16384", "test.2.status": status,
+                                   "test.2.error": if failing_test { "mismatch at index 7: 0.5 != 0.25" } else { "" }}},
+                "profile": null}
+        }
+    });
+    serde_json::to_vec_pretty(&v).unwrap_or_default()
+}

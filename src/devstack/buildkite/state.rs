@@ -1,0 +1,178 @@
+//! The stand-in's state: the builds it holds, the faults queued for its answers, and the
+//! JSON it shows them as, as Buildkite's REST API and webhooks do.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+use super::StepRunner;
+
+#[derive(Clone, Debug)]
+pub struct StandinArtifact {
+    pub id: String,
+    pub job_id: String,
+    pub path: String,
+    pub state: String,
+    pub bytes: Vec<u8>,
+}
+
+#[derive(Clone, Debug)]
+pub struct StandinBuild {
+    pub id: String,
+    pub number: u64,
+    pub state: String,
+    pub blocked: bool,
+    pub branch: String,
+    pub commit: String,
+    pub message: String,
+    pub env: BTreeMap<String, String>,
+    pub meta_data: BTreeMap<String, String>,
+    pub jobs: Vec<String>,
+    /// The evaluation step (`key: evaluate`) has started on an agent.
+    pub eval_started: bool,
+    pub artifacts: Vec<StandinArtifact>,
+}
+
+#[derive(Clone)]
+pub(super) struct AutoRun {
+    pub(super) webhook_url: String,
+    pub(super) secret: String,
+    pub(super) step: StepRunner,
+}
+
+pub(super) struct Inner {
+    pub(super) token: String,
+    pub(super) base: String,
+    pub(super) org: String,
+    pub(super) pipeline: String,
+    pub(super) builds: Vec<StandinBuild>,
+    pub(super) create_failure: Option<(u16, Value)>,
+    /// The next creates answer these statuses, having created the build first when `true`
+    /// (an answer lost after the work was done).
+    pub(super) create_faults: VecDeque<(u16, bool)>,
+    /// `RateLimit-Reset` on a 429 to a create.
+    pub(super) create_reset_secs: u64,
+    /// When set, every API answer carries `RateLimit-Remaining` counting down from it.
+    pub(super) rate_remaining: Option<i64>,
+    /// Seeded everyday faults on creates and webhooks: (rate, generator).
+    pub(super) chaos: Option<(f64, fastrand::Rng)>,
+    pub(super) create_delay: Option<Duration>,
+    pub(super) read_failures: VecDeque<u16>,
+    /// Reads under one build's path answer these statuses first.
+    pub(super) build_read_failures: HashMap<u64, VecDeque<u16>>,
+    pub(super) storage_auth_rejections: usize,
+    /// What storage answers every download with, when set: status and body.
+    pub(super) storage_failure: Option<(u16, String)>,
+    /// What the artifact download endpoint answers, when set: status and body (HTML, say).
+    pub(super) download_failure: Option<(u16, String)>,
+    pub(super) storage_downloads: usize,
+    pub(super) api_calls: Vec<String>,
+    pub(super) autorun: Option<AutoRun>,
+    /// What `GET /organizations/{org}/agents` lists, as the API shows agents.
+    pub(super) agents: Vec<Value>,
+    /// The agents API answers this status instead (403: a token without `read_agents`).
+    pub(super) agents_failure: Option<u16>,
+}
+
+pub(super) type Shared = Arc<Mutex<Inner>>;
+
+pub(super) fn lock(inner: &Shared) -> MutexGuard<'_, Inner> {
+    inner.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Inner {
+    pub(super) fn new(token: &str, org: &str, pipeline: &str) -> Self {
+        Self {
+            token: token.to_owned(),
+            base: String::new(),
+            org: org.to_owned(),
+            pipeline: pipeline.to_owned(),
+            builds: Vec::new(),
+            create_failure: None,
+            create_faults: VecDeque::new(),
+            create_reset_secs: 30,
+            rate_remaining: None,
+            chaos: None,
+            create_delay: None,
+            read_failures: VecDeque::new(),
+            build_read_failures: HashMap::new(),
+            storage_auth_rejections: 0,
+            storage_failure: None,
+            download_failure: None,
+            storage_downloads: 0,
+            api_calls: Vec::new(),
+            autorun: None,
+            agents: Vec::new(),
+            agents_failure: None,
+        }
+    }
+
+    /// Where build `number` is: builds are numbered 1, 2, … as created and never removed,
+    /// so this is a lookup, not a search (a load run holds thousands).
+    pub(super) fn index_of(&self, number: u64) -> Option<usize> {
+        let i = usize::try_from(number).ok()?.checked_sub(1)?;
+        (self.builds.get(i)?.number == number).then_some(i)
+    }
+
+    pub(super) fn build_mut(&mut self, number: u64) -> Option<&mut StandinBuild> {
+        let i = self.index_of(number)?;
+        self.builds.get_mut(i)
+    }
+
+    /// A fault for this call, `0..kinds`, at the chaos rate.
+    pub(super) fn roll(&mut self, kinds: u8) -> Option<u8> {
+        let (rate, rng) = self.chaos.as_mut()?;
+        (rng.f64() < *rate).then(|| rng.u8(0..kinds))
+    }
+
+    pub(super) fn build_api_url(&self, n: u64) -> String {
+        format!(
+            "{}/v2/organizations/{}/pipelines/{}/builds/{n}",
+            self.base, self.org, self.pipeline
+        )
+    }
+
+    pub(super) fn web_url(&self, n: u64) -> String {
+        format!(
+            "https://buildkite.com/{}/{}/builds/{n}",
+            self.org, self.pipeline
+        )
+    }
+
+    pub(super) fn build_json(&self, b: &StandinBuild, with_jobs: bool) -> Value {
+        let api = self.build_api_url(b.number);
+        let mut v = json!({
+            "id": b.id, "graphql_id": format!("QnVpbGQt{}", b.number), "url": api,
+            "web_url": self.web_url(b.number), "number": b.number, "state": b.state,
+            "blocked": b.blocked, "message": b.message, "commit": b.commit, "branch": b.branch,
+            "source": "api", "creator": {"id": "u1", "name": "kernelbot"},
+            "created_at": "2026-11-21T10:00:00.000Z", "meta_data": b.meta_data,
+            "pipeline": {"slug": self.pipeline},
+        });
+        if with_jobs {
+            v["env"] = json!(b.env);
+            v["jobs"] = b
+                .jobs
+                .iter()
+                .map(|j| {
+                    json!({"id": j, "type": "script", "name": ":rocket: Kernel Evaluation",
+                    "step_key": "evaluate", "state": b.state,
+                    "started_at": b.eval_started.then_some("2026-11-21T10:00:02.000Z"),
+                    "finished_at": (b.eval_started && crate::buildkite::TERMINAL_STATES.contains(&b.state.as_str()))
+                        .then_some("2026-11-21T10:00:47.500Z"),
+                    "artifacts_url": format!("{api}/jobs/{j}/artifacts")})
+                })
+                .collect();
+        }
+        v
+    }
+}
+
+pub(super) fn bk_error(status: StatusCode, message: &str) -> Response {
+    (status, Json(json!({"message": message}))).into_response()
+}

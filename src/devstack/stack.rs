@@ -1,0 +1,302 @@
+//! The whole system on this machine, for the tests and the benchmarks: the real routers of
+//! the three functions on random ports, one store behind them (SQLite in a temp dir, or
+//! DynamoDB on moto), the Buildkite, Discord and callback-receiver stand-ins in front, and
+//! one clock they share.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use super::buildkite::{BuildkiteStandin, deliver, unix_now};
+use super::discord::{DiscordCall, DiscordStandin};
+use super::receiver::ReceiverStandin;
+use crate::config::{Config, Role};
+use crate::error::BoxError;
+use crate::flow::{Deps, sweep};
+use crate::http;
+use crate::jobs::{DynamoStore, Job, JobStore, RunId, SqliteStore};
+use crate::retry::{Deadline, Policy};
+use crate::telemetry::metrics::Metrics;
+use crate::time::Clock;
+
+pub const API_TOKEN: &str = "test-submit-token";
+pub const BK_TOKEN: &str = "test-buildkite-token";
+pub const SECRET: &str = "test-webhook-secret";
+pub const HOOK_URL: &str = "https://discord.com/api/webhooks/111111111111111111/hook-token_1";
+
+/// Which store the stack keeps jobs in.
+#[derive(Clone, Copy, Debug)]
+pub enum StoreKind {
+    Sqlite,
+    Dynamo,
+}
+
+/// Opens a fresh, empty store of `kind`; the temp dir (SQLite) lives as long as the guard.
+pub async fn open_store(
+    kind: StoreKind,
+) -> Result<(Arc<dyn JobStore>, Option<tempfile::TempDir>), BoxError> {
+    Ok(match kind {
+        StoreKind::Sqlite => {
+            let dir = tempfile::tempdir()?;
+            (Arc::new(SqliteStore::open(dir.path())?), Some(dir))
+        }
+        StoreKind::Dynamo => {
+            let client = super::moto::client()?;
+            let table = format!("jobs-{}", uuid::Uuid::new_v4().simple());
+            super::moto::create_table(&client, &table).await?;
+            (Arc::new(DynamoStore::new(client, table)), None)
+        }
+    })
+}
+
+pub struct Stack {
+    pub submit_url: String,
+    pub webhook_url: String,
+    pub buildkite: BuildkiteStandin,
+    pub discord: DiscordStandin,
+    /// Where callbacks go when the stack was started with a `CALLBACK_SECRET`.
+    pub receiver: ReceiverStandin,
+    pub store: Arc<dyn JobStore>,
+    /// The sweep function's dependencies.
+    pub sweeper: Arc<Deps>,
+    /// The routers themselves, for driving them with Lambda events.
+    pub submit_router: axum::Router,
+    pub webhook_router: axum::Router,
+    pub client: reqwest::Client,
+    /// The clock all three functions share.
+    pub clock: Clock,
+    /// Every metric the three functions published (EMF objects).
+    metrics: Arc<Mutex<Vec<Value>>>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+fn quick_retries() -> Policy {
+    Policy {
+        attempts: 4,
+        base: Duration::from_millis(20),
+        max_backoff: Duration::from_millis(100),
+        max_wait: Duration::from_secs(5),
+    }
+}
+
+async fn serve(router: axum::Router) -> Result<String, BoxError> {
+    Ok(format!("http://{}", super::spawn(router).await?))
+}
+
+/// The stand-ins a stack's functions call.
+struct StandIns {
+    buildkite: BuildkiteStandin,
+    discord: DiscordStandin,
+    receiver: ReceiverStandin,
+}
+
+impl StandIns {
+    async fn start() -> Result<Self, BoxError> {
+        Ok(Self {
+            buildkite: BuildkiteStandin::start(BK_TOKEN, "test-org", "kernelbot").await?,
+            discord: DiscordStandin::start().await?,
+            receiver: ReceiverStandin::start().await?,
+        })
+    }
+
+    /// The functions' environment: the stand-ins' URLs and the test secrets, then `vars`.
+    fn env(&self, vars: &[(&str, &str)]) -> BTreeMap<String, String> {
+        let mut env: BTreeMap<String, String> = BTreeMap::from([
+            ("BUILDKITE_API_URL".into(), self.buildkite.api_url.clone()),
+            ("BUILDKITE_API_TOKEN".into(), BK_TOKEN.into()),
+            ("BUILDKITE_ORG".into(), self.buildkite.org.clone()),
+            ("BUILDKITE_PIPELINE".into(), self.buildkite.pipeline.clone()),
+            (
+                "BUILDKITE_WEBHOOK_SECRET".into(),
+                format!("old-secret,{SECRET}"),
+            ),
+            ("DISCORD_API_URL".into(), self.discord.api_url.clone()),
+            ("SUBMIT_API_TOKEN".into(), API_TOKEN.into()),
+        ]);
+        if vars.iter().any(|(k, _)| *k == "CALLBACK_SECRET") {
+            env.insert("CALLBACK_URL".into(), self.receiver.url.clone());
+        }
+        env.extend(vars.iter().map(|(k, v)| ((*k).into(), (*v).into())));
+        env
+    }
+}
+
+impl Stack {
+    pub async fn spawn(kind: StoreKind) -> Result<Self, BoxError> {
+        Self::spawn_with(kind, &[]).await
+    }
+
+    /// Starts the stack; `vars` add to or override the environment the functions see.
+    pub async fn spawn_with(kind: StoreKind, vars: &[(&str, &str)]) -> Result<Self, BoxError> {
+        Self::spawn_tuned(kind, vars, Duration::from_secs(5)).await
+    }
+
+    /// As `spawn_with`, with `timeout` on every Buildkite, Discord and callback call.
+    pub async fn spawn_tuned(
+        kind: StoreKind,
+        vars: &[(&str, &str)],
+        timeout: Duration,
+    ) -> Result<Self, BoxError> {
+        if std::env::var_os("TEST_LOG").is_some() {
+            crate::telemetry::init();
+        }
+        let stand_ins = StandIns::start().await?;
+        let (store, dir) = open_store(kind).await?;
+        let env = stand_ins.env(vars);
+        let clock = Clock::default();
+        let metrics = Arc::new(Mutex::new(Vec::new()));
+        let deps = |role: Role| -> Result<Arc<Deps>, BoxError> {
+            let config = Config::from_lookup(role, &|k| env.get(k).cloned())?;
+            let deps = Deps::new(Arc::new(config), store.clone())?
+                .with_clock(clock.clone())
+                .with_metrics(Metrics::shared(role.name(), metrics.clone()))
+                .with_outbound(quick_retries(), timeout);
+            Ok(Arc::new(deps))
+        };
+        let submit_router = http::submit::router(deps(Role::Submit)?);
+        let webhook_router = http::webhook::router(deps(Role::Webhook)?);
+        let sweeper = deps(Role::Sweep)?;
+        Ok(Self {
+            submit_url: serve(submit_router.clone()).await?,
+            webhook_url: format!(
+                "{}/webhooks/buildkite",
+                serve(webhook_router.clone()).await?
+            ),
+            buildkite: stand_ins.buildkite,
+            discord: stand_ins.discord,
+            receiver: stand_ins.receiver,
+            store,
+            sweeper,
+            submit_router,
+            webhook_router,
+            client: reqwest::Client::new(),
+            clock,
+            metrics,
+            _dir: dir,
+        })
+    }
+
+    pub async fn submit(&self, body: &Value) -> (StatusCode, Value) {
+        self.submit_raw(body.to_string().into_bytes(), Some(API_TOKEN))
+            .await
+    }
+
+    pub async fn submit_raw(&self, body: Vec<u8>, token: Option<&str>) -> (StatusCode, Value) {
+        let mut req = self
+            .client
+            .post(format!("{}/submissions", self.submit_url))
+            .body(body);
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        answer(req).await
+    }
+
+    pub async fn cancel(&self, run_id: &str) -> (StatusCode, Value) {
+        let url = format!("{}/submissions/{run_id}/cancel", self.submit_url);
+        answer(self.client.post(url).bearer_auth(API_TOKEN)).await
+    }
+
+    pub async fn status(&self, run_id: &str) -> (StatusCode, Value) {
+        let url = format!("{}/submissions/{run_id}", self.submit_url);
+        answer(self.client.get(url).bearer_auth(API_TOKEN)).await
+    }
+
+    /// The job as stored; `None` if there is none (or the store failed).
+    pub async fn job(&self, run_id: &str) -> Option<Job> {
+        let id: RunId = run_id.parse().ok()?;
+        self.store.get(&id).await.ok().flatten()
+    }
+
+    /// Sends `event` for build `number` as Buildkite would, signed with the current secret;
+    /// the answer's status (`None`: no answer).
+    pub async fn event(&self, event: &str, number: u64) -> Option<StatusCode> {
+        let body = self.buildkite.webhook_body(event, number);
+        let sent = deliver(&self.webhook_url, SECRET, event, body, unix_now()).await;
+        sent.ok().map(|r| r.status())
+    }
+
+    /// Ends build `number` in `state` with `result` uploaded, and sends `build.finished`.
+    pub async fn finish(
+        &self,
+        number: u64,
+        state: &str,
+        result: Option<Vec<u8>>,
+    ) -> Option<StatusCode> {
+        if let Some(bytes) = result {
+            self.buildkite
+                .upload(number, "result.json", bytes, "finished", false);
+        }
+        self.buildkite.set_state(number, state);
+        self.event("build.finished", number).await
+    }
+
+    /// One pass of the sweep function, as its schedule would run it.
+    pub async fn sweep(&self) -> Result<sweep::SweepReport, crate::flow::DispatchError> {
+        sweep::sweep(&self.sweeper, Deadline::after(Duration::from_secs(30))).await
+    }
+
+    /// Moves every function's clock forward (deadlines and give-ups without waiting).
+    pub fn advance_clock(&self, by: Duration) {
+        self.clock.advance(by);
+    }
+
+    /// The values of metric `name` published so far, with their objects' dimensions.
+    pub fn metric(&self, name: &str) -> Vec<(Value, f64)> {
+        self.metrics
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter_map(|m| Some((m.clone(), m.get(name)?.as_f64()?)))
+            .collect()
+    }
+
+    pub fn discord_calls(&self) -> Vec<DiscordCall> {
+        self.discord.calls()
+    }
+
+    /// The current text of the job's Discord message (content and embed description).
+    pub fn discord_text(&self) -> String {
+        self.discord
+            .messages()
+            .values()
+            .map(|m| {
+                format!(
+                    "{}\n{}",
+                    m["content"].as_str().unwrap_or(""),
+                    m["embeds"][0]["description"].as_str().unwrap_or("")
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n---\n")
+    }
+}
+
+/// Sends a request to the submit API: its status and JSON body (null if none). No answer at
+/// all reads as a 599, which no test expects.
+async fn answer(req: reqwest::RequestBuilder) -> (StatusCode, Value) {
+    match req.send().await {
+        Ok(resp) => {
+            let status = resp.status();
+            (status, resp.json().await.unwrap_or(Value::Null))
+        }
+        Err(e) => (
+            StatusCode::from_u16(599).unwrap_or(StatusCode::BAD_GATEWAY),
+            json!({"error": e.without_url().to_string()}),
+        ),
+    }
+}
+
+/// A valid submission body for `run_id`.
+pub fn submission(run_id: &str) -> Value {
+    json!({
+        "run_id": run_id,
+        "gpu": "H100_BK",
+        "title": "vectoradd",
+        "config": {"lang": "py", "mode": "test", "main": "eval.py", "sources": {"eval.py": "print('hi')"}, "tests": [{"size": 1}]},
+        "discord": {"webhook_url": HOOK_URL}
+    })
+}

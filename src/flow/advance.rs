@@ -1,0 +1,63 @@
+//! Moving a job forward: a transition written by compare-and-swap, then whatever it owes
+//! delivered.
+
+use tracing::{info, warn};
+
+use super::{Deps, DispatchError, deliver};
+use crate::buildkite::Build;
+use crate::jobs::{BuildRef, Job, JobState, StoreError, Transition, Updated, update_seen};
+use crate::retry::Deadline;
+
+/// What an event (a webhook, a sweep's look at a build) did to its job.
+#[derive(Debug, PartialEq, Eq)]
+pub enum EventOutcome {
+    Advanced(JobState),
+    Ignored(&'static str),
+}
+
+/// The job's record of `build`.
+pub(crate) fn build_ref(build: &Build) -> BuildRef {
+    BuildRef {
+        id: build.id.clone(),
+        number: build.number,
+        web_url: build.web_url.clone(),
+    }
+}
+
+/// Moves a job (`seen` as last read) forward and delivers what that owes. An outcome too
+/// large for the store is stored without its result (the verdict stands), never retried
+/// as it is.
+pub(crate) async fn advance(
+    d: &Deps,
+    seen: &Job,
+    t: Transition,
+    deadline: Deadline,
+) -> Result<EventOutcome, DispatchError> {
+    let store = d.store.as_ref();
+    let written = match update_seen(store, seen, |j| j.apply(&t)).await {
+        Err(StoreError::TooLarge) if t.outcome.is_some() => {
+            warn!("outcome too large for the store; keeping the verdict only");
+            let mut slim = t.clone();
+            slim.outcome = t
+                .outcome
+                .as_ref()
+                .map(|o| o.without_result("the result was too large to store"));
+            update_seen(store, seen, |j| j.apply(&slim)).await?
+        }
+        other => other?,
+    };
+    match written {
+        Updated::Written(job) => {
+            info!(state = %job.state, "job moved forward");
+            deliver::deliver(d, &job, deadline).await?;
+            Ok(EventOutcome::Advanced(job.state))
+        }
+        Updated::Unchanged(job) => {
+            if job.owes_delivery() {
+                deliver::deliver(d, &job, deadline).await?;
+            }
+            Ok(EventOutcome::Ignored("duplicate or out of order"))
+        }
+        Updated::Missing => Ok(EventOutcome::Ignored("unknown job")),
+    }
+}

@@ -1,0 +1,82 @@
+//! A finished build's outcome: its final state, and the `result.json` it left, read through
+//! the API's 302 to artifact storage.
+
+use tracing::info;
+
+use super::{Deps, DispatchError};
+use crate::buildkite::{Build, BuildkiteError, pick_result};
+use crate::result::{FullResult, Outcome};
+use crate::retry::Deadline;
+
+#[derive(Debug, thiserror::Error)]
+enum FetchError {
+    #[error("build has no finished result.json artifact")]
+    Missing,
+    #[error("result.json could not be read: {0}")]
+    Unreadable(#[source] serde_json::Error),
+    #[error("result.json could not be downloaded: {0}")]
+    Buildkite(#[from] BuildkiteError),
+}
+
+impl FetchError {
+    /// What the report says: fixed texts, the details stay in the logs.
+    fn public(&self) -> String {
+        match self {
+            Self::Missing => self.to_string(),
+            Self::Unreadable(_) => "result.json could not be read".into(),
+            Self::Buildkite(e) => format!("result.json could not be downloaded: {}", e.public()),
+        }
+    }
+
+    /// The error to try again later on rather than judge the run on a result we could not
+    /// read (Buildkite unreachable, or our token may not read artifacts); else this failure,
+    /// which becomes part of the outcome.
+    fn passing(self) -> Result<BuildkiteError, Self> {
+        match self {
+            Self::Buildkite(
+                e @ (BuildkiteError::Unavailable(_)
+                | BuildkiteError::OverBudget
+                | BuildkiteError::RateLimited { .. }
+                | BuildkiteError::Misconfigured { .. }),
+            ) => Ok(e),
+            other => Err(other),
+        }
+    }
+}
+
+/// The outcome of a finished build as the REST API shows it (with its jobs). Only
+/// Buildkite being unreachable is an error (so the sweep can try again later); a missing
+/// or unreadable result is part of the outcome.
+pub(crate) async fn outcome_of(
+    d: &Deps,
+    build: &Build,
+    deadline: Deadline,
+) -> Result<Outcome, DispatchError> {
+    let state = build.final_state().to_owned();
+    let (result, error) = match fetch_result(d, build, deadline)
+        .await
+        .map_err(FetchError::passing)
+    {
+        Ok(r) => (Some(r), None),
+        Err(Ok(e)) => return Err(e.into()),
+        Err(Err(e)) => {
+            info!(error = %e, "no usable result.json");
+            (None, Some(e.public()))
+        }
+    };
+    Ok(Outcome::judge(&state, result, error).with_timings(build.timings()))
+}
+
+async fn fetch_result(
+    d: &Deps,
+    build: &Build,
+    deadline: Deadline,
+) -> Result<FullResult, FetchError> {
+    let artifacts = d.buildkite.list_artifacts(build.number, deadline).await?;
+    let artifact = pick_result(build, &artifacts).ok_or(FetchError::Missing)?;
+    let bytes = d
+        .buildkite
+        .download_artifact(build.number, artifact, deadline)
+        .await?;
+    FullResult::parse(&bytes).map_err(FetchError::Unreadable)
+}

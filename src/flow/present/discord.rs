@@ -1,0 +1,201 @@
+//! A job as its Discord status message shows it: one message per job, rendered from the
+//! job's current state and fitted to Discord's limits.
+
+use super::summary::{capitalised, short_report, system_lines, timing_line};
+use crate::discord::{AllowedMentions, DiscordTarget, Embed, Field, Message};
+use crate::jobs::{Job, JobState, WebhookAddress};
+use crate::result::{Outcome, Verdict};
+
+const GREEN: u32 = 0x2e_cc_71;
+const RED: u32 = 0xe7_4c_3c;
+
+/// Where the job's message goes, as Discord's client takes it.
+pub(crate) fn target(address: &WebhookAddress) -> DiscordTarget {
+    DiscordTarget {
+        webhook_id: address.webhook_id.clone(),
+        token: address.token.clone(),
+        thread_id: address.thread_id.clone(),
+    }
+}
+
+/// How a job keeps a target a submission named.
+pub(crate) fn address(target: &DiscordTarget) -> WebhookAddress {
+    WebhookAddress {
+        webhook_id: target.webhook_id.clone(),
+        token: target.token.clone(),
+        thread_id: target.thread_id.clone(),
+    }
+}
+
+fn build_link(job: &Job) -> String {
+    match &job.build {
+        Some(b) => format!("build [#{}](<{}>)", b.number, b.web_url),
+        None => "build pending".to_owned(),
+    }
+}
+
+/// The message for a job as it is now.
+pub fn render(job: &Job) -> Message {
+    let title = job
+        .title
+        .clone()
+        .unwrap_or_else(|| format!("Run {}", job.run_id));
+    let head = format!("**{}** on `{}`", title, job.gpu);
+    let (content, embeds) = match job.state {
+        JobState::Finished => finished(job, &head),
+        _ => (status_line(job, &head), vec![]),
+    };
+    // A run that did not pass carries kernelbot's full report (never a private one).
+    let file = match (&job.outcome, job.state, job.private) {
+        (Some(outcome), JobState::Finished, false) => super::report::attachment(outcome),
+        _ => None,
+    };
+    Message {
+        content,
+        embeds,
+        allowed_mentions: AllowedMentions::default(),
+        file,
+    }
+    .fit()
+}
+
+/// The message of a job that has not finished (or failed before its build existed).
+fn status_line(job: &Job, head: &str) -> String {
+    match job.state {
+        JobState::Submitted => format!("{head}\n> ⏳ Submitting to queue `{}`", job.queue),
+        JobState::Scheduled => {
+            format!(
+                "{head}\n> ⏳ Queued on `{}`, {}",
+                job.queue,
+                build_link(job)
+            )
+        }
+        JobState::Running => {
+            format!(
+                "{head}\n> 🏃 Running on `{}`, {}",
+                job.queue,
+                build_link(job)
+            )
+        }
+        JobState::Failed | JobState::Finished => format!(
+            "{head} ❌ failure\n> Submission failed: {}",
+            job.failure.as_deref().unwrap_or("unknown reason")
+        ),
+    }
+}
+
+fn finished(job: &Job, head: &str) -> (String, Vec<Embed>) {
+    match &job.outcome {
+        // A private run shows one verdict line and the build link: no timing, no report.
+        Some(outcome) if job.private => (
+            format!(
+                "{head}\n> {}\n> {}",
+                verdict_sentence(outcome.verdict, &job.queue),
+                capitalised(&build_link(job))
+            ),
+            vec![],
+        ),
+        Some(outcome) => final_report(job, head, outcome),
+        None => (
+            format!("{head} ❌ failure\n> Finished without an outcome"),
+            vec![],
+        ),
+    }
+}
+
+/// The one sentence Discord shows for each verdict. Fixed texts: nothing a third party wrote
+/// reaches the channel through them.
+pub fn verdict_sentence(verdict: Verdict, queue: &str) -> String {
+    match verdict {
+        Verdict::Passed => "✅ Passed: every run succeeded.".into(),
+        Verdict::Failed => {
+            "❌ Failed: a test, benchmark or compile step failed, or the build failed.".into()
+        }
+        Verdict::Canceled => "❌ Canceled: the build was canceled.".into(),
+        Verdict::Skipped => "❌ Skipped: Buildkite skipped the build.".into(),
+        Verdict::QueueTimeout => {
+            format!("❌ Timed out in the queue: no agent on queue `{queue}` started it in time.")
+        }
+        Verdict::Expired => "❌ Expired: the job ran past its maximum age and was stopped.".into(),
+        Verdict::Error => "❌ Error: the build left no usable result.".into(),
+    }
+}
+
+fn final_report(job: &Job, head: &str, outcome: &Outcome) -> (String, Vec<Embed>) {
+    let passed = outcome.verdict == Verdict::Passed;
+    let mut content = format!(
+        "{head} {}\n> {}\n> {} ({})",
+        if passed { "✅ success" } else { "❌ failure" },
+        verdict_sentence(outcome.verdict, &job.queue),
+        capitalised(&build_link(job)),
+        outcome.build_state
+    );
+    if let Some(line) = outcome.timings.as_ref().and_then(timing_line) {
+        content.push_str(&format!("\n> ⏱ {line}"));
+    }
+    let mut lines = Vec::new();
+    if let Some(error) = &outcome.error {
+        lines.push(format!("❌ {error}"));
+    }
+    let mut fields = Vec::new();
+    if let Some(result) = &outcome.result {
+        lines.extend(short_report(result));
+        if let Some(system) = system_lines(result) {
+            fields.push(Field {
+                name: "Running on".into(),
+                value: system,
+                inline: false,
+            });
+        }
+    }
+    let embed = Embed {
+        title: Some(format!("Report for {}", job.run_id)),
+        url: job.build.as_ref().map(|b| b.web_url.clone()),
+        description: Some(lines.join("\n")),
+        color: Some(if passed { GREEN } else { RED }),
+        fields,
+    };
+    (content, vec![embed])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::jobs::{BuildRef, Transition};
+
+    #[test]
+    fn every_state_renders_with_mentions_disabled() {
+        let mut job = Job::new(
+            "r1".parse().unwrap(),
+            "H100_BK".into(),
+            "h100".into(),
+            Some("@everyone".into()),
+            None,
+            0,
+        );
+        let json = serde_json::to_value(render(&job)).unwrap();
+        assert_eq!(json["allowed_mentions"], serde_json::json!({"parse": []}));
+        job = job
+            .apply(&Transition::to(JobState::Running, 1).with_build(BuildRef {
+                id: "i".into(),
+                number: 9,
+                web_url: "https://bk/9".into(),
+            }))
+            .unwrap();
+        assert!(
+            render(&job)
+                .content
+                .contains("Running on `h100`, build [#9](<https://bk/9>)")
+        );
+        let outcome = Outcome::judge("canceled", None, None);
+        job = job
+            .apply(&Transition::to(JobState::Finished, 2).with_outcome(outcome))
+            .unwrap();
+        let msg = render(&job);
+        assert!(msg.content.contains("❌ failure"));
+        assert_eq!(
+            msg.embeds[0].description.as_deref(),
+            Some("❌ Build canceled")
+        );
+    }
+}

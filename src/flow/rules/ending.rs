@@ -1,0 +1,139 @@
+//! When a job ends without its build's word: a deadline passed, or a user canceled it.
+
+use crate::jobs::{Job, JobState, Transition};
+use crate::result::{Outcome, Verdict};
+use crate::time::Millis;
+
+/// A deadline an open job has passed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Overdue {
+    /// Its evaluation did not start in time after its build was created.
+    QueueTimeout,
+    /// It is older than the deployment's maximum job age.
+    Expired,
+}
+
+/// Which deadline, if any, `job` has passed at `now`. `queue_timeout_ms` applies unless the
+/// submission set its own.
+pub fn overdue(
+    job: &Job,
+    now: Millis,
+    queue_timeout_ms: Millis,
+    max_age_ms: Millis,
+) -> Option<Overdue> {
+    if job.state.is_terminal() {
+        return None;
+    }
+    if now - job.created_at >= max_age_ms {
+        return Some(Overdue::Expired);
+    }
+    let limit = job
+        .max_queue_secs
+        .map_or(queue_timeout_ms, |s| s as Millis * 1000);
+    let waiting_since = job.scheduled_at?;
+    (job.state == JobState::Scheduled && now - waiting_since >= limit)
+        .then_some(Overdue::QueueTimeout)
+}
+
+/// What asking to cancel `job` does to it: `None` when it has ended (or was already asked).
+pub fn request_cancel(job: &Job, now: Millis) -> Option<Job> {
+    if job.state.is_terminal() || job.cancel_requested {
+        return None;
+    }
+    let mut next = job.clone();
+    next.cancel_requested = true;
+    next.updated_at = now;
+    if job.build.is_none() {
+        // No build to wait for: it ends here (a build created later is canceled on sight).
+        let outcome = Outcome::decided(
+            "not_created",
+            Verdict::Canceled,
+            "canceled before its build was created",
+        );
+        return next.apply(&Transition::to(JobState::Finished, now).with_outcome(outcome));
+    }
+    Some(next)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::jobs::BuildRef;
+
+    fn job(state: JobState) -> Job {
+        let mut j = Job::new("r".parse().unwrap(), "g".into(), "q".into(), None, None, 0);
+        j.state = state;
+        j
+    }
+
+    #[test]
+    fn deadlines_run_from_creation_and_from_the_build() {
+        let mut j = job(JobState::Scheduled);
+        j.scheduled_at = Some(1_000);
+        assert_eq!(overdue(&j, 900_999, 900_000, 21_600_000), None);
+        assert_eq!(
+            overdue(&j, 901_000, 900_000, 21_600_000),
+            Some(Overdue::QueueTimeout)
+        );
+        j.max_queue_secs = Some(3600);
+        assert_eq!(
+            overdue(&j, 901_000, 900_000, 21_600_000),
+            None,
+            "its own deadline"
+        );
+        let running = Job {
+            state: JobState::Running,
+            ..j.clone()
+        };
+        assert_eq!(
+            overdue(&running, 3_700_000, 900_000, 21_600_000),
+            None,
+            "it started"
+        );
+        assert_eq!(
+            overdue(&running, 21_600_000, 900_000, 21_600_000),
+            Some(Overdue::Expired)
+        );
+        let done = Job {
+            state: JobState::Finished,
+            ..j
+        };
+        assert_eq!(overdue(&done, i64::MAX, 0, 0), None);
+    }
+
+    #[test]
+    fn a_cancel_ends_a_buildless_job_at_once_and_marks_one_with_a_build() {
+        let buildless = request_cancel(&job(JobState::Submitted), 5).unwrap();
+        assert_eq!(buildless.state, JobState::Finished);
+        assert_eq!(buildless.outcome.unwrap().verdict, Verdict::Canceled);
+        let mut scheduled = job(JobState::Scheduled);
+        scheduled.build = Some(BuildRef {
+            id: "b".into(),
+            number: 1,
+            web_url: String::new(),
+        });
+        let asked = request_cancel(&scheduled, 5).unwrap();
+        assert_eq!(
+            (asked.state, asked.cancel_requested),
+            (JobState::Scheduled, true)
+        );
+        assert_eq!(request_cancel(&asked, 6), None, "asked once");
+        assert_eq!(request_cancel(&job(JobState::Finished), 6), None);
+    }
+
+    #[test]
+    fn a_submission_fails_only_before_its_build_exists() {
+        let mut scheduled = job(JobState::Scheduled);
+        scheduled.build = Some(BuildRef {
+            id: "b".into(),
+            number: 1,
+            web_url: String::new(),
+        });
+        assert_eq!(scheduled.apply(&Transition::to(JobState::Failed, 1)), None);
+        assert!(
+            job(JobState::Submitted)
+                .apply(&Transition::to(JobState::Failed, 1))
+                .is_some()
+        );
+    }
+}

@@ -1,0 +1,230 @@
+//! The sweep's Buildkite work: deferred creates, then the builds of open jobs due for a
+//! look, read from two listings (live builds, ended builds) rather than a GET each, in
+//! bookmark order as far as the pass's call budget goes.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use tracing::warn;
+
+use super::super::advance::EventOutcome;
+use super::super::create::{Tried, create_deferred};
+use super::super::follow::{PipelineSeen, follow, look_at_build, overdue_now};
+use super::super::{Deps, DispatchError};
+use super::report::SweepReport;
+use crate::buildkite::{Build, BuildkiteError, TERMINAL_STATES};
+use crate::jobs::Job;
+use crate::retry::Deadline;
+
+/// Pages one listing reads at most; builds below them are read one by one, in bookmark
+/// order, as the budget allows.
+const LISTING_PAGES: usize = 10;
+/// A pass starts no new job's work with less than this left.
+pub(super) const PASS_RESERVE: Duration = Duration::from_secs(10);
+
+/// Build states in which a build may still change.
+const LIVE_STATES: &[&str] = &[
+    "creating",
+    "scheduled",
+    "running",
+    "failing",
+    "canceling",
+    "waiting",
+    "waiting_failed",
+];
+
+/// A job's place in the sweep's order (and the bookmark's form).
+fn bookmark(job: &Job) -> String {
+    format!("{:020}:{}", job.created_at.max(0), job.run_id)
+}
+
+fn number(job: &Job) -> u64 {
+    job.build.as_ref().map_or(0, |b| b.number)
+}
+
+/// Deferred creates, then the builds of open jobs due for a look.
+pub(super) async fn buildkite_work(
+    d: &Deps,
+    open: &[Job],
+    deadline: Deadline,
+    report: &mut SweepReport,
+) -> Result<(), DispatchError> {
+    let now = d.clock.now();
+    let min_age = d.config.timing.sweep_min_age.as_millis() as i64;
+    let mut pipeline = PipelineSeen::default();
+    for job in open.iter().filter(|j| j.build.is_none()) {
+        if deadline.remaining() < PASS_RESERVE {
+            return Ok(());
+        }
+        sweep_open(d, job, false, &mut pipeline, deadline, report).await?;
+    }
+    // Deadlines and cancels are handled whatever the job's age.
+    let due: Vec<&Job> = open
+        .iter()
+        .filter(|j| j.build.is_some())
+        .filter(|j| {
+            j.created_at <= now - min_age || j.cancel_requested || overdue_now(d, j).is_some()
+        })
+        .collect();
+    follow_builds(d, &due, &mut pipeline, deadline, report).await
+}
+
+/// One open job: create its build if that is due, else (`check_build`) follow its build.
+pub(super) async fn sweep_open(
+    d: &Deps,
+    job: &Job,
+    check_build: bool,
+    pipeline: &mut PipelineSeen,
+    deadline: Deadline,
+    report: &mut SweepReport,
+) -> Result<(), DispatchError> {
+    let result = if job.build.is_none() {
+        create_deferred(d, job, deadline)
+            .await
+            .map(|(outcome, tried)| {
+                match tried {
+                    Tried::Created => report.created += 1,
+                    Tried::Deferred => report.deferred += 1,
+                    Tried::Nothing => {}
+                }
+                outcome
+            })
+    } else if check_build {
+        report.checked += 1;
+        look_at_build(d, job, pipeline, deadline).await
+    } else {
+        return Ok(());
+    };
+    settle(job, result, report)?;
+    Ok(())
+}
+
+/// Follows the builds of `due` jobs: live builds from one listing, ended ones from another
+/// (and a GET for any in neither).
+async fn follow_builds(
+    d: &Deps,
+    due: &[&Job],
+    pipeline: &mut PipelineSeen,
+    deadline: Deadline,
+    report: &mut SweepReport,
+) -> Result<(), DispatchError> {
+    let Some(lowest) = due.iter().map(|j| number(j)).min() else {
+        return Ok(());
+    };
+    let bk_deadline = d.buildkite_deadline(deadline);
+    let listed = listing(d, LIVE_STATES, lowest, bk_deadline, pipeline, report).await?;
+    let Some(live) = listed else {
+        return Ok(());
+    };
+    let (listed, ended): (Vec<&Job>, Vec<&Job>) =
+        due.iter().partition(|j| live.contains_key(&number(j)));
+    for job in listed {
+        report.checked += 1;
+        let result = follow(d, job, &live[&number(job)], deadline).await;
+        if !settle(job, result, report)? {
+            return Ok(());
+        }
+    }
+    follow_ended(d, ended, pipeline, deadline, report).await
+}
+
+/// Follows the builds no live listing showed, from the bookmark the last pass left; where
+/// the budget runs out, the bookmark is left for the next pass, so every job is reached.
+async fn follow_ended(
+    d: &Deps,
+    ended: Vec<&Job>,
+    pipeline: &mut PipelineSeen,
+    deadline: Deadline,
+    report: &mut SweepReport,
+) -> Result<(), DispatchError> {
+    let ended = bookmark_order(d, ended).await?;
+    let Some(lowest) = ended.iter().map(|j| number(j)).min() else {
+        return set_cursor(d, None).await;
+    };
+    let bk_deadline = d.buildkite_deadline(deadline);
+    let listed = listing(d, TERMINAL_STATES, lowest, bk_deadline, pipeline, report).await?;
+    let Some(done) = listed else {
+        return Ok(());
+    };
+    for job in &ended {
+        if deadline.remaining() < PASS_RESERVE || d.buildkite.over_budget() {
+            return set_cursor(d, Some(&bookmark(job))).await;
+        }
+        report.checked += 1;
+        let result = match done.get(&number(job)) {
+            Some(build) => follow(d, job, build, deadline).await,
+            None => look_at_build(d, job, pipeline, deadline).await,
+        };
+        if !settle(job, result, report)? {
+            return set_cursor(d, Some(&bookmark(job))).await;
+        }
+    }
+    set_cursor(d, None).await
+}
+
+async fn set_cursor(d: &Deps, cursor: Option<&str>) -> Result<(), DispatchError> {
+    Ok(d.store.set_sweep_cursor(cursor).await?)
+}
+
+/// One listing of the pipeline's builds in `states` down to build `lowest`, by number;
+/// `None` when the budget or Buildkite stops the pass's Buildkite work.
+async fn listing(
+    d: &Deps,
+    states: &[&str],
+    lowest: u64,
+    deadline: Deadline,
+    pipeline: &mut PipelineSeen,
+    report: &mut SweepReport,
+) -> Result<Option<HashMap<u64, Build>>, DispatchError> {
+    match d
+        .buildkite
+        .list_builds(states, lowest, LISTING_PAGES, deadline)
+        .await
+    {
+        Ok(builds) => {
+            pipeline.reached();
+            Ok(Some(builds.into_iter().map(|b| (b.number, b)).collect()))
+        }
+        Err(e) if e.is_misconfiguration() => Err(DispatchError::Pipeline(e)),
+        Err(BuildkiteError::OverBudget) => Ok(None),
+        Err(e) => {
+            warn!(error = %e, "could not list builds; the next pass tries again");
+            report.errors += 1;
+            Ok(None)
+        }
+    }
+}
+
+/// `jobs` in (creation time, run id) order, starting at the bookmark the last pass left.
+async fn bookmark_order<'a>(
+    d: &Deps,
+    mut jobs: Vec<&'a Job>,
+) -> Result<Vec<&'a Job>, DispatchError> {
+    jobs.sort_by_key(|j| bookmark(j));
+    if let Some(mark) = d.store.sweep_cursor().await? {
+        let at = jobs.partition_point(|j| bookmark(j) < mark);
+        jobs.rotate_left(at);
+    }
+    Ok(jobs)
+}
+
+/// Counts one job's result; `false` when the pass must stop its Buildkite work.
+fn settle(
+    job: &Job,
+    result: Result<EventOutcome, DispatchError>,
+    report: &mut SweepReport,
+) -> Result<bool, DispatchError> {
+    match result {
+        Ok(outcome) => report.count(&outcome),
+        Err(DispatchError::Buildkite(BuildkiteError::OverBudget)) => return Ok(false),
+        Err(DispatchError::Buildkite(e)) if e.is_misconfiguration() => {
+            return Err(DispatchError::Pipeline(e));
+        }
+        Err(e @ (DispatchError::Pipeline(_) | DispatchError::Store(_))) => return Err(e),
+        Err(e) => {
+            warn!(run_id = %job.run_id, error = %e, "sweep could not check the job");
+            report.errors += 1;
+        }
+    }
+    Ok(true)
+}

@@ -1,0 +1,75 @@
+//! What handlers take from a request: proof of a submit token ([`Authorized`]), the
+//! invocation's deadline ([`Invocation`]) and the raw body within the route's limit
+//! ([`Body`]), each refusing with the API's own error.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::header;
+use axum::http::request::Parts;
+use secrecy::ExposeSecret;
+
+use super::{ApiError, MAX_BODY};
+use crate::flow::Deps;
+use crate::retry::{Deadline, LOCAL_BUDGET};
+
+/// Kept back from the Lambda deadline to write the answer.
+const ANSWER_RESERVE: Duration = Duration::from_millis(500);
+
+/// The request carried one of the submission API's bearer tokens. A handler that reads or
+/// changes a job takes it, so forgetting the check does not compile into a route.
+pub(crate) struct Authorized;
+
+impl FromRequestParts<Arc<Deps>> for Authorized {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, d: &Arc<Deps>) -> Result<Self, ApiError> {
+        let presented = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .ok_or(ApiError::Unauthorized)?;
+        let ours = &d.config().submit_tokens;
+        let known = ours
+            .iter()
+            .any(|t| crate::token::same(t.expose_secret().as_bytes(), presented.trim().as_bytes()));
+        known.then_some(Self).ok_or(ApiError::Unauthorized)
+    }
+}
+
+/// The invocation's one deadline: the Lambda context's when there is one, else a fixed span.
+pub(crate) struct Invocation(pub(crate) Deadline);
+
+impl<S: Sync> FromRequestParts<S> for Invocation {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(Self(match parts.extensions.get::<lambda_http::Context>() {
+            Some(ctx) => Deadline::at_unix_millis(ctx.deadline).less(ANSWER_RESERVE),
+            None => Deadline::after(LOCAL_BUDGET),
+        }))
+    }
+}
+
+/// The raw body, up to the route's `DefaultBodyLimit`; more is a 413 with the API's body.
+pub(crate) struct Body(pub(crate) Bytes);
+
+impl<S: Send + Sync> FromRequest<S> for Body {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, ApiError> {
+        match Bytes::from_request(request, state).await {
+            Ok(bytes) => Ok(Self(bytes)),
+            Err(e) if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE => Err(
+                ApiError::TooLarge(format!("request body exceeds {MAX_BODY} bytes")),
+            ),
+            Err(e) => Err(ApiError::BadRequest {
+                code: "unreadable_body",
+                message: e.body_text(),
+            }),
+        }
+    }
+}

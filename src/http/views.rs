@@ -1,0 +1,247 @@
+//! The API's answers as types: what each route returns is a struct here, so its shape is
+//! checked by the compiler, not assembled by hand.
+
+use serde::Serialize;
+
+use crate::flow::queues::QueueStatus;
+use crate::jobs::{BuildRef, Channel, Delivery, Job, JobState};
+use crate::result::{Outcome, Verdict};
+use crate::time::rfc3339;
+
+/// `GET /submissions/{run_id}`.
+#[derive(Serialize)]
+pub(crate) struct JobView<'a> {
+    run_id: &'a str,
+    state: JobState,
+    gpu: &'a str,
+    queue: &'a str,
+    title: Option<&'a str>,
+    build: Option<&'a BuildRef>,
+    failure: Option<&'a str>,
+    created_at: String,
+    updated_at: String,
+    verdict: Option<Verdict>,
+    result: Option<&'a Outcome>,
+    delivery: DeliveryView<'a>,
+}
+
+/// Where the job's messages stand, for operators (never the webhook token).
+#[derive(Serialize)]
+struct DeliveryView<'a> {
+    discord: Option<DiscordView<'a>>,
+    callback: Option<CallbackView<'a>>,
+}
+
+#[derive(Serialize)]
+struct DiscordView<'a> {
+    status: &'static str,
+    /// The newest state the message has shown.
+    shown: Option<&'static str>,
+    message_id: Option<&'a str>,
+    attempts: u32,
+    pending_since: Option<String>,
+    last_error: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct CallbackView<'a> {
+    status: &'static str,
+    /// The newest state the receiver accepted.
+    delivered: Option<&'static str>,
+    attempts: u32,
+    pending_since: Option<String>,
+    last_error: Option<&'a str>,
+}
+
+/// A state's name by rank (the top rank, shared by two states, is `final`).
+fn rank_name(rank: u8) -> &'static str {
+    match rank {
+        0 => "submitted",
+        1 => "scheduled",
+        2 => "running",
+        _ => "final",
+    }
+}
+
+/// The state a receiver accepted: the job's own when it is the rank the job is at.
+fn accepted_name(rank: u8, job: &Job) -> &'static str {
+    if rank == job.state.rank() {
+        job.state.as_str()
+    } else {
+        rank_name(rank)
+    }
+}
+
+/// `pending` while a message is owed, else how the delivery ended.
+fn status(job: &Job, channel: Channel, d: &Delivery) -> &'static str {
+    if job.owes(channel) {
+        "pending"
+    } else {
+        d.status.as_str()
+    }
+}
+
+impl<'a> JobView<'a> {
+    pub(crate) fn of(job: &'a Job) -> Self {
+        Self {
+            run_id: job.run_id.as_str(),
+            state: job.state,
+            gpu: &job.gpu,
+            queue: &job.queue,
+            title: job.title.as_deref(),
+            build: job.build.as_ref(),
+            failure: job.failure.as_deref(),
+            created_at: rfc3339(job.created_at),
+            updated_at: rfc3339(job.updated_at),
+            verdict: job.outcome.as_ref().map(|o| o.verdict),
+            result: job.outcome.as_ref(),
+            delivery: DeliveryView {
+                discord: job.discord.as_ref().map(|o| DiscordView {
+                    status: status(job, Channel::Discord, &o.delivery),
+                    shown: o.delivery.accepted.map(rank_name),
+                    message_id: o.message_id.as_deref(),
+                    attempts: o.delivery.attempts,
+                    pending_since: o.delivery.pending_since.map(rfc3339),
+                    last_error: o.delivery.last_error.as_deref(),
+                }),
+                callback: job.callback.as_ref().map(|c| CallbackView {
+                    status: status(job, Channel::Callback, &c.delivery),
+                    delivered: c.delivery.accepted.map(|r| accepted_name(r, job)),
+                    attempts: c.delivery.attempts,
+                    pending_since: c.delivery.pending_since.map(rfc3339),
+                    last_error: c.delivery.last_error.as_deref(),
+                }),
+            },
+        }
+    }
+}
+
+/// `POST /submissions`: 202 for a new job, 200 for a run id already known.
+#[derive(Serialize)]
+pub(crate) struct SubmittedView<'a> {
+    run_id: &'a str,
+    state: JobState,
+    build: Option<&'a BuildRef>,
+}
+
+impl<'a> SubmittedView<'a> {
+    pub(crate) fn of(job: &'a Job) -> Self {
+        Self {
+            run_id: job.run_id.as_str(),
+            state: job.state,
+            build: job.build.as_ref(),
+        }
+    }
+}
+
+/// `POST /submissions/{run_id}/cancel`.
+#[derive(Serialize)]
+pub(crate) struct CanceledView<'a> {
+    run_id: &'a str,
+    state: JobState,
+}
+
+impl<'a> CanceledView<'a> {
+    pub(crate) fn of(job: &'a Job) -> Self {
+        Self {
+            run_id: job.run_id.as_str(),
+            state: job.state,
+        }
+    }
+}
+
+/// `POST /webhooks/buildkite`: what the event did.
+#[derive(Serialize)]
+pub(crate) struct EventView {
+    ok: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    state: Option<JobState>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ignored: Option<&'static str>,
+}
+
+impl EventView {
+    pub(crate) fn advanced(state: JobState) -> Self {
+        Self {
+            ok: true,
+            state: Some(state),
+            ignored: None,
+        }
+    }
+
+    pub(crate) fn ignored(reason: &'static str) -> Self {
+        Self {
+            ok: true,
+            state: None,
+            ignored: Some(reason),
+        }
+    }
+}
+
+/// `GET /queues/{gpu}`.
+#[derive(Serialize)]
+pub(crate) struct QueueView<'a> {
+    gpu: &'a str,
+    queue: &'a str,
+    agents: AgentsView<'a>,
+    jobs: JobsView,
+    oldest_queued_secs: Option<u64>,
+}
+
+#[derive(Serialize)]
+struct AgentsView<'a> {
+    total: usize,
+    idle: usize,
+    busy: usize,
+    list: Vec<AgentView<'a>>,
+}
+
+#[derive(Serialize)]
+struct AgentView<'a> {
+    name: &'a str,
+    busy: bool,
+}
+
+#[derive(Serialize)]
+struct JobsView {
+    queued: usize,
+    running: usize,
+}
+
+impl<'a> QueueView<'a> {
+    pub(crate) fn of(s: &'a QueueStatus) -> Self {
+        let agents = &s.agents;
+        Self {
+            gpu: &s.gpu,
+            queue: &s.queue,
+            agents: AgentsView {
+                total: agents.total,
+                idle: agents.idle,
+                busy: agents.busy,
+                list: agents
+                    .list
+                    .iter()
+                    .map(|a| AgentView {
+                        name: &a.name,
+                        busy: a.busy,
+                    })
+                    .collect(),
+            },
+            jobs: JobsView {
+                queued: s.jobs.queued,
+                running: s.jobs.running,
+            },
+            oldest_queued_secs: s.oldest_queued_secs,
+        }
+    }
+}
+
+/// Every error: `{"error": "<code>", "message": "<text>"}`, with the field a 422
+/// `invalid_config` names.
+#[derive(Serialize)]
+pub(crate) struct ErrorBody {
+    pub(crate) error: &'static str,
+    pub(crate) message: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) field: Option<String>,
+}

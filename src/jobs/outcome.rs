@@ -1,0 +1,179 @@
+//! An outcome (which holds `result.json`) in its stored form: JSON text, or zlib-compressed
+//! and base64-encoded when large, and cut until it fits DynamoDB's 400 KB item limit.
+
+use super::error::StoreError;
+use crate::payload;
+use crate::result::Outcome;
+
+/// Outcomes larger than this are compressed.
+pub(crate) const COMPRESS_ABOVE: usize = 32 * 1024;
+/// The largest stored outcome: the rest of an item is a few KB, DynamoDB's limit 400 KB.
+pub const MAX_STORED_OUTCOME: usize = 300 * 1024;
+
+/// An outcome in its stored form: exactly one of the two is set.
+#[derive(Debug, Default, PartialEq)]
+pub(crate) struct EncodedOutcome {
+    pub(crate) json: Option<String>,
+    pub(crate) zlib_b64: Option<String>,
+}
+
+impl EncodedOutcome {
+    fn len(&self) -> usize {
+        self.json
+            .as_ref()
+            .or(self.zlib_b64.as_ref())
+            .map_or(0, String::len)
+    }
+}
+
+fn encode_exact(outcome: &Outcome) -> EncodedOutcome {
+    let json = serde_json::to_string(outcome).unwrap_or_default();
+    if json.len() <= COMPRESS_ABOVE {
+        return EncodedOutcome {
+            json: Some(json),
+            zlib_b64: None,
+        };
+    }
+    EncodedOutcome {
+        json: None,
+        zlib_b64: Some(payload::pack(json.as_bytes())),
+    }
+}
+
+/// The outcome as the store keeps it: whole if it fits [`MAX_STORED_OUTCOME`], else without
+/// its logs, else without its result (the verdict, drawn from the whole result, always
+/// survives). Transitions carry it in this form, so what is reported first is what a resend
+/// reads back. `None`: it fits as it is.
+pub(crate) fn fit_outcome(outcome: &Outcome) -> Option<Outcome> {
+    fitted(outcome).1
+}
+
+/// Encodes an outcome within [`MAX_STORED_OUTCOME`], cut as [`fit_outcome`] cuts it.
+pub(crate) fn encode_outcome(outcome: &Outcome) -> EncodedOutcome {
+    fitted(outcome).0
+}
+
+fn fitted(outcome: &Outcome) -> (EncodedOutcome, Option<Outcome>) {
+    let whole = encode_exact(outcome);
+    if whole.len() <= MAX_STORED_OUTCOME {
+        return (whole, None);
+    }
+    let mut slim = outcome.clone();
+    if let Some(result) = slim.result.as_mut() {
+        result.drop_logs();
+    }
+    let encoded = encode_exact(&slim);
+    if encoded.len() <= MAX_STORED_OUTCOME {
+        return (encoded, Some(slim));
+    }
+    let bare = outcome.without_result("the result was too large to store");
+    (encode_exact(&bare), Some(bare))
+}
+
+pub(crate) fn decode_outcome(
+    json: Option<&str>,
+    zlib_b64: Option<&str>,
+) -> Result<Option<Outcome>, StoreError> {
+    let bytes = match (json, zlib_b64) {
+        (Some(j), _) => j.as_bytes().to_vec(),
+        (None, Some(z)) => payload::unpack(z).map_err(StoreError::corrupt)?,
+        (None, None) => return Ok(None),
+    };
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(StoreError::corrupt)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::result::{EvalResult, FullResult, RunResult};
+
+    fn outcome_with_log(len: usize, noisy: bool) -> Outcome {
+        let stdout: String = if noisy {
+            {
+                let mut rng = fastrand::Rng::with_seed(len as u64);
+                (0..len).map(|_| rng.alphanumeric()).collect()
+            }
+        } else {
+            "a".repeat(len)
+        };
+        let mut result = FullResult {
+            success: true,
+            ..Default::default()
+        };
+        for name in ["test", "benchmark", "leaderboard", "profile.0", "profile.1"] {
+            let run = RunResult {
+                stdout: stdout.clone(),
+                stderr: stdout.clone(),
+                ..Default::default()
+            };
+            result.runs.insert(
+                name.into(),
+                EvalResult {
+                    run: Some(run),
+                    ..Default::default()
+                },
+            );
+        }
+        Outcome::judge("passed", Some(result), None)
+    }
+
+    #[test]
+    fn small_outcomes_stay_readable_json() {
+        let o = outcome_with_log(10, false);
+        let enc = encode_outcome(&o);
+        assert!(enc.json.is_some() && enc.zlib_b64.is_none());
+        assert_eq!(decode_outcome(enc.json.as_deref(), None).unwrap(), Some(o));
+    }
+
+    #[test]
+    fn large_outcomes_are_compressed_losslessly() {
+        let o = outcome_with_log(16_000, false);
+        let enc = encode_outcome(&o);
+        let z = enc.zlib_b64.as_deref().expect("compressed");
+        assert!(z.len() < COMPRESS_ABOVE);
+        assert_eq!(decode_outcome(None, Some(z)).unwrap(), Some(o));
+    }
+
+    #[test]
+    fn incompressible_outcomes_drop_logs_to_fit() {
+        let o = outcome_with_log(60_000, true);
+        let enc = encode_outcome(&o);
+        assert!(enc.len() <= MAX_STORED_OUTCOME);
+        let back = decode_outcome(enc.json.as_deref(), enc.zlib_b64.as_deref())
+            .unwrap()
+            .unwrap();
+        assert_eq!(back.verdict, o.verdict);
+        assert!(
+            back.result.unwrap().runs["test"]
+                .run
+                .as_ref()
+                .unwrap()
+                .stdout
+                .starts_with("[dropped")
+        );
+    }
+
+    #[test]
+    fn results_too_large_even_without_logs_keep_their_verdict() {
+        let mut o = outcome_with_log(10, false);
+        let run = o.result.as_mut().unwrap().runs.get_mut("test").unwrap();
+        let mut rng = fastrand::Rng::with_seed(3);
+        let entries = run.run.as_mut().unwrap();
+        for i in 0..400 {
+            let noise: String = (0..2000).map(|_| rng.alphanumeric()).collect();
+            entries
+                .result
+                .insert(format!("test.{i}.message"), noise.into());
+        }
+        let enc = encode_outcome(&o);
+        assert!(enc.len() <= MAX_STORED_OUTCOME, "{}", enc.len());
+        let back = decode_outcome(enc.json.as_deref(), enc.zlib_b64.as_deref())
+            .unwrap()
+            .unwrap();
+        assert_eq!(back.verdict, o.verdict);
+        assert!(back.result.is_none());
+        assert!(back.error.unwrap().contains("too large to store"));
+    }
+}

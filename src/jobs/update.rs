@@ -1,0 +1,91 @@
+//! Changing a stored job: a pure decision applied by compare-and-swap, decided again on
+//! whatever another writer wrote first.
+
+use super::error::StoreError;
+use super::id::RunId;
+use super::model::Job;
+use super::store::{JobStore, Replaced};
+
+/// What [`update`] did.
+#[derive(Debug, PartialEq)]
+pub enum Updated {
+    /// The change was written; the job as written.
+    Written(Job),
+    /// The change declined (nothing to do); the job as it is.
+    Unchanged(Job),
+    Missing,
+}
+
+impl Updated {
+    /// The job as it is after the update, whichever way it went.
+    pub fn job(self) -> Option<Job> {
+        match self {
+            Self::Written(j) | Self::Unchanged(j) => Some(j),
+            Self::Missing => None,
+        }
+    }
+}
+
+/// Concurrent writers to one job are a handful of webhooks and a sweep; this many rounds
+/// means something is wrong.
+const MAX_ROUNDS: usize = 16;
+
+/// Another writer won every round: the job is changing faster than it can be decided on.
+#[derive(Debug, thiserror::Error)]
+#[error("job {0} kept changing under {MAX_ROUNDS} tries")]
+struct KeptChanging(RunId);
+
+/// Applies `change` (a pure decision: the next job, or `None` for no change) to the job as
+/// stored, deciding again whenever another writer got there first.
+pub async fn update(
+    store: &dyn JobStore,
+    run_id: &RunId,
+    change: impl FnMut(&Job) -> Option<Job> + Send,
+) -> Result<Updated, StoreError> {
+    match store.get(run_id).await? {
+        Some(job) => decide(store, job, true, change).await,
+        None => Ok(Updated::Missing),
+    }
+}
+
+/// [`update`], starting from `seen`: the job as this caller last read or wrote it, saving
+/// the read when nobody wrote since. A stale `seen` costs nothing in safety: its write is
+/// refused by the version check and the change decided again on the job as stored, and a
+/// decision of no change is only trusted on a fresh read.
+pub async fn update_seen(
+    store: &dyn JobStore,
+    seen: &Job,
+    change: impl FnMut(&Job) -> Option<Job> + Send,
+) -> Result<Updated, StoreError> {
+    decide(store, seen.clone(), false, change).await
+}
+
+async fn decide(
+    store: &dyn JobStore,
+    mut job: Job,
+    mut fresh: bool,
+    mut change: impl FnMut(&Job) -> Option<Job> + Send,
+) -> Result<Updated, StoreError> {
+    let run_id = job.run_id.clone();
+    for _ in 0..MAX_ROUNDS {
+        let Some(mut next) = change(&job) else {
+            if fresh {
+                return Ok(Updated::Unchanged(job));
+            }
+            fresh = true;
+            match store.get(&run_id).await? {
+                Some(stored) => job = stored,
+                None => return Ok(Updated::Missing),
+            }
+            continue;
+        };
+        next.version = job.version + 1;
+        let write_id = uuid::Uuid::new_v4().simple().to_string();
+        match store.replace(&next, &write_id).await? {
+            Replaced::Written => return Ok(Updated::Written(next)),
+            Replaced::Conflict(Some(latest)) => (job, fresh) = (*latest, true),
+            Replaced::Conflict(None) => return Ok(Updated::Missing),
+        }
+    }
+    Err(StoreError::unavailable(KeptChanging(run_id)))
+}

@@ -1,0 +1,359 @@
+//! Secrets read at cold start through a stand-in of the AWS Parameters and Secrets Lambda
+//! extension's HTTP endpoint (`GET /secretsmanager/get?secretId=…` on localhost, the session
+//! token in `X-Aws-Parameters-Secrets-Token`, Secrets Manager's `GetSecretValue` answer).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use axum::extract::{RawQuery, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use kernelbot_dispatch::config::{Config, Role};
+use kernelbot_dispatch::secrets::{KEYS, SecretsError, load, overlay};
+use secrecy::ExposeSecret;
+use serde_json::json;
+
+const SESSION_TOKEN: &str = "session-token-of-this-sandbox";
+
+#[derive(Default)]
+struct Extension {
+    /// The secret's `SecretString`, by secret id.
+    secrets: BTreeMap<String, String>,
+    /// Answers to give before the real one (the extension still starting, say): status and
+    /// body.
+    failures: Vec<(u16, &'static str)>,
+    calls: usize,
+}
+
+type Shared = Arc<Mutex<Extension>>;
+
+async fn secrets_manager_get(
+    State(ext): State<Shared>,
+    RawQuery(q): RawQuery,
+    headers: HeaderMap,
+) -> Response {
+    let mut ext = ext.lock().unwrap();
+    ext.calls += 1;
+    if headers
+        .get("X-Aws-Parameters-Secrets-Token")
+        .and_then(|v| v.to_str().ok())
+        != Some(SESSION_TOKEN)
+    {
+        return (StatusCode::UNAUTHORIZED, "not authorized").into_response();
+    }
+    if !ext.failures.is_empty() {
+        let (status, body) = ext.failures.remove(0);
+        return (StatusCode::from_u16(status).unwrap(), body).into_response();
+    }
+    let id = url::form_urlencoded::parse(q.unwrap_or_default().as_bytes())
+        .find(|(k, _)| k == "secretId")
+        .map(|(_, v)| v.into_owned())
+        .unwrap_or_default();
+    match ext.secrets.get(&id) {
+        Some(s) => axum::Json(json!({
+            "ARN": format!("arn:aws:secretsmanager:eu-west-1:123456789012:secret:{id}-AbCdEf"),
+            "Name": id, "SecretString": s, "VersionId": "v1",
+            "VersionStages": ["AWSCURRENT"], "CreatedDate": "2026-11-01T00:00:00Z",
+        }))
+        .into_response(),
+        None => (
+            StatusCode::BAD_REQUEST,
+            "ResourceNotFoundException: Secrets Manager can't find the specified secret.",
+        )
+            .into_response(),
+    }
+}
+
+async fn start(ext: Extension) -> (u16, Shared) {
+    let shared: Shared = Arc::new(Mutex::new(ext));
+    let app = axum::Router::new()
+        .route("/secretsmanager/get", get(secrets_manager_get))
+        .with_state(shared.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (port, shared)
+}
+
+fn env(pairs: Vec<(&'static str, String)>) -> impl Fn(&str) -> Option<String> + Sync + Clone {
+    let map: BTreeMap<&'static str, String> = pairs.into_iter().collect();
+    move |k: &str| map.get(k).cloned()
+}
+
+async fn load_all(
+    vars: &(dyn Fn(&str) -> Option<String> + Sync),
+) -> Result<BTreeMap<String, secrecy::SecretString>, SecretsError> {
+    load(vars, KEYS).await
+}
+
+fn stored() -> String {
+    json!({
+        "BUILDKITE_API_TOKEN": "bk-from-extension",
+        "SUBMIT_API_TOKEN": "submit-from-extension,second-token",
+        "BUILDKITE_WEBHOOK_SECRET": "webhook-from-extension",
+        "SOMETHING_ELSE": "ignored",
+    })
+    .to_string()
+}
+
+#[tokio::test]
+async fn secrets_come_from_the_extension_and_the_environment_wins() {
+    let (port, ext) = start(Extension {
+        secrets: BTreeMap::from([("kernelbot-dispatch".into(), stored())]),
+        ..Default::default()
+    })
+    .await;
+    let vars = env(vec![
+        ("KERNELBOT_SECRET_ID", "kernelbot-dispatch".into()),
+        ("AWS_SESSION_TOKEN", SESSION_TOKEN.into()),
+        ("PARAMETERS_SECRETS_EXTENSION_HTTP_PORT", port.to_string()),
+        ("BUILDKITE_ORG", "org".into()),
+        ("BUILDKITE_PIPELINE", "kernelbot".into()),
+        // Set in the environment: kept over the extension's value.
+        ("BUILDKITE_API_TOKEN", "bk-from-env".into()),
+    ]);
+    let secrets = load(&vars, Role::Submit.secret_keys())
+        .await
+        .expect("read through the extension");
+    assert_eq!(ext.lock().unwrap().calls, 1);
+    assert!(!secrets.contains_key("SOMETHING_ELSE"));
+    // The submit function keeps no webhook secret, nor the webhook function the submission
+    // API's token.
+    assert!(!secrets.contains_key("BUILDKITE_WEBHOOK_SECRET"));
+    let for_webhook = load(&vars, Role::Webhook.secret_keys()).await.unwrap();
+    assert!(!for_webhook.contains_key("SUBMIT_API_TOKEN"));
+    assert!(for_webhook.contains_key("BUILDKITE_WEBHOOK_SECRET"));
+    let lookup = overlay(vars.clone(), secrets);
+    let config = Config::from_lookup(Role::Submit, &lookup).unwrap();
+    let tokens: Vec<&str> = config
+        .submit_tokens
+        .iter()
+        .map(|t| t.expose_secret())
+        .collect();
+    assert_eq!(tokens, ["submit-from-extension", "second-token"]);
+    assert_eq!(config.buildkite.token.expose_secret(), "bk-from-env");
+    let webhook = Config::from_lookup(Role::Webhook, &overlay(vars, for_webhook)).unwrap();
+    assert_eq!(webhook.webhook.secrets.len(), 1);
+}
+
+#[tokio::test]
+async fn without_a_secret_id_nothing_is_asked() {
+    let (port, ext) = start(Extension::default()).await;
+    let vars = env(vec![
+        ("AWS_SESSION_TOKEN", SESSION_TOKEN.into()),
+        ("PARAMETERS_SECRETS_EXTENSION_HTTP_PORT", port.to_string()),
+    ]);
+    assert!(load(&vars, KEYS).await.unwrap().is_empty());
+    assert_eq!(ext.lock().unwrap().calls, 0);
+}
+
+#[tokio::test]
+async fn a_starting_extension_is_waited_for() {
+    let (port, ext) = start(Extension {
+        secrets: BTreeMap::from([("s".into(), stored())]),
+        // Starting, failing, rate limited, and Secrets Manager's throttling passed on as a 400.
+        failures: vec![
+            (503, ""),
+            (500, ""),
+            (429, ""),
+            (400, "ThrottlingException: Rate exceeded"),
+        ],
+        ..Default::default()
+    })
+    .await;
+    let vars = env(vec![
+        ("KERNELBOT_SECRET_ID", "s".into()),
+        ("AWS_SESSION_TOKEN", SESSION_TOKEN.into()),
+        ("PARAMETERS_SECRETS_EXTENSION_HTTP_PORT", port.to_string()),
+    ]);
+    let secrets = load(&vars, KEYS).await.unwrap();
+    assert_eq!(
+        secrets["BUILDKITE_WEBHOOK_SECRET"].expose_secret(),
+        "webhook-from-extension"
+    );
+    assert_eq!(ext.lock().unwrap().calls, 5);
+}
+
+#[tokio::test]
+async fn failures_are_clear_and_never_show_a_secret() {
+    let (port, ext) = start(Extension {
+        secrets: BTreeMap::from([
+            ("plain".into(), "hunter2-not-json".into()),
+            (
+                "typed".into(),
+                json!({"SUBMIT_API_TOKEN": ["hunter3"]}).to_string(),
+            ),
+        ]),
+        ..Default::default()
+    })
+    .await;
+    let with = |id: &str, token: Option<&str>| {
+        let mut pairs = vec![
+            ("KERNELBOT_SECRET_ID", id.to_owned()),
+            ("PARAMETERS_SECRETS_EXTENSION_HTTP_PORT", port.to_string()),
+        ];
+        if let Some(t) = token {
+            pairs.push(("AWS_SESSION_TOKEN", t.to_owned()));
+        }
+        env(pairs)
+    };
+    let err = load_all(&with("plain", None)).await.unwrap_err();
+    assert!(matches!(err, SecretsError::MissingSessionToken), "{err}");
+    let err = load_all(&with("plain", Some("wrong-session")))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, SecretsError::Refused { status: 401, .. }),
+        "{err}"
+    );
+    assert!(!err.to_string().contains("wrong-session"));
+    let err = load_all(&with("missing", Some(SESSION_TOKEN)))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "the secrets extension answered HTTP 400 for secret missing"
+    );
+    for id in ["plain", "typed"] {
+        let err = load_all(&with(id, Some(SESSION_TOKEN))).await.unwrap_err();
+        let text = format!("{err} {err:?}");
+        assert!(matches!(err, SecretsError::Malformed { .. }), "{text}");
+        assert!(!text.contains("hunter"), "{text}");
+    }
+    // Refusals are not retried; only the starting-up kind is.
+    assert_eq!(ext.lock().unwrap().calls, 4);
+    let down = env(vec![
+        ("KERNELBOT_SECRET_ID", "s".into()),
+        ("AWS_SESSION_TOKEN", SESSION_TOKEN.into()),
+        ("PARAMETERS_SECRETS_EXTENSION_HTTP_PORT", "1".into()),
+    ]);
+    let err = load(&down, KEYS).await.unwrap_err();
+    assert!(matches!(err, SecretsError::Unreachable(_)), "{err}");
+    let bad_port = env(vec![
+        ("KERNELBOT_SECRET_ID", "s".into()),
+        ("AWS_SESSION_TOKEN", SESSION_TOKEN.into()),
+        ("PARAMETERS_SECRETS_EXTENSION_HTTP_PORT", "http".into()),
+    ]);
+    assert!(matches!(
+        load(&bad_port, KEYS).await.unwrap_err(),
+        SecretsError::BadPort(_)
+    ));
+}
+
+/// The deployed functions hold no secret in their configuration: they get the secret's name,
+/// the extension's layer and the right to read that one secret; the public ones can be capped.
+#[test]
+fn the_template_reads_secrets_through_the_extension() {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/template.yaml"))
+        .expect("template.yaml");
+    assert!(
+        !text.contains("{{resolve:"),
+        "no secret resolved into the configuration"
+    );
+    let t: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).expect("parses");
+    let globals = &t["Globals"]["Function"];
+    let vars = &globals["Environment"]["Variables"];
+    assert!(vars.get("KERNELBOT_SECRET_ID").is_some());
+    assert!(
+        globals["Layers"]
+            .as_sequence()
+            .is_some_and(|l| l.len() == 1)
+    );
+    for key in kernelbot_dispatch::secrets::KEYS {
+        assert!(vars.get(key).is_none(), "{key} in plain text");
+    }
+    for function in ["SubmitFunction", "WebhookFunction", "SweepFunction"] {
+        let props = &t["Resources"][function]["Properties"];
+        if let Some(own) = props["Environment"]["Variables"].as_mapping() {
+            for key in kernelbot_dispatch::secrets::KEYS {
+                assert!(own.get(*key).is_none(), "{function}: {key} in plain text");
+            }
+        }
+        let policies = serde_yaml_ng::to_string(&props["Policies"]).unwrap();
+        assert!(
+            policies.contains("secretsmanager:GetSecretValue")
+                && policies.contains("${SecretName}-*"),
+            "{function} cannot read its secret: {policies}"
+        );
+    }
+    for (function, parameter) in [
+        ("SubmitFunction", "SubmitReservedConcurrency"),
+        ("WebhookFunction", "WebhookReservedConcurrency"),
+    ] {
+        let reserved = serde_yaml_ng::to_string(
+            &t["Resources"][function]["Properties"]["ReservedConcurrentExecutions"],
+        )
+        .unwrap();
+        assert!(
+            reserved.contains(parameter) && reserved.contains("AWS::NoValue"),
+            "{reserved}"
+        );
+        assert_eq!(t["Parameters"][parameter]["Default"].as_u64(), Some(0));
+    }
+}
+
+/// Under Lambda the extension answers only inside an invocation: start-up opens the store
+/// and waits for the first one to read secrets and build the rest; without a secret id it
+/// builds everything at once, so no request pays for it.
+#[tokio::test]
+async fn start_up_defers_only_what_needs_the_extension() {
+    use kernelbot_dispatch::server::Startup;
+    let (port, ext) = start(Extension {
+        secrets: BTreeMap::from([("kernelbot-dispatch".into(), stored())]),
+        ..Default::default()
+    })
+    .await;
+    let data = tempfile::tempdir().unwrap();
+    let base = vec![
+        ("BUILDKITE_ORG", "org".to_owned()),
+        ("BUILDKITE_PIPELINE", "kernelbot".into()),
+        ("KERNELBOT_DATA_DIR", data.path().display().to_string()),
+    ];
+    let with_extension = [
+        base.clone(),
+        vec![
+            ("KERNELBOT_SECRET_ID", "kernelbot-dispatch".into()),
+            ("AWS_SESSION_TOKEN", SESSION_TOKEN.into()),
+            ("PARAMETERS_SECRETS_EXTENSION_HTTP_PORT", port.to_string()),
+        ],
+    ]
+    .concat();
+    let startup = Startup::init_with(Role::Webhook, Arc::new(env(with_extension)))
+        .await
+        .expect("store opened at init");
+    startup.prebuild().await;
+    assert!(startup.ready().is_none(), "nothing needing secrets at init");
+    assert_eq!(
+        ext.lock().unwrap().calls,
+        0,
+        "the extension is not asked at init"
+    );
+    // The first invocation finds the extension refusing: tried again on the next one.
+    ext.lock().unwrap().failures = vec![(403, "AccessDeniedException")];
+    assert!(startup.deps().await.is_err());
+    assert!(startup.ready().is_none());
+    let first = startup.deps().await.expect("built on the next use");
+    let again = startup.deps().await.unwrap();
+    assert!(Arc::ptr_eq(&first, &again));
+    assert_eq!(
+        ext.lock().unwrap().calls,
+        2,
+        "read until it answered, then kept"
+    );
+    assert_eq!(first.config().webhook.secrets.len(), 1);
+
+    let in_env = [
+        base,
+        vec![
+            ("BUILDKITE_API_TOKEN", "bk".into()),
+            ("BUILDKITE_WEBHOOK_SECRET", "whsec".into()),
+        ],
+    ]
+    .concat();
+    let startup = Startup::init_with(Role::Webhook, Arc::new(env(in_env)))
+        .await
+        .expect("store opened at init");
+    startup.prebuild().await;
+    assert!(startup.ready().is_some(), "all of it built at init");
+}

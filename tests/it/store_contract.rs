@@ -1,0 +1,476 @@
+//! One contract, two stores: the embedded SQLite file and DynamoDB (on a moto server, with
+//! the table built from `template.yaml`).
+
+use crate::support::{StoreKind, open_store};
+use kernelbot_dispatch::jobs::{
+    BuildRef, Created, DeliveryStatus, Job, JobState, JobStore, Replaced, RunId, Shard, StoreError,
+    Transition, Updated, WebhookAddress, update, update_seen,
+};
+use kernelbot_dispatch::result::{EvalResult, FullResult, Outcome, RunResult};
+
+fn job(id: &str, created_at: i64) -> Job {
+    let discord = WebhookAddress {
+        webhook_id: "1".into(),
+        token: "secret-token".into(),
+        thread_id: Some("42".into()),
+    };
+    Job::new(
+        id.parse().unwrap(),
+        "H100_BK".into(),
+        "h100".into(),
+        Some("t".into()),
+        Some(discord),
+        created_at,
+    )
+}
+
+/// A transition through the store's compare-and-swap: the job after it, if it moved.
+async fn advance(
+    store: &dyn JobStore,
+    run_id: &RunId,
+    t: &Transition,
+) -> Result<Option<Job>, StoreError> {
+    Ok(match update(store, run_id, |j| j.apply(t)).await? {
+        Updated::Written(j) => Some(j),
+        _ => None,
+    })
+}
+
+fn id(s: &str) -> RunId {
+    s.parse().unwrap()
+}
+
+fn build() -> BuildRef {
+    BuildRef {
+        id: "b-1".into(),
+        number: 7,
+        web_url: "https://buildkite.com/o/p/builds/7".into(),
+    }
+}
+
+async fn create_is_idempotent_per_run_id(kind: StoreKind) {
+    let (store, _dir) = open_store(kind).await;
+    let j = job("c1", 1_000);
+    assert_eq!(store.create(&j).await.unwrap(), Created::New);
+    let mut other = job("c1", 2_000);
+    other.gpu = "B200_BK".into();
+    match store.create(&other).await.unwrap() {
+        Created::Existing(existing) => assert_eq!(*existing, j, "the first job is kept unchanged"),
+        Created::New => panic!("a second job with the same run id was created"),
+    }
+    assert_eq!(store.get(&id("c1")).await.unwrap(), Some(j));
+    assert_eq!(store.get(&id("missing")).await.unwrap(), None);
+}
+
+async fn advance_only_moves_forward(kind: StoreKind) {
+    let (store, _dir) = open_store(kind).await;
+    store.create(&job("a1", 1_000)).await.unwrap();
+    let scheduled = advance(
+        store.as_ref(),
+        &id("a1"),
+        &Transition::to(JobState::Scheduled, 2_000).with_build(build()),
+    )
+    .await
+    .unwrap()
+    .expect("forward");
+    assert_eq!(
+        (
+            scheduled.state,
+            scheduled.build.clone(),
+            scheduled.updated_at
+        ),
+        (JobState::Scheduled, Some(build()), 2_000)
+    );
+    assert!(
+        advance(
+            store.as_ref(),
+            &id("a1"),
+            &Transition::to(JobState::Scheduled, 3_000)
+        )
+        .await
+        .unwrap()
+        .is_none()
+    );
+    assert!(
+        advance(
+            store.as_ref(),
+            &id("a1"),
+            &Transition::to(JobState::Submitted, 3_000)
+        )
+        .await
+        .unwrap()
+        .is_none()
+    );
+    let outcome = Outcome::judge(
+        "passed",
+        Some(FullResult {
+            success: true,
+            ..Default::default()
+        }),
+        None,
+    );
+    let finished = advance(
+        store.as_ref(),
+        &id("a1"),
+        &Transition::to(JobState::Finished, 4_000).with_outcome(outcome.clone()),
+    )
+    .await
+    .unwrap()
+    .expect("forward");
+    assert_eq!(finished.outcome, Some(outcome));
+    assert!(
+        advance(
+            store.as_ref(),
+            &id("a1"),
+            &Transition::to(JobState::Failed, 5_000)
+        )
+        .await
+        .unwrap()
+        .is_none()
+    );
+    let stored = store.get(&id("a1")).await.unwrap().unwrap();
+    assert_eq!(stored, finished);
+    assert!(
+        advance(
+            store.as_ref(),
+            &id("nobody"),
+            &Transition::to(JobState::Running, 1)
+        )
+        .await
+        .unwrap()
+        .is_none()
+    );
+}
+
+async fn concurrent_advances_have_exactly_one_winner(kind: StoreKind) {
+    let (store, _dir) = open_store(kind).await;
+    store.create(&job("race", 1_000)).await.unwrap();
+    let tries = (0..8).map(|i| {
+        let store = store.clone();
+        tokio::spawn(async move {
+            advance(
+                store.as_ref(),
+                &id("race"),
+                &Transition::to(JobState::Finished, 2_000 + i),
+            )
+            .await
+        })
+    });
+    let mut winners = 0;
+    for t in tries {
+        if t.await.unwrap().unwrap().is_some() {
+            winners += 1;
+        }
+    }
+    assert_eq!(winners, 1);
+}
+
+async fn large_results_survive_the_round_trip(kind: StoreKind) {
+    let (store, _dir) = open_store(kind).await;
+    store.create(&job("big", 1_000)).await.unwrap();
+    let mut result = FullResult {
+        success: true,
+        ..Default::default()
+    };
+    for name in ["test", "benchmark", "leaderboard"] {
+        let run = RunResult {
+            stdout: "line of benchmark output\n".repeat(600),
+            ..Default::default()
+        };
+        result.runs.insert(
+            name.into(),
+            EvalResult {
+                run: Some(run),
+                ..Default::default()
+            },
+        );
+    }
+    let outcome = Outcome::judge("passed", Some(result), None);
+    advance(
+        store.as_ref(),
+        &id("big"),
+        &Transition::to(JobState::Finished, 2_000).with_outcome(outcome.clone()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        store.get(&id("big")).await.unwrap().unwrap().outcome,
+        Some(outcome)
+    );
+}
+
+/// An outcome too large to keep whole is cut before it is written, so the job a writer goes
+/// on with (to report it) is the job a resend later reads back.
+async fn cut_outcomes_are_reported_as_stored(kind: StoreKind) {
+    let (store, _dir) = open_store(kind).await;
+    store.create(&job("cut", 1_000)).await.unwrap();
+    let mut rng = fastrand::Rng::with_seed(9);
+    let noise: String = (0..400_000).map(|_| rng.alphanumeric()).collect();
+    let run = RunResult {
+        stdout: noise,
+        ..Default::default()
+    };
+    let mut result = FullResult {
+        success: true,
+        ..Default::default()
+    };
+    result.runs.insert(
+        "test".into(),
+        EvalResult {
+            run: Some(run),
+            ..Default::default()
+        },
+    );
+    let t = Transition::to(JobState::Finished, 2_000).with_outcome(Outcome::judge(
+        "passed",
+        Some(result),
+        None,
+    ));
+    let written = advance(store.as_ref(), &id("cut"), &t)
+        .await
+        .unwrap()
+        .expect("written");
+    let stored = store.get(&id("cut")).await.unwrap().unwrap();
+    assert_eq!(written.outcome, stored.outcome);
+    let kept = stored.outcome.and_then(|o| o.result).expect("result kept");
+    assert!(
+        kept.runs["test"]
+            .run
+            .as_ref()
+            .unwrap()
+            .stdout
+            .starts_with("[dropped")
+    );
+}
+
+async fn stale_writes_lose_and_retried_writes_are_recognised(kind: StoreKind) {
+    let (store, _dir) = open_store(kind).await;
+    store.create(&job("d1", 1_000)).await.unwrap();
+    let stored = store.get(&id("d1")).await.unwrap().unwrap();
+    let mut next = stored.clone();
+    next.version = stored.version + 1;
+    next.discord.as_mut().unwrap().message_id = Some("m-1".into());
+    assert_eq!(
+        store.replace(&next, "w-1").await.unwrap(),
+        Replaced::Written
+    );
+    // The same write again (an SDK retry whose first answer was lost) is recognised as ours.
+    assert_eq!(
+        store.replace(&next, "w-1").await.unwrap(),
+        Replaced::Written
+    );
+    // Another writer computing from the old version loses, and learns the job as it is.
+    let mut stale = stored.clone();
+    stale.version = stored.version + 1;
+    stale.discord.as_mut().unwrap().delivery.status = DeliveryStatus::Gone;
+    match store.replace(&stale, "w-2").await.unwrap() {
+        Replaced::Conflict(Some(now)) => assert_eq!(*now, next),
+        other => panic!("a stale write must not win: {other:?}"),
+    }
+    let j = store.get(&id("d1")).await.unwrap().unwrap();
+    assert_eq!(j, next);
+    let outbox = j.discord.unwrap();
+    assert_eq!(outbox.target.unwrap().thread_id.as_deref(), Some("42"));
+    let mut ghost = job("nobody", 1);
+    ghost.version = 1;
+    assert_eq!(
+        store.replace(&ghost, "w-3").await.unwrap(),
+        Replaced::Conflict(None)
+    );
+}
+
+/// Starting from a job as once seen saves a read, never a decision: a stale view's write is
+/// refused and decided again on the stored job, and its "no change" is checked against a
+/// fresh read.
+async fn updates_from_a_stale_view_decide_on_the_stored_job(kind: StoreKind) {
+    let (store, _dir) = open_store(kind).await;
+    store.create(&job("s1", 1_000)).await.unwrap();
+    let seen = store.get(&id("s1")).await.unwrap().unwrap();
+    let running = Transition::to(JobState::Running, 2_000);
+    assert!(
+        advance(store.as_ref(), &id("s1"), &running)
+            .await
+            .unwrap()
+            .is_some()
+    );
+
+    // A change that applies to the stale view: its write loses, and it is decided again.
+    let mut saw = Vec::new();
+    let written = update_seen(store.as_ref(), &seen, |j| {
+        saw.push(j.state);
+        let mut next = j.clone();
+        next.queue = format!("{}+{}", j.queue, j.state);
+        Some(next)
+    })
+    .await
+    .unwrap();
+    assert_eq!(saw, [JobState::Submitted, JobState::Running]);
+    let Updated::Written(after) = written else {
+        panic!("the change was not written: {written:?}");
+    };
+    assert_eq!(
+        after.queue, "h100+running",
+        "decided on the stored job, not the stale one"
+    );
+    assert_eq!(store.get(&id("s1")).await.unwrap(), Some(after.clone()));
+
+    // A change the stale view declines but the stored job needs: read again, and written.
+    let finished = Transition::to(JobState::Finished, 3_000);
+    let declined = update_seen(store.as_ref(), &seen, |j| {
+        (j.state == JobState::Running)
+            .then(|| j.apply(&finished))
+            .flatten()
+    })
+    .await
+    .unwrap();
+    assert!(
+        matches!(&declined, Updated::Written(j) if j.state == JobState::Finished),
+        "a stale 'no change' must be checked on a fresh read: {declined:?}"
+    );
+
+    // Seen as just written, the write goes through at once; a declined change is Unchanged.
+    let Updated::Written(fresh) = declined else {
+        unreachable!()
+    };
+    let again = update_seen(store.as_ref(), &fresh, |j| j.apply(&running))
+        .await
+        .unwrap();
+    assert_eq!(again, Updated::Unchanged(fresh));
+
+    // A job that is gone is Missing, whatever the view said.
+    let mut ghost = job("ghost", 1);
+    ghost.version = 3;
+    let gone = update_seen(store.as_ref(), &ghost, |j| j.apply(&running))
+        .await
+        .unwrap();
+    assert_eq!(gone, Updated::Missing);
+}
+
+async fn oversize_records_are_refused_for_good(kind: StoreKind) {
+    let (store, _dir) = open_store(kind).await;
+    store.create(&job("huge", 1_000)).await.unwrap();
+    let mut big = store.get(&id("huge")).await.unwrap().unwrap();
+    big.version += 1;
+    // A failure reason is not slimmed by the record: 500 KB of it cannot be stored.
+    big.failure = Some("x".repeat(500 * 1024));
+    assert!(matches!(
+        store.replace(&big, "w").await,
+        Err(StoreError::TooLarge)
+    ));
+}
+
+async fn only_unfinished_jobs_are_listed_for_the_sweep(kind: StoreKind) {
+    let (store, _dir) = open_store(kind).await;
+    for (name, at) in [
+        ("o3", 3_000),
+        ("o1", 1_000),
+        ("o2", 2_000),
+        ("young", 9_000),
+        ("done", 500),
+    ] {
+        store.create(&job(name, at)).await.unwrap();
+    }
+    advance(
+        store.as_ref(),
+        &id("o2"),
+        &Transition::to(JobState::Running, 4_000),
+    )
+    .await
+    .unwrap();
+    advance(
+        store.as_ref(),
+        &id("done"),
+        &Transition::to(JobState::Finished, 4_000),
+    )
+    .await
+    .unwrap();
+    let open: Vec<String> = store
+        .list(Shard::Open, 5_000, 10)
+        .await
+        .unwrap()
+        .iter()
+        .map(|j| j.run_id.to_string())
+        .collect();
+    assert_eq!(open, ["o1", "o2", "o3"]);
+    assert_eq!(store.list(Shard::Open, 5_000, 2).await.unwrap().len(), 2);
+    // The finished job still owes its report: it waits in the outbox partition.
+    let owing: Vec<String> = store
+        .list(Shard::Outbox, i64::MAX, 10)
+        .await
+        .unwrap()
+        .iter()
+        .map(|j| j.run_id.to_string())
+        .collect();
+    assert_eq!(owing, ["done"]);
+}
+
+on_both_stores!(
+    create_is_idempotent_per_run_id,
+    advance_only_moves_forward,
+    concurrent_advances_have_exactly_one_winner,
+    large_results_survive_the_round_trip,
+    cut_outcomes_are_reported_as_stored,
+    stale_writes_lose_and_retried_writes_are_recognised,
+    updates_from_a_stale_view_decide_on_the_stored_job,
+    oversize_records_are_refused_for_good,
+    only_unfinished_jobs_are_listed_for_the_sweep,
+);
+
+#[tokio::test]
+async fn two_processes_share_one_file() {
+    // Two stores on one directory stand for two local function processes.
+    let dir = tempfile::tempdir().unwrap();
+    let a = kernelbot_dispatch::jobs::SqliteStore::open(dir.path()).unwrap();
+    let b = kernelbot_dispatch::jobs::SqliteStore::open(dir.path()).unwrap();
+    a.create(&job("shared", 1)).await.unwrap();
+    assert!(
+        advance(&b, &id("shared"), &Transition::to(JobState::Running, 2))
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert_eq!(
+        a.get(&id("shared")).await.unwrap().unwrap().state,
+        JobState::Running
+    );
+}
+
+/// The DynamoDB calls each function makes (every write a conditional put) are granted to it
+/// in `template.yaml`, and nothing it no longer calls.
+#[test]
+fn the_template_grants_each_function_the_calls_the_store_makes() {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/template.yaml"))
+        .expect("template.yaml");
+    let template: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).expect("parses");
+    for (function, needs) in [
+        (
+            "SubmitFunction",
+            &["dynamodb:GetItem", "dynamodb:PutItem"][..],
+        ),
+        ("WebhookFunction", &["dynamodb:GetItem", "dynamodb:PutItem"]),
+        (
+            "SweepFunction",
+            &["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query"],
+        ),
+    ] {
+        let policies = &template["Resources"][function]["Properties"]["Policies"];
+        let granted: Vec<String> = policies
+            .as_sequence()
+            .into_iter()
+            .flatten()
+            .flat_map(|p| p["Statement"].as_sequence().cloned().unwrap_or_default())
+            .flat_map(|s| s["Action"].as_sequence().cloned().unwrap_or_default())
+            .filter_map(|a| a.as_str().map(str::to_owned))
+            .collect();
+        for action in needs {
+            assert!(
+                granted.iter().any(|g| g == action),
+                "{function} lacks {action}"
+            );
+        }
+        assert!(
+            !granted.iter().any(|g| g == "dynamodb:UpdateItem"),
+            "{function} is granted a call it never makes"
+        );
+    }
+}

@@ -1,0 +1,79 @@
+//! The harness: the library's local stack (`devstack::stack`), with the conveniences a test
+//! wants: a stack that does not start, a job that is not there or a sweep pass that fails
+//! is the test's failure, said at once.
+
+use std::ops::Deref;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kernelbot_dispatch::devstack::stack::{self, Stack};
+pub(crate) use kernelbot_dispatch::devstack::stack::{
+    API_TOKEN, BK_TOKEN, HOOK_URL, SECRET, StoreKind, submission,
+};
+use kernelbot_dispatch::flow::sweep::SweepReport;
+use kernelbot_dispatch::jobs::{Job, JobStore};
+use reqwest::StatusCode;
+
+pub(crate) struct TestApp(Stack);
+
+impl Deref for TestApp {
+    type Target = Stack;
+
+    fn deref(&self) -> &Stack {
+        &self.0
+    }
+}
+
+impl TestApp {
+    pub(crate) async fn spawn(kind: StoreKind) -> Self {
+        Self(Stack::spawn(kind).await.expect("the local stack starts"))
+    }
+
+    pub(crate) async fn spawn_with(kind: StoreKind, vars: &[(&str, &str)]) -> Self {
+        let stack = Stack::spawn_with(kind, vars).await;
+        Self(stack.expect("the local stack starts"))
+    }
+
+    pub(crate) async fn spawn_tuned(
+        kind: StoreKind,
+        vars: &[(&str, &str)],
+        timeout: Duration,
+    ) -> Self {
+        let stack = Stack::spawn_tuned(kind, vars, timeout).await;
+        Self(stack.expect("the local stack starts"))
+    }
+
+    /// The job as stored.
+    pub(crate) async fn job(&self, run_id: &str) -> Job {
+        self.0.job(run_id).await.expect("the job exists")
+    }
+
+    /// Sends a signed webhook; its answer's status.
+    pub(crate) async fn event(&self, event: &str, number: u64) -> StatusCode {
+        self.0
+            .event(event, number)
+            .await
+            .expect("the webhook answers")
+    }
+
+    /// Ends a build (with `result` uploaded) and sends `build.finished`; the answer's status.
+    pub(crate) async fn finish(
+        &self,
+        number: u64,
+        state: &str,
+        result: Option<Vec<u8>>,
+    ) -> StatusCode {
+        let answer = self.0.finish(number, state, result).await;
+        answer.expect("the webhook answers")
+    }
+
+    /// One sweep pass, which must not fail.
+    pub(crate) async fn sweep(&self) -> SweepReport {
+        self.0.sweep().await.expect("sweep pass")
+    }
+}
+
+/// A fresh, empty store of `kind` (and the temp dir it lives in).
+pub(crate) async fn open_store(kind: StoreKind) -> (Arc<dyn JobStore>, Option<tempfile::TempDir>) {
+    stack::open_store(kind).await.expect("the store opens")
+}
