@@ -3,12 +3,12 @@
 //! mode's cases and timeout, and gate each mode on the previous one passing.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
 use super::config::{COMPILE_TIMEOUT_SECS, EvalConfig, safe_name};
 use super::process::run_program;
-use super::sandbox::Sandbox;
+use super::sandbox::{Sandbox, Scratch};
 use super::system::{self, python_command};
 use crate::result::{CompileResult, EvalResult, FullResult, RunResult};
 
@@ -183,6 +183,62 @@ fn infra_failure(start: String, message: String) -> EvalResult {
     }
 }
 
+/// Writes the sources and headers into the scratch's work directory, hands it to the
+/// sandboxed user, and writes the mode's cases file; the cases file's path.
+fn prepare(
+    eval: &Evaluation,
+    scratch: &Scratch,
+    config: &EvalConfig,
+    cases: &str,
+) -> Result<PathBuf, String> {
+    let work = scratch.work.as_path();
+    write_files(work, &config.sources)?;
+    write_files(work, &config.headers)?;
+    eval.sandbox
+        .hand_over(work)
+        .map_err(|e| format!("cannot hand the work directory over: {e}"))?;
+    scratch
+        .read_only_file("cases.txt", cases)
+        .map_err(|e| format!("cannot write the cases file: {e}"))
+}
+
+/// The variables kernelbot's harness reads: the seed, and the GPUs of a multi-GPU task.
+fn harness_env(config: &EvalConfig, device_count: i64) -> Vec<(&'static str, String)> {
+    let mut env = Vec::new();
+    if let Some(seed) = config.seed {
+        env.push(("POPCORN_SEED", seed.to_string()));
+    }
+    if config.multi_gpu {
+        env.push(("POPCORN_GPUS", device_count.to_string()));
+    }
+    env
+}
+
+/// The program to run (compiled first for CUDA, whose sources go before it runs, as in
+/// kernelbot) and its compilation; a failed compile instead.
+fn build_program(
+    eval: &Evaluation,
+    config: &EvalConfig,
+    work: &Path,
+) -> Result<(Option<CompileResult>, Vec<String>), CompileResult> {
+    if config.lang != "cu" {
+        let program = vec![eval.python.clone(), config.main.clone().unwrap_or_default()];
+        return Ok((warm_up(eval, config, work), program));
+    }
+    let compiled = compile_cuda(eval, config, work);
+    let sources: Vec<_> = config
+        .sources
+        .keys()
+        .chain(config.headers.keys())
+        .map(|name| work.join(name))
+        .collect();
+    eval.sandbox.remove_files(&sources);
+    if !compiled.success {
+        return Err(compiled);
+    }
+    Ok((Some(compiled), vec!["./eval.out".to_owned()]))
+}
+
 /// One evaluation of one mode in a fresh scratch directory.
 fn evaluate(eval: &Evaluation, config: &EvalConfig, mode: &str, device_count: i64) -> EvalResult {
     let start = now_iso();
@@ -192,58 +248,25 @@ fn evaluate(eval: &Evaluation, config: &EvalConfig, mode: &str, device_count: i6
     };
     let work = scratch.work.as_path();
     let (cases, timeout) = config.cases_for(mode);
-    let prepared = write_files(work, &config.sources)
-        .and_then(|()| write_files(work, &config.headers))
-        .and_then(|()| {
-            eval.sandbox
-                .hand_over(work)
-                .map_err(|e| format!("cannot hand the work directory over: {e}"))
-        })
-        .and_then(|()| {
-            scratch
-                .read_only_file("cases.txt", &cases)
-                .map_err(|e| format!("cannot write the cases file: {e}"))
-        });
-    let cases_path = match prepared {
+    let cases_path = match prepare(eval, &scratch, config, &cases) {
         Ok(p) => p,
         Err(e) => return infra_failure(start, e),
     };
-    let mut env: Vec<(&str, String)> = Vec::new();
-    if let Some(seed) = config.seed {
-        env.push(("POPCORN_SEED", seed.to_string()));
-    }
-    if config.multi_gpu {
-        env.push(("POPCORN_GPUS", device_count.to_string()));
-    }
-    let (compilation, program) = if config.lang == "cu" {
-        let compiled = compile_cuda(eval, config, work);
-        // Sources go before the user's program runs, as in kernelbot.
-        let sources: Vec<_> = config
-            .sources
-            .keys()
-            .chain(config.headers.keys())
-            .map(|name| work.join(name))
-            .collect();
-        eval.sandbox.remove_files(&sources);
-        if !compiled.success {
+    let (compilation, mut args) = match build_program(eval, config, work) {
+        Ok(built) => built,
+        Err(failed) => {
             return EvalResult {
                 start: Some(start),
                 end: Some(now_iso()),
-                compilation: Some(compiled),
+                compilation: Some(failed),
                 run: None,
                 profile: None,
             };
         }
-        (Some(compiled), vec!["./eval.out".to_owned()])
-    } else {
-        (
-            warm_up(eval, config, work),
-            vec![eval.python.clone(), config.main.clone().unwrap_or_default()],
-        )
     };
-    let mut args = program;
     args.push(mode.to_owned());
     args.push(cases_path.to_string_lossy().into_owned());
+    let env = harness_env(config, device_count);
     let run = eval.run(&args, work, &env, Duration::from_secs(timeout));
     EvalResult {
         start: Some(start),
@@ -291,36 +314,36 @@ fn nvcc_failure(command: &str, stderr: String, exit_code: i64, nvcc_found: bool)
     }
 }
 
-/// Compiles the CUDA sources to `eval.out` with nvcc, if nvcc is there.
-fn compile_cuda(eval: &Evaluation, config: &EvalConfig, dir: &Path) -> CompileResult {
-    let nvcc = std::env::var("NVCC").unwrap_or_else(|_| "nvcc".into());
-    // In the sandbox too: after a program has run, root never runs anything it could reach.
+/// nvcc's `--version`, asked in the sandbox too (after a program has run, root never runs
+/// anything it could reach); a failed compile when it is missing or does not answer.
+fn nvcc_version(eval: &Evaluation, nvcc: &str, dir: &Path) -> Result<String, CompileResult> {
     let probe = eval.run(
-        &[nvcc.clone(), "--version".to_owned()],
+        &[nvcc.to_owned(), "--version".to_owned()],
         dir,
         &[],
         Duration::from_secs(30),
     );
-    let version = match probe.exit_code {
-        0 => probe.stdout,
-        127 => {
-            return nvcc_failure(
-                "nvcc --version",
-                "nvcc was not found on this node".into(),
-                127,
-                false,
-            );
-        }
-        code => {
-            // It is there but did not answer (a timeout, the budget, permissions): say so.
-            return nvcc_failure(
-                "nvcc --version",
-                format!("nvcc --version failed (exit {code}): {}", probe.stderr),
-                code,
-                true,
-            );
-        }
-    };
+    match probe.exit_code {
+        0 => Ok(probe.stdout),
+        127 => Err(nvcc_failure(
+            "nvcc --version",
+            "nvcc was not found on this node".into(),
+            127,
+            false,
+        )),
+        // It is there but did not answer (a timeout, the budget, permissions): say so.
+        code => Err(nvcc_failure(
+            "nvcc --version",
+            format!("nvcc --version failed (exit {code}): {}", probe.stderr),
+            code,
+            true,
+        )),
+    }
+}
+
+/// Kernelbot's flags, then the config's: its flags, include dirs, libraries and defines,
+/// each checked so nothing becomes an input file or an unintended option.
+fn nvcc_flags(config: &EvalConfig) -> Result<Vec<String>, CompileResult> {
     let mut flags: Vec<String> = CUDA_FLAGS.iter().map(|f| (*f).to_owned()).collect();
     flags.extend(config.compile_flags.iter().cloned());
     flags.extend(config.include_dirs.iter().map(|d| format!("-I{d}")));
@@ -332,12 +355,8 @@ fn compile_cuda(eval: &Evaluation, config: &EvalConfig, dir: &Path) -> CompileRe
             .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
             && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
         if !ident {
-            return nvcc_failure(
-                "nvcc",
-                format!("define {name:?} is not a valid identifier"),
-                1,
-                true,
-            );
+            let why = format!("define {name:?} is not a valid identifier");
+            return Err(nvcc_failure("nvcc", why, 1, true));
         }
         flags.push(match value {
             Some(v) => format!("-D{name}={v}"),
@@ -345,13 +364,23 @@ fn compile_cuda(eval: &Evaluation, config: &EvalConfig, dir: &Path) -> CompileRe
         });
     }
     if let Some(bad) = flags.iter().find(|f| !f.starts_with('-')) {
-        return nvcc_failure(
-            "nvcc",
-            format!("flag {bad:?} should start with a dash"),
-            1,
-            true,
-        );
+        let why = format!("flag {bad:?} should start with a dash");
+        return Err(nvcc_failure("nvcc", why, 1, true));
     }
+    Ok(flags)
+}
+
+/// Compiles the CUDA sources to `eval.out` with nvcc, if nvcc is there.
+fn compile_cuda(eval: &Evaluation, config: &EvalConfig, dir: &Path) -> CompileResult {
+    let nvcc = std::env::var("NVCC").unwrap_or_else(|_| "nvcc".into());
+    let version = match nvcc_version(eval, &nvcc, dir) {
+        Ok(v) => v,
+        Err(failed) => return failed,
+    };
+    let flags = match nvcc_flags(config) {
+        Ok(f) => f,
+        Err(failed) => return failed,
+    };
     let arch = match &config.arch {
         Some(a) => format!("-gencode=arch=compute_{a},code=sm_{a}"),
         None => "-arch=native".into(),

@@ -2,11 +2,12 @@
 //! end the program finds in `POPCORN_FD` for its `key: value` verdict lines, captured and
 //! capped stdout/stderr, and a timeout; the program runs in the runner's [`Sandbox`].
 
-use std::io::Read;
+use std::io::{PipeReader, Read};
 use std::os::fd::AsRawFd;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::Path;
-use std::process::Stdio;
+use std::process::{Child, ExitStatus, Stdio};
+use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 use super::sandbox::Sandbox;
@@ -96,30 +97,31 @@ pub(super) fn parse_verdict(text: &str) -> std::collections::BTreeMap<String, se
         .collect()
 }
 
-/// Runs `args` in `dir` inside `sandbox` with `env` added, and returns kernelbot's
-/// `RunResult`. Every process the program started is gone when this returns.
-pub(super) fn run_program(
-    sandbox: &Sandbox,
-    args: &[String],
-    dir: &Path,
-    env: &[(&str, String)],
-    timeout: Duration,
-) -> RunResult {
-    let failed = |stderr: String, code: i64| RunResult {
+/// A run that could not start (or whose infrastructure failed), as kernelbot reports one.
+fn failed(args: &[String], stderr: String, code: i64) -> RunResult {
+    RunResult {
         success: false,
         passed: false,
         command: quote(args),
         stderr,
         exit_code: code,
         ..Default::default()
-    };
+    }
+}
+
+/// Starts `args` in the sandbox with the pipe's write end as `POPCORN_FD`; the child and the
+/// pipe's read end.
+fn start(
+    sandbox: &Sandbox,
+    args: &[String],
+    dir: &Path,
+    env: &[(&str, String)],
+) -> Result<(Child, PipeReader), RunResult> {
     let Some((program, rest)) = args.split_first() else {
-        return failed("nothing to run".into(), -1);
+        return Err(failed(args, "nothing to run".into(), -1));
     };
-    let (reader, writer) = match std::io::pipe() {
-        Ok(p) => p,
-        Err(e) => return failed(format!("cannot create the result pipe: {e}"), -1),
-    };
+    let (reader, writer) = std::io::pipe()
+        .map_err(|e| failed(args, format!("cannot create the result pipe: {e}"), -1))?;
     let fd = writer.as_raw_fd();
     let mut cmd = sandbox.command(program, dir);
     cmd.args(rest)
@@ -138,16 +140,18 @@ pub(super) fn run_program(
             Ok(())
         });
     }
-    let started = Instant::now();
-    let mut child = match cmd.spawn() {
-        Ok(c) => c,
-        Err(e) => return failed(format!("cannot start {program}: {e}"), 127),
-    };
+    let child = cmd
+        .spawn()
+        .map_err(|e| failed(args, format!("cannot start {program}: {e}"), 127))?;
     // Our copy of the write end must go, or the reader never sees the end of the pipe.
     drop(writer);
-    let pgid = child.id();
-    // Readers report through a channel, so a process that escaped the group and still holds
-    // a stream open cannot keep us waiting past the grace period.
+    Ok((child, reader))
+}
+
+/// Reads stdout (0), stderr (1) and the verdict pipe (2) on threads of their own. They report
+/// through a channel, so a process that escaped the group and still holds a stream open
+/// cannot keep us waiting past the grace period.
+fn read_streams(child: &mut Child, pipe: PipeReader) -> Receiver<(u8, Captured)> {
     let (tx, rx) = std::sync::mpsc::channel();
     let readers: [(u8, Option<Stream>, usize); 3] = [
         (
@@ -160,7 +164,7 @@ pub(super) fn run_program(
             child.stderr.take().map(|s| Box::new(s) as Stream),
             KEEP_BYTES,
         ),
-        (2, Some(Box::new(reader)), MAX_PIPE),
+        (2, Some(Box::new(pipe)), MAX_PIPE),
     ];
     for (id, stream, keep) in readers {
         if let Some(stream) = stream {
@@ -170,23 +174,23 @@ pub(super) fn run_program(
             });
         }
     }
-    drop(tx);
+    rx
+}
 
-    let status = loop {
+/// The child's exit, or `None` once `timeout` has passed since `started`.
+fn wait(child: &mut Child, started: Instant, timeout: Duration) -> Option<ExitStatus> {
+    loop {
         match child.try_wait() {
-            Ok(Some(status)) => break Some(status),
-            Ok(None) if started.elapsed() >= timeout => break None,
+            Ok(Some(status)) => return Some(status),
+            Ok(None) if started.elapsed() >= timeout => return None,
             Ok(None) => std::thread::sleep(Duration::from_millis(10)),
-            Err(_) => break None,
+            Err(_) => return None,
         }
-    };
-    let duration = started.elapsed().as_secs_f64();
-    // Whatever the program left behind (daemons, background jobs) goes too, and on a
-    // timeout the program itself. Its zombie may be reaped there, so `wait` may find none.
-    sandbox.end_processes(pgid);
-    if status.is_none() {
-        let _ = child.wait();
     }
+}
+
+/// What the streams captured (stdout, stderr, verdict), as far as they closed in time.
+fn collect(rx: &Receiver<(u8, Captured)>) -> (String, String, String) {
     let mut streams: [Option<Captured>; 3] = [None, None, None];
     let grace = Instant::now() + READER_GRACE;
     while let Ok((id, captured)) = rx.recv_timeout(grace.saturating_duration_since(Instant::now()))
@@ -194,12 +198,40 @@ pub(super) fn run_program(
         streams[usize::from(id)] = Some(captured);
     }
     let [stdout, stderr, verdict] = streams;
-    let stdout = stdout.map(|c| c.text()).unwrap_or_default();
-    let stderr = stderr.map(|c| c.text()).unwrap_or_default();
-    let verdict = verdict
-        .map(|c| String::from_utf8_lossy(&c.head).into_owned())
-        .unwrap_or_default();
+    (
+        stdout.map(|c| c.text()).unwrap_or_default(),
+        stderr.map(|c| c.text()).unwrap_or_default(),
+        verdict
+            .map(|c| String::from_utf8_lossy(&c.head).into_owned())
+            .unwrap_or_default(),
+    )
+}
 
+/// Runs `args` in `dir` inside `sandbox` with `env` added, and returns kernelbot's
+/// `RunResult`. Every process the program started is gone when this returns.
+pub(super) fn run_program(
+    sandbox: &Sandbox,
+    args: &[String],
+    dir: &Path,
+    env: &[(&str, String)],
+    timeout: Duration,
+) -> RunResult {
+    let started = Instant::now();
+    let (mut child, pipe) = match start(sandbox, args, dir, env) {
+        Ok(started) => started,
+        Err(failed) => return failed,
+    };
+    let pgid = child.id();
+    let streams = read_streams(&mut child, pipe);
+    let status = wait(&mut child, started, timeout);
+    let duration = started.elapsed().as_secs_f64();
+    // Whatever the program left behind (daemons, background jobs) goes too, and on a
+    // timeout the program itself. Its zombie may be reaped there, so `wait` may find none.
+    sandbox.end_processes(pgid);
+    if status.is_none() {
+        let _ = child.wait();
+    }
+    let (stdout, stderr, verdict) = collect(&streams);
     let Some(status) = status else {
         return RunResult {
             success: false,

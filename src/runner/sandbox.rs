@@ -149,48 +149,13 @@ impl Sandbox {
                 None
             }
         };
-        let wanted = if identity.is_some() {
-            libc::CLONE_NEWNET
-        } else {
-            libc::CLONE_NEWUSER | libc::CLONE_NEWNET
-        };
-        let unshare_flags = match probe_unshare(wanted) {
-            Ok(()) => Some(wanted),
-            Err(e) => {
-                report.not_applied.insert(
-                    "network".into(),
-                    format!("a network namespace could not be made ({e}); the program shares the runner's network"),
-                );
-                None
-            }
-        };
+        let unshare_flags = network_isolation(identity.is_some(), &mut report);
         let env: Vec<(String, String)> = ENV_ALLOW
             .iter()
             .filter_map(|k| lookup(k).map(|v| ((*k).to_owned(), v)))
             .collect();
         let open_files = hard_limit(libc::RLIMIT_NOFILE).min(MAX_OPEN_FILES);
-        report.uid = identity.as_ref().map(|i| i.uid);
-        report.gid = identity.as_ref().map(|i| i.gid);
-        report.groups = identity
-            .as_ref()
-            .map(|i| i.groups.clone())
-            .unwrap_or_default();
-        report.network_isolated = unshare_flags.is_some();
-        report.environment = env.iter().map(|(k, _)| k.clone()).collect();
-        report
-            .environment
-            .extend(["HOME", "TMPDIR", "POPCORN_FD"].map(String::from));
-        report.limits = Limits {
-            processes: identity.as_ref().map(|_| MAX_PROCESSES),
-            open_files,
-            core_dumps: false,
-        };
-        if identity.is_none() {
-            report.not_applied.insert(
-                "process_limit".into(),
-                "the uid is shared with the runner's other processes".into(),
-            );
-        }
+        report.describe(identity.as_ref(), unshare_flags.is_some(), &env, open_files);
         for (what, why) in &report.not_applied {
             eprintln!("Sandbox: {what} not applied: {why}");
         }
@@ -371,6 +336,57 @@ impl Sandbox {
             );
         }
         killed
+    }
+}
+
+/// The namespaces to unshare for a network of the program's own: a new network namespace
+/// (with a user namespace too when not root); `None`, and why in the report, when this
+/// machine allows neither.
+fn network_isolation(as_root: bool, report: &mut SandboxReport) -> Option<libc::c_int> {
+    let wanted = if as_root {
+        libc::CLONE_NEWNET
+    } else {
+        libc::CLONE_NEWUSER | libc::CLONE_NEWNET
+    };
+    match probe_unshare(wanted) {
+        Ok(()) => Some(wanted),
+        Err(e) => {
+            report.not_applied.insert(
+                "network".into(),
+                format!("a network namespace could not be made ({e}); the program shares the runner's network"),
+            );
+            None
+        }
+    }
+}
+
+impl SandboxReport {
+    /// Records what was applied: the identity, the network, the environment and the limits.
+    fn describe(
+        &mut self,
+        identity: Option<&Identity>,
+        network_isolated: bool,
+        env: &[(String, String)],
+        open_files: u64,
+    ) {
+        self.uid = identity.map(|i| i.uid);
+        self.gid = identity.map(|i| i.gid);
+        self.groups = identity.map(|i| i.groups.clone()).unwrap_or_default();
+        self.network_isolated = network_isolated;
+        self.environment = env.iter().map(|(k, _)| k.clone()).collect();
+        self.environment
+            .extend(["HOME", "TMPDIR", "POPCORN_FD"].map(String::from));
+        self.limits = Limits {
+            processes: identity.map(|_| MAX_PROCESSES),
+            open_files,
+            core_dumps: false,
+        };
+        if identity.is_none() {
+            self.not_applied.insert(
+                "process_limit".into(),
+                "the uid is shared with the runner's other processes".into(),
+            );
+        }
     }
 }
 
