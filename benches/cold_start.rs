@@ -5,7 +5,8 @@
 //! baseline's (one `GetItem`), so start-up cost cannot hide in the first webhook; and idle
 //! and peak RSS. `scripts/bench.sh` builds both binaries first.
 
-mod support;
+#[path = "support/load.rs"]
+mod load;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -179,8 +180,8 @@ async fn main() {
     let (base_idle, _) = rss(base_child.id());
     let _ = base_child.kill();
     let _ = base_child.wait();
-    let http = support::client(64);
-    let burst = support::drive(
+    let http = load::client(64);
+    let burst = load::drive(
         &http,
         (0..2_000).map(|_| webhook(port)).collect(),
         64,
@@ -227,6 +228,13 @@ async fn main() {
         idle / base_idle
     );
     println!("| peak RSS after 2,000 webhooks at concurrency 64 | {peak:.1} MB | | |");
+    println!(
+        "\nThat burst: {} requests in {:.2} s ({:.0}/s), latency p50 / p99 / p99.9 {} ms.",
+        burst.requests,
+        burst.elapsed.as_secs_f64(),
+        burst.rate(),
+        load::percentiles(&burst.latency)
+    );
 }
 
 /// A build the stand-in knows, and its signed-for `build.finished` body: the webhook reads
@@ -256,7 +264,7 @@ async fn first_and_later(
 ) -> (Duration, Duration) {
     let port = free_port();
     let (mut child, _) = start(bin, env, port);
-    let http = support::client(1);
+    let http = load::client(1);
     let timed = |req: reqwest::Request| {
         let http = http.clone();
         async move {

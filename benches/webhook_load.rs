@@ -11,7 +11,8 @@ use std::time::Duration;
 use kernelbot_dispatch::buildkite::sign;
 use kernelbot_dispatch::devstack::buildkite::{sample_result, unix_now};
 use kernelbot_dispatch::devstack::stack::{API_TOKEN, SECRET, Stack, StoreKind, submission};
-use support::{OwnTimes, OwnWork, Run, drive, percentiles};
+use support::load::{Run, client, drive, percentiles};
+use support::own_work::{OwnTimes, OwnWork};
 
 const CONCURRENCY: usize = 64;
 /// Jobs taken through the whole life; each duplicate scenario replays every one of them.
@@ -75,7 +76,7 @@ async fn main() {
     let app = Stack::spawn(StoreKind::Sqlite)
         .await
         .expect("the local stack");
-    let client = support::client(CONCURRENCY);
+    let client = client(CONCURRENCY);
     let healthz = format!(
         "{}/healthz",
         app.webhook_url.trim_end_matches("/webhooks/buildkite")

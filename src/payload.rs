@@ -31,7 +31,7 @@ pub enum PayloadError {
     #[error("payload is not valid base64: {0}")]
     Base64(#[from] base64::DecodeError),
     #[error("payload is not a valid zlib stream: {0}")]
-    Zlib(std::io::Error),
+    Zlib(#[source] std::io::Error),
     #[error("decompressed payload exceeds {MAX_DECODED_LEN} bytes")]
     DecodedTooLarge,
     #[error("payload is not valid JSON: {0}")]

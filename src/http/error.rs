@@ -46,7 +46,7 @@ impl From<Invalid> for ApiError {
     fn from(e: Invalid) -> Self {
         let message = e.to_string();
         match e {
-            Invalid::Json(_) => Self::BadRequest {
+            Invalid::Json(_) | Invalid::NotAnObject => Self::BadRequest {
                 code: "invalid_json",
                 message,
             },

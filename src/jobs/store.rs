@@ -1,9 +1,9 @@
 //! The job store: a small trait with two real implementations, DynamoDB in production
-//! ([`super::dynamo`]) and an embedded SQLite file for local runs ([`super::sqlite`]). One
-//! contract test suite runs against both.
+//! (`dynamo.rs`) and an embedded SQLite file for local runs (`sqlite.rs`). One contract test
+//! suite runs against both.
 //!
 //! Every change is a compare-and-swap on the job's `version`: read, decide (pure), write if
-//! nobody wrote in between, else decide again on what they wrote (see [`super::update`]).
+//! nobody wrote in between, else decide again on what they wrote (`update.rs`).
 //! Concurrent or repeated webhooks therefore cannot both win, and no rule lives in a store.
 
 use async_trait::async_trait;
