@@ -6,7 +6,7 @@
 //! (each module uses only those below it) and names the module of each arrow of the flow:
 //!
 //! ```text
-//! bin → server → http → flow → {buildkite, discord, callback, jobs, runner, secrets}
+//! bin → {server, http} → flow → {buildkite, discord, callback, jobs, runner, secrets}
 //!     → {retry, telemetry, tls} → {config, time, text, token, error, payload, result}
 //! ```
 

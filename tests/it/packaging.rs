@@ -1,5 +1,6 @@
 //! What goes into the Lambda binaries: `cargo lambda build` (and so `sam build`) builds them
-//! without the embedded SQLite store, which only local runs and tests use.
+//! without the embedded SQLite store and the local stand-ins, which only local runs, tests
+//! and benchmarks use.
 
 use std::process::Command;
 
@@ -41,5 +42,7 @@ fn the_lambda_build_leaves_the_embedded_store_out() {
     assert!(sqlite(&linked(&[])), "local builds have the embedded store");
     let lambda = linked(&["--no-default-features"]);
     assert!(!sqlite(&lambda), "{lambda:?}");
+    // The stand-ins' own dependency (the template reader) stays out with them.
+    assert!(!lambda.iter().any(|c| c == "serde_yaml_ng"), "{lambda:?}");
     assert!(lambda.iter().any(|c| c == "aws-sdk-dynamodb"));
 }
