@@ -4,7 +4,7 @@
 use std::error::Error;
 
 /// Any error, kept as a variant's source.
-pub type BoxError = Box<dyn Error + Send + Sync>;
+pub(crate) type BoxError = Box<dyn Error + Send + Sync>;
 
 /// `error` and each of its sources, `: `-separated: the whole story in one log line. A
 /// source whose text its parent already ends with is not repeated.

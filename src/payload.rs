@@ -12,17 +12,17 @@ use flate2::read::ZlibDecoder;
 use flate2::write::ZlibEncoder;
 
 /// The environment variable the payload travels in.
-pub const PAYLOAD_VAR: &str = "KERNELBOT_PAYLOAD";
+pub(crate) const PAYLOAD_VAR: &str = "KERNELBOT_PAYLOAD";
 
 /// Linux limits one `NAME=value` environment string to `MAX_ARG_STRLEN` (128 KiB, including
 /// the terminating NUL). A longer payload would make every exec on the agent fail with E2BIG.
-pub const MAX_ENV_STRING: usize = 128 * 1024;
+pub(crate) const MAX_ENV_STRING: usize = 128 * 1024;
 
 /// The longest encoded payload that still fits in `KERNELBOT_PAYLOAD=<payload>\0`.
-pub const MAX_ENCODED_LEN: usize = MAX_ENV_STRING - PAYLOAD_VAR.len() - 2;
+pub(crate) const MAX_ENCODED_LEN: usize = MAX_ENV_STRING - PAYLOAD_VAR.len() - 2;
 
 /// Upper bound for a decoded payload, so a small zlib bomb cannot exhaust memory.
-pub const MAX_DECODED_LEN: u64 = 64 * 1024 * 1024;
+pub(crate) const MAX_DECODED_LEN: u64 = 64 * 1024 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PayloadError {
@@ -39,7 +39,7 @@ pub enum PayloadError {
 }
 
 /// zlib, then standard base64: the packing of the payload, and of large stored results.
-pub fn pack(bytes: &[u8]) -> String {
+pub(crate) fn pack(bytes: &[u8]) -> String {
     let mut encoder = ZlibEncoder::new(Vec::new(), Compression::default());
     // Writing into a Vec cannot fail.
     let _ = encoder.write_all(bytes);

@@ -39,13 +39,13 @@ impl Deadline {
         Self::after(Duration::from_millis(deadline_ms.saturating_sub(now_ms)))
     }
 
-    pub fn remaining(&self) -> Duration {
+    pub(crate) fn remaining(&self) -> Duration {
         self.0.saturating_duration_since(Instant::now())
     }
 
     /// The time limit for one call: its own `limit`, or less if less is left; `None` when too
     /// little is left to try at all.
-    pub fn call_timeout(&self, limit: Duration) -> Option<Duration> {
+    pub(crate) fn call_timeout(&self, limit: Duration) -> Option<Duration> {
         let left = self.remaining();
         (left >= MIN_TRY).then(|| limit.min(left))
     }
@@ -139,7 +139,7 @@ impl Policy {
 }
 
 /// Whether a status is worth another try: rate limited or a server-side failure.
-pub fn is_transient(status: reqwest::StatusCode) -> bool {
+pub(crate) fn is_transient(status: reqwest::StatusCode) -> bool {
     status == reqwest::StatusCode::TOO_MANY_REQUESTS || status.is_server_error()
 }
 

@@ -16,9 +16,9 @@ use serde::Deserialize;
 use crate::retry::{Again, Deadline, Policy, Transient};
 
 /// The variable naming the secret (its name or ARN).
-pub const SECRET_ID_VAR: &str = "KERNELBOT_SECRET_ID";
+pub(crate) const SECRET_ID_VAR: &str = "KERNELBOT_SECRET_ID";
 /// The extension's documented default port.
-pub const DEFAULT_PORT: u16 = 2773;
+pub(crate) const DEFAULT_PORT: u16 = 2773;
 /// What the secret may hold; anything else in it is ignored.
 pub const KEYS: &[&str] = &[
     "BUILDKITE_API_TOKEN",
@@ -75,7 +75,7 @@ fn non_empty(lookup: &(impl Fn(&str) -> Option<String> + ?Sized), key: &str) -> 
 }
 
 /// Whether [`load`] will call the extension (and so must wait for an invocation).
-pub fn configured(lookup: &(dyn Fn(&str) -> Option<String> + Sync)) -> bool {
+pub(crate) fn configured(lookup: &(dyn Fn(&str) -> Option<String> + Sync)) -> bool {
     non_empty(lookup, SECRET_ID_VAR).is_some()
 }
 

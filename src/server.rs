@@ -15,7 +15,7 @@ use crate::jobs::JobStore;
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
 
 /// Reads one configuration variable: the process environment, or a test's map.
-pub type Lookup = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
+pub(crate) type Lookup = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
 
 /// A function's state, built in two steps. The store (the AWS SDK's client, the costliest
 /// part) needs no secret, so it is opened at once. Secrets not in the environment come from

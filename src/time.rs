@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Milliseconds since the Unix epoch.
-pub type Millis = i64;
+pub(crate) type Millis = i64;
 
 /// The wall clock, in milliseconds.
 pub fn now_millis() -> Millis {
@@ -17,7 +17,7 @@ pub fn now_millis() -> Millis {
 }
 
 /// The wall clock, in whole seconds.
-pub fn now_secs() -> i64 {
+pub(crate) fn now_secs() -> i64 {
     now_millis() / 1000
 }
 

@@ -121,11 +121,11 @@ impl Build {
 
     /// The final state as users read it: a finished build waiting on a block step is
     /// `blocked`, whatever `state` says.
-    pub fn final_state(&self) -> &str {
+    pub(crate) fn final_state(&self) -> &str {
         if self.blocked { "blocked" } else { &self.state }
     }
 
-    pub fn is_finished(&self) -> bool {
+    pub(crate) fn is_finished(&self) -> bool {
         TERMINAL_STATES.contains(&self.final_state())
     }
 }

@@ -18,7 +18,7 @@ const PIPELINE: &str = include_str!("../../infra/buildkite/pipeline.yml");
 pub const RUNNER_COMMAND: &str = "kernelbot-runner";
 
 /// The evaluation step's command in the pipeline.
-pub fn step_command() -> Option<String> {
+pub(crate) fn step_command() -> Option<String> {
     PIPELINE.lines().find_map(|l| {
         let value = l.trim().strip_prefix("command:")?.trim().trim_matches('"');
         (!value.is_empty()).then(|| value.to_owned())
@@ -27,7 +27,7 @@ pub fn step_command() -> Option<String> {
 
 /// Where the step leaves `result.json`, relative to the checkout: its artifact path. The
 /// container's working directory is that path's directory, mounted from the checkout.
-pub fn step_artifact() -> Option<String> {
+pub(crate) fn step_artifact() -> Option<String> {
     let mut lines = PIPELINE
         .lines()
         .skip_while(|l| l.trim() != "artifact_paths:");

@@ -73,7 +73,7 @@ fn chars(v: &Value) -> usize {
 }
 
 /// Discord's documented limits; a breach is a 400 "Invalid Form Body" (code 50035).
-pub fn check_limits(body: &Value) -> Result<(), String> {
+pub(crate) fn check_limits(body: &Value) -> Result<(), String> {
     let content = chars(&body["content"]);
     let embeds = body["embeds"].as_array().cloned().unwrap_or_default();
     if content == 0 && embeds.is_empty() {

@@ -11,12 +11,12 @@ pub const REPORT_FILENAME: &str = "report.txt";
 /// Discord's documented limits (counted in characters).
 pub mod limits {
     pub const CONTENT: usize = 2000;
-    pub const EMBEDS: usize = 10;
-    pub const TITLE: usize = 256;
-    pub const DESCRIPTION: usize = 4096;
-    pub const FIELDS: usize = 25;
-    pub const FIELD_NAME: usize = 256;
-    pub const FIELD_VALUE: usize = 1024;
+    pub(crate) const EMBEDS: usize = 10;
+    pub(crate) const TITLE: usize = 256;
+    pub(crate) const DESCRIPTION: usize = 4096;
+    pub(crate) const FIELDS: usize = 25;
+    pub(crate) const FIELD_NAME: usize = 256;
+    pub(crate) const FIELD_VALUE: usize = 1024;
     pub const FOOTER: usize = 2048;
     pub const EMBED_TOTAL: usize = 6000;
 }

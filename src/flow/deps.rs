@@ -96,7 +96,7 @@ impl Deps {
     }
 
     /// These dependencies, publishing metrics to `metrics`.
-    pub fn with_metrics(mut self, metrics: Metrics) -> Self {
+    pub(crate) fn with_metrics(mut self, metrics: Metrics) -> Self {
         self.metrics = metrics;
         self
     }

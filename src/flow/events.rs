@@ -30,7 +30,7 @@ pub struct Signed<'a> {
 
 impl<'a> Signed<'a> {
     /// The request's Buildkite headers (one that is not text counts as absent).
-    pub fn from_headers(headers: &'a http::HeaderMap, body: &'a [u8]) -> Self {
+    pub(crate) fn from_headers(headers: &'a http::HeaderMap, body: &'a [u8]) -> Self {
         let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
         Self {
             signature: header(SIGNATURE_HEADER),
@@ -43,7 +43,7 @@ impl<'a> Signed<'a> {
 
 /// Why a webhook request was not acted on.
 #[derive(Debug, thiserror::Error)]
-pub enum WebhookError {
+pub(crate) enum WebhookError {
     /// The signature (or token) is missing, wrong or stale.
     #[error("unauthorized")]
     Unauthorized(#[source] VerifyError),
@@ -62,7 +62,7 @@ fn quoted(text: &str) -> String {
 }
 
 /// Verifies a webhook request at `now` (Unix seconds), then acts on its event.
-pub async fn receive(
+pub(crate) async fn receive(
     d: &Deps,
     request: Signed<'_>,
     now: i64,
@@ -87,7 +87,7 @@ pub async fn receive(
 }
 
 /// Handles a verified Buildkite webhook event.
-pub async fn on_event(
+pub(crate) async fn on_event(
     d: &Deps,
     event: &WebhookEvent,
     deadline: Deadline,

@@ -70,7 +70,7 @@ pub enum Invalid {
 
 impl Invalid {
     /// The field a 422 names, as a path from the body's top (`config.lang`).
-    pub fn field_path(&self) -> Option<String> {
+    pub(crate) fn field_path(&self) -> Option<String> {
         match self {
             Self::Config(e) if e.field.is_empty() => Some("config".into()),
             Self::Config(e) => Some(format!("config.{}", e.field)),

@@ -15,7 +15,7 @@ pub struct InvalidRunId;
 
 impl RunId {
     /// A fresh random id for submissions that bring none.
-    pub fn generate() -> Self {
+    pub(crate) fn generate() -> Self {
         Self(format!("run-{}", uuid::Uuid::new_v4().simple()))
     }
 

@@ -127,7 +127,7 @@ impl Job {
     }
 
     /// Whether either outbox still owes something for the job as it is now.
-    pub fn owes_delivery(&self) -> bool {
+    pub(crate) fn owes_delivery(&self) -> bool {
         Channel::ALL.into_iter().any(|c| self.owes(c))
     }
 
@@ -198,7 +198,7 @@ impl Transition {
         self
     }
 
-    pub fn with_failure(mut self, reason: impl Into<String>) -> Self {
+    pub(crate) fn with_failure(mut self, reason: impl Into<String>) -> Self {
         self.failure = Some(reason.into());
         self
     }

@@ -18,7 +18,7 @@ pub enum JobState {
 impl JobState {
     /// A job only ever moves to a higher rank. `finished` and `failed` share the top rank:
     /// neither can follow the other.
-    pub fn rank(self) -> u8 {
+    pub(crate) fn rank(self) -> u8 {
         match self {
             Self::Submitted => 0,
             Self::Scheduled => 1,

@@ -238,7 +238,7 @@ fn defines(v: Option<&Value>) -> Result<BTreeMap<String, Option<String>>, Invali
 }
 
 impl EvalConfig {
-    pub fn from_json(value: &Value) -> Result<Self, InvalidConfig> {
+    pub(crate) fn from_json(value: &Value) -> Result<Self, InvalidConfig> {
         let Value::Object(obj) = value else {
             return Err(bad("", "config must be a JSON object"));
         };
@@ -275,7 +275,7 @@ impl EvalConfig {
 
     /// The cases file for one evaluation mode and its timeout, as kernelbot's
     /// `run_single_evaluation` chooses them.
-    pub fn cases_for(&self, mode: &str) -> (String, u64) {
+    pub(crate) fn cases_for(&self, mode: &str) -> (String, u64) {
         match mode {
             "test" => (build_test_string(&self.tests), self.test_timeout),
             _ => {

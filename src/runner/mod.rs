@@ -32,17 +32,17 @@ pub mod exit {
     /// The evaluation ran (pass or fail is in `result.json`), or there was no payload.
     pub const OK: i32 = 0;
     /// The payload could not be read; `result.json` says why.
-    pub const BAD_PAYLOAD: i32 = 2;
+    pub(crate) const BAD_PAYLOAD: i32 = 2;
     /// `result.json` could not be written.
-    pub const CANNOT_WRITE_RESULT: i32 = 3;
+    pub(crate) const CANNOT_WRITE_RESULT: i32 = 3;
 }
 
 /// Payload variables, newest name first (`SUBMISSION_PAYLOAD` is the older one).
-pub const PAYLOAD_VARS: &[&str] = &[payload::PAYLOAD_VAR, "SUBMISSION_PAYLOAD"];
-pub const RESULT_FILE: &str = "result.json";
+pub(crate) const PAYLOAD_VARS: &[&str] = &[payload::PAYLOAD_VAR, "SUBMISSION_PAYLOAD"];
+pub(crate) const RESULT_FILE: &str = "result.json";
 
 #[derive(Debug, thiserror::Error)]
-pub enum RunnerError {
+pub(crate) enum RunnerError {
     #[error("{0}")]
     Payload(#[from] PayloadError),
     #[error("invalid config: {0}")]
@@ -60,7 +60,7 @@ pub fn failure(error: impl Into<String>) -> FullResult {
 }
 
 /// Decodes and validates the payload.
-pub fn read_config(encoded: &str) -> Result<EvalConfig, RunnerError> {
+pub(crate) fn read_config(encoded: &str) -> Result<EvalConfig, RunnerError> {
     let value = payload::decode(encoded)?;
     Ok(EvalConfig::from_json(&value)?)
 }

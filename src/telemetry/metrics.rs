@@ -3,15 +3,16 @@
 //! not through the JSON log subscriber (a wrapped line is not extracted). Outside Lambda they
 //! go to the debug log instead, so local output stays readable; tests keep them in memory.
 
+#[cfg(feature = "devstack")]
 use std::sync::{Arc, Mutex};
 
 use serde_json::{Map, Value, json};
 
 /// The CloudWatch namespace of every metric (the alarms in `template.yaml` name it).
-pub const NAMESPACE: &str = "KernelbotDispatch";
+pub(crate) const NAMESPACE: &str = "KernelbotDispatch";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Unit {
+pub(crate) enum Unit {
     Count,
     Seconds,
 }
@@ -29,19 +30,21 @@ impl Unit {
 enum Sink {
     Stdout,
     Log,
+    /// Kept for the local stack's tests.
+    #[cfg(feature = "devstack")]
     Memory(Arc<Mutex<Vec<Value>>>),
 }
 
 /// Where a function's metrics go, with the `Function` dimension they all carry.
 #[derive(Clone, Debug)]
-pub struct Metrics {
+pub(crate) struct Metrics {
     function: &'static str,
     sink: Sink,
 }
 
 impl Metrics {
     /// Stdout under Lambda, the debug log elsewhere.
-    pub fn for_function(function: &'static str) -> Self {
+    pub(crate) fn for_function(function: &'static str) -> Self {
         let sink = if super::is_lambda() {
             Sink::Stdout
         } else {
@@ -51,7 +54,8 @@ impl Metrics {
     }
 
     /// Metrics kept in `kept`, which several functions may share (tests).
-    pub fn shared(function: &'static str, kept: Arc<Mutex<Vec<Value>>>) -> Self {
+    #[cfg(feature = "devstack")]
+    pub(crate) fn shared(function: &'static str, kept: Arc<Mutex<Vec<Value>>>) -> Self {
         Self {
             function,
             sink: Sink::Memory(kept),
@@ -59,7 +63,7 @@ impl Metrics {
     }
 
     /// Publishes `values` with the function's dimension and `dimensions`.
-    pub fn put(&self, dimensions: &[(&str, &str)], values: &[(&str, Unit, f64)]) {
+    pub(crate) fn put(&self, dimensions: &[(&str, &str)], values: &[(&str, Unit, f64)]) {
         // Outside Lambda a line is only a debug log: not built unless someone reads it.
         if matches!(self.sink, Sink::Log) && !tracing::enabled!(tracing::Level::DEBUG) {
             return;
@@ -68,6 +72,7 @@ impl Metrics {
         match &self.sink {
             Sink::Stdout => println!("{line}"),
             Sink::Log => tracing::debug!(metrics = %line, "metrics"),
+            #[cfg(feature = "devstack")]
             Sink::Memory(kept) => kept.lock().unwrap_or_else(|p| p.into_inner()).push(line),
         }
     }
@@ -75,7 +80,7 @@ impl Metrics {
 
 /// One EMF object: the `_aws` directive naming each metric and dimension set, then the
 /// dimension and metric values as top-level keys.
-pub fn emf(
+pub(crate) fn emf(
     timestamp_ms: i64,
     function: &str,
     dimensions: &[(&str, &str)],

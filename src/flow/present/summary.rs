@@ -26,7 +26,7 @@ pub(super) fn timing_line(t: &Timings) -> Option<String> {
 }
 
 /// A wait or run time as people read it: `45.5 s`, `3 min 7 s`, `2 h 5 min`.
-pub fn format_secs(secs: f64) -> String {
+pub(crate) fn format_secs(secs: f64) -> String {
     let secs = secs.max(0.0);
     if secs < 60.0 {
         let text = format!("{secs:.1}");
@@ -50,7 +50,7 @@ pub(super) fn capitalised(s: &str) -> String {
 
 /// Kernelbot's short report: one ✅/❌ line per phase, stopping at the first failure, with
 /// test counts and benchmark timings where the run reported them.
-pub fn short_report(result: &FullResult) -> Vec<String> {
+pub(crate) fn short_report(result: &FullResult) -> Vec<String> {
     let mut lines = Vec::new();
     if compilation(result, &mut lines) && phases(result, &mut lines) {
         lines.extend(profiles(result));
@@ -138,7 +138,7 @@ fn benchmark_lines(run: &RunResult) -> Vec<String> {
 }
 
 /// Formats nanoseconds with a readable unit and three significant digits.
-pub fn format_ns(ns: f64) -> String {
+pub(crate) fn format_ns(ns: f64) -> String {
     let (value, unit) = match ns.abs() {
         v if v >= 1e9 => (ns / 1e9, "s"),
         v if v >= 1e6 => (ns / 1e6, "ms"),

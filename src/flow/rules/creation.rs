@@ -6,15 +6,15 @@ use crate::time::Millis;
 
 /// How long a create call may be in flight: nobody else creates or looks up the build of a
 /// run before this has passed (it exceeds every function's timeout).
-pub const CREATE_HOLD_MS: Millis = 90_000;
+pub(crate) const CREATE_HOLD_MS: Millis = 90_000;
 
 /// After a create whose answer was lost, wait this long before looking the build up, so a
 /// build Buildkite did create is visible to the lookup.
-pub const LOOK_UP_AFTER_MS: Millis = 60_000;
+pub(crate) const LOOK_UP_AFTER_MS: Millis = 60_000;
 
 /// Takes a deferred creation that is due, holding it for [`CREATE_HOLD_MS`]; returns the job
 /// as written and the creation as it was (which says whether to look the build up first).
-pub fn claim_creation(job: &Job, now: Millis) -> Option<(Job, Creation)> {
+pub(crate) fn claim_creation(job: &Job, now: Millis) -> Option<(Job, Creation)> {
     let creation = job.creation.as_ref()?;
     if job.state != JobState::Submitted || job.build.is_some() || creation.after > now {
         return None;
@@ -26,7 +26,7 @@ pub fn claim_creation(job: &Job, now: Millis) -> Option<(Job, Creation)> {
 
 /// What a create call did, for [`defer_creation`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CreateMiss {
+pub(crate) enum CreateMiss {
     /// 429: create once the rate limit resets (`reset_ms` from now).
     RateLimited { reset_ms: Millis },
     /// The call may have created the build: look it up before creating another.
@@ -36,7 +36,7 @@ pub enum CreateMiss {
 }
 
 /// The job with its creation rescheduled after `miss`.
-pub fn defer_creation(job: &Job, miss: CreateMiss, now: Millis) -> Option<Job> {
+pub(crate) fn defer_creation(job: &Job, miss: CreateMiss, now: Millis) -> Option<Job> {
     let mut next = job.clone();
     let c = next.creation.as_mut()?;
     match miss {

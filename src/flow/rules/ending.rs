@@ -6,7 +6,7 @@ use crate::time::Millis;
 
 /// A deadline an open job has passed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Overdue {
+pub(crate) enum Overdue {
     /// Its evaluation did not start in time after its build was created.
     QueueTimeout,
     /// It is older than the deployment's maximum job age.
@@ -15,7 +15,7 @@ pub enum Overdue {
 
 /// Which deadline, if any, `job` has passed at `now`. `queue_timeout_ms` applies unless the
 /// submission set its own.
-pub fn overdue(
+pub(crate) fn overdue(
     job: &Job,
     now: Millis,
     queue_timeout_ms: Millis,
@@ -36,7 +36,7 @@ pub fn overdue(
 }
 
 /// What asking to cancel `job` does to it: `None` when it has ended (or was already asked).
-pub fn request_cancel(job: &Job, now: Millis) -> Option<Job> {
+pub(crate) fn request_cancel(job: &Job, now: Millis) -> Option<Job> {
     if job.state.is_terminal() || job.cancel_requested {
         return None;
     }

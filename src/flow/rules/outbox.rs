@@ -8,10 +8,10 @@ use crate::jobs::{Channel, Delivery, DeliveryStatus, DiscordOutbox, Job, JobStat
 use crate::time::Millis;
 
 /// A final message the receiver has not accepted for this long is given up.
-pub const GIVE_UP_AFTER_MS: Millis = 24 * 3600 * 1000;
+pub(crate) const GIVE_UP_AFTER_MS: Millis = 24 * 3600 * 1000;
 
 /// A lease outlasts its holder's deadline by this much, for an answer still on its way.
-pub const LEASE_SLACK_MS: Millis = 30_000;
+pub(crate) const LEASE_SLACK_MS: Millis = 30_000;
 
 /// What the receiver said to one message.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -32,7 +32,13 @@ pub enum Answer {
 
 /// Takes the job's message to `channel` for `owner` until `until`, if one is owed and no
 /// one else holds it.
-pub fn claim(job: &Job, channel: Channel, owner: &str, now: Millis, until: Millis) -> Option<Job> {
+pub(crate) fn claim(
+    job: &Job,
+    channel: Channel,
+    owner: &str,
+    now: Millis,
+    until: Millis,
+) -> Option<Job> {
     if !job.owes(channel) || job.delivery(channel)?.held_at(now) {
         return None;
     }
@@ -118,7 +124,7 @@ fn settle_discord(o: &mut DiscordOutbox, sent: JobState, answer: &Answer) {
 
 /// Gives up the job's owed message to `channel` when its receiver is no longer configured
 /// (`CALLBACK_URL` unset since): it would otherwise stay in the sweep's outbox for ever.
-pub fn abandon(job: &Job, channel: Channel, reason: &str) -> Option<Job> {
+pub(crate) fn abandon(job: &Job, channel: Channel, reason: &str) -> Option<Job> {
     if !job.owes(channel) {
         return None;
     }
