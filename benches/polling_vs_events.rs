@@ -361,7 +361,7 @@ async fn event_one(app: &Stack, i: usize, length: u64) -> Finished {
         "https://discord.com/api/webhooks/{}/token-{i}",
         hook_id(i)
     ));
-    let (status, body) = app.submit(&sub).await;
+    let (status, body) = app.submit(&sub).await.expect("the submit API answers");
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
     let number = body["build"]["number"]
         .as_u64()

@@ -135,6 +135,17 @@ async fn classify(resp: Response, call: &Call<'_>) -> Result<Response, Buildkite
     })
 }
 
+/// Whether `url` is under `base`: the same scheme, host and port, and a path at or below
+/// base's, on a `/` boundary (`https://api.example` must not admit `https://api.example.evil`).
+fn on_api(base: &Url, url: &str) -> bool {
+    let Ok(url) = Url::parse(url) else {
+        return false;
+    };
+    let root = base.path().trim_end_matches('/');
+    let path = url.path();
+    url.origin() == base.origin() && (path == root || path.starts_with(&format!("{root}/")))
+}
+
 /// The `rel="next"` URL of an RFC 8288 `Link` header.
 fn next_link(headers: &header::HeaderMap) -> Option<String> {
     let link = headers.get(header::LINK)?.to_str().ok()?;
@@ -385,7 +396,7 @@ impl BuildkiteClient {
     /// The next page's URL, if it is on the API we were configured with: the token goes
     /// along, so no other host is followed.
     fn next_page(&self, headers: &header::HeaderMap) -> Option<String> {
-        next_link(headers).filter(|n| n.starts_with(self.api_base()))
+        next_link(headers).filter(|n| on_api(&self.base, n))
     }
 
     /// Every item of a paged listing, up to `max_pages` pages.
@@ -543,6 +554,30 @@ mod tests {
             r#"<https://x/1>; rel="prev""#.parse().unwrap(),
         );
         assert_eq!(next_link(&h), None);
+    }
+
+    #[test]
+    fn only_pages_of_the_configured_api_are_followed() {
+        let base = Url::parse("https://api.buildkite.com/v2").unwrap();
+        for ok in [
+            "https://api.buildkite.com/v2/organizations/o/agents?page=2",
+            "https://api.buildkite.com/v2",
+        ] {
+            assert!(on_api(&base, ok), "{ok}");
+        }
+        for other in [
+            "https://api.buildkite.com.evil.example/v2/x",
+            "https://api.buildkite.com/v2evil/x",
+            "http://api.buildkite.com/v2/x",
+            "https://api.buildkite.com:8443/v2/x",
+            "https://evil.example/v2/x",
+            "not a url",
+        ] {
+            assert!(!on_api(&base, other), "{other}");
+        }
+        let bare = Url::parse("https://bk.internal").unwrap();
+        assert!(on_api(&bare, "https://bk.internal/organizations/o"));
+        assert!(!on_api(&bare, "https://bk.internal.evil/organizations/o"));
     }
 
     #[test]

@@ -16,8 +16,9 @@ use crate::retry::Deadline;
 
 pub use super::advance::EventOutcome;
 
-/// A webhook request as it arrived: what its headers claim, and its raw body.
-#[derive(Clone, Copy, Debug)]
+/// A webhook request as it arrived: what its headers claim, and its raw body. No `Debug`:
+/// the token header is the webhook secret itself where the token mode is allowed.
+#[derive(Clone, Copy)]
 pub struct Signed<'a> {
     /// `X-Buildkite-Signature`.
     pub signature: Option<&'a str>,

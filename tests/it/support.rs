@@ -13,6 +13,7 @@ pub(crate) use kernelbot_dispatch::devstack::stack::{
 use kernelbot_dispatch::flow::sweep::SweepReport;
 use kernelbot_dispatch::jobs::{Job, JobStore};
 use reqwest::StatusCode;
+use serde_json::Value;
 
 pub(crate) struct TestApp(Stack);
 
@@ -41,6 +42,29 @@ impl TestApp {
     ) -> Self {
         let stack = Stack::spawn_tuned(kind, vars, timeout).await;
         Self(stack.expect("the local stack starts"))
+    }
+
+    /// `POST /submissions` with the test token: the answer's status and body.
+    pub(crate) async fn submit(&self, body: &Value) -> (StatusCode, Value) {
+        self.0.submit(body).await.expect("the submit API answers")
+    }
+
+    pub(crate) async fn submit_raw(
+        &self,
+        body: Vec<u8>,
+        token: Option<&str>,
+    ) -> (StatusCode, Value) {
+        let answer = self.0.submit_raw(body, token).await;
+        answer.expect("the submit API answers")
+    }
+
+    pub(crate) async fn cancel(&self, run_id: &str) -> (StatusCode, Value) {
+        self.0.cancel(run_id).await.expect("the submit API answers")
+    }
+
+    /// `GET /submissions/{run_id}`: the answer's status and body.
+    pub(crate) async fn status(&self, run_id: &str) -> (StatusCode, Value) {
+        self.0.status(run_id).await.expect("the submit API answers")
     }
 
     /// The job as stored.

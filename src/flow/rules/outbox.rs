@@ -304,6 +304,30 @@ mod tests {
         assert_eq!(discord(&day).delivery.status, DeliveryStatus::GivenUp);
     }
 
+    #[test]
+    fn only_a_final_message_is_given_up_so_a_long_run_still_gets_its_report() {
+        let down = || Answer::Failed("503".into());
+        let once = send(&job(JobState::Running), DISCORD, "a", down(), 1_000);
+        let day = send(&once, DISCORD, "a", down(), 1_000 + GIVE_UP_AFTER_MS);
+        let d = &discord(&day).delivery;
+        assert_eq!((d.status, d.attempts), (DeliveryStatus::Active, 2));
+        assert!(discord(&day).target.is_some(), "the token is kept");
+        let finished = day
+            .apply(&Transition::to(
+                JobState::Finished,
+                2_000 + GIVE_UP_AFTER_MS,
+            ))
+            .unwrap();
+        let done = send(
+            &finished,
+            DISCORD,
+            "b",
+            accepted(None),
+            3_000 + GIVE_UP_AFTER_MS,
+        );
+        assert_eq!(discord(&done).delivery.status, DeliveryStatus::Delivered);
+    }
+
     fn with_callback(state: JobState) -> Job {
         let mut j = job(JobState::Submitted);
         j.callback = Some(CallbackOutbox::new(0));
