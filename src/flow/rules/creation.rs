@@ -53,14 +53,9 @@ pub(crate) fn defer_creation(job: &Job, miss: CreateMiss, now: Millis) -> Option
 
 #[cfg(test)]
 mod tests {
+    use super::super::fixtures::{build, job};
     use super::*;
-    use crate::jobs::{BuildRef, Transition};
-
-    fn job(state: JobState) -> Job {
-        let mut j = Job::new("r".parse().unwrap(), "g".into(), "q".into(), None, None, 0);
-        j.state = state;
-        j
-    }
+    use crate::jobs::Transition;
 
     #[test]
     fn deferred_creations_are_claimed_once_and_rescheduled() {
@@ -85,13 +80,7 @@ mod tests {
             defer_creation(&held, CreateMiss::RateLimited { reset_ms: 42_000 }, 200).unwrap();
         assert_eq!(limited.creation.unwrap().after, 42_200);
         let scheduled = held
-            .apply(
-                &Transition::to(JobState::Scheduled, 300).with_build(BuildRef {
-                    id: "b".into(),
-                    number: 1,
-                    web_url: String::new(),
-                }),
-            )
+            .apply(&Transition::to(JobState::Scheduled, 300).with_build(build()))
             .unwrap();
         assert_eq!(
             scheduled.creation, None,

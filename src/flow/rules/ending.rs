@@ -57,14 +57,8 @@ pub(crate) fn request_cancel(job: &Job, now: Millis) -> Option<Job> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::fixtures::{build, job};
     use super::*;
-    use crate::jobs::BuildRef;
-
-    fn job(state: JobState) -> Job {
-        let mut j = Job::new("r".parse().unwrap(), "g".into(), "q".into(), None, None, 0);
-        j.state = state;
-        j
-    }
 
     #[test]
     fn deadlines_run_from_creation_and_from_the_build() {
@@ -107,11 +101,7 @@ mod tests {
         assert_eq!(buildless.state, JobState::Finished);
         assert_eq!(buildless.outcome.unwrap().verdict, Verdict::Canceled);
         let mut scheduled = job(JobState::Scheduled);
-        scheduled.build = Some(BuildRef {
-            id: "b".into(),
-            number: 1,
-            web_url: String::new(),
-        });
+        scheduled.build = Some(build());
         let asked = request_cancel(&scheduled, 5).unwrap();
         assert_eq!(
             (asked.state, asked.cancel_requested),
@@ -124,11 +114,7 @@ mod tests {
     #[test]
     fn a_submission_fails_only_before_its_build_exists() {
         let mut scheduled = job(JobState::Scheduled);
-        scheduled.build = Some(BuildRef {
-            id: "b".into(),
-            number: 1,
-            web_url: String::new(),
-        });
+        scheduled.build = Some(build());
         assert_eq!(scheduled.apply(&Transition::to(JobState::Failed, 1)), None);
         assert!(
             job(JobState::Submitted)

@@ -9,3 +9,25 @@ pub mod outbox;
 pub mod signal;
 
 pub use signal::{progress_of, signal_of};
+
+/// What the rules' table tests start from.
+#[cfg(test)]
+mod fixtures {
+    use crate::jobs::{BuildRef, Job, JobState};
+
+    /// A job in `state`, reporting to no receiver.
+    pub(super) fn job(state: JobState) -> Job {
+        let mut j = Job::new("r".parse().unwrap(), "g".into(), "q".into(), None, None, 0);
+        j.state = state;
+        j
+    }
+
+    /// A build as a job records it.
+    pub(super) fn build() -> BuildRef {
+        BuildRef {
+            id: "b".into(),
+            number: 1,
+            web_url: String::new(),
+        }
+    }
+}
