@@ -18,7 +18,8 @@ pub(crate) const DEFAULT_BUILDKITE_API_URL: &str = "https://api.buildkite.com/v2
 pub(crate) const DEFAULT_DISCORD_API_URL: &str = "https://discord.com/api/v10";
 pub(crate) const DEFAULT_LISTEN_ADDR: &str = "127.0.0.1:3000";
 pub(crate) const DEFAULT_GPU_QUEUES: &str = "B200_BK=b200,H100_BK=h100,MI300_BK=mi300,L40S_BK=test";
-pub(crate) const DEFAULT_IMAGE: &str = "ghcr.io/gpu-mode/kernelbot:latest";
+/// The runner image `infra/buildkite/Dockerfile` builds, which `pipeline.yml` falls back to.
+pub(crate) const DEFAULT_IMAGE: &str = "ghcr.io/gpu-mode/kernelbot-runner:latest";
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ConfigError {

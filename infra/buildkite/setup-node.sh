@@ -248,6 +248,9 @@ export KERNELBOT_PIDS_LIMIT=${PIDS_LIMIT}
 export BUILDKITE_PLUGIN_DOCKER_CPUS=${cpus}
 export BUILDKITE_PLUGIN_DOCKER_MEMORY=${memory}
 export BUILDKITE_PLUGIN_DOCKER_MEMORY_SWAP=${memory}
+# No stdin in the container (\`docker run\` without -i): the plugin reads this, though its
+# option schema, which the pipeline must pass, has no such option.
+export BUILDKITE_PLUGIN_DOCKER_INTERACTIVE=false
 # A fresh clone for every job: nothing a job left in the checkout reaches the next one.
 export BUILDKITE_CLEAN_CHECKOUT=true
 export PATH="${WRAPPER_DIR}:\${PATH}"

@@ -13,4 +13,4 @@ pub use error::BuildkiteError;
 pub(crate) use model::{Agent, NewBuild, pick_result};
 pub use model::{Build, BuildJob, TERMINAL_STATES};
 pub(crate) use webhook::{EVENT_HEADER, SIGNATURE_HEADER, TOKEN_HEADER};
-pub use webhook::{VerifyError, WebhookAuth, WebhookEvent, sign};
+pub use webhook::{PipelineRef, VerifyError, WebhookAuth, WebhookEvent, sign};

@@ -155,6 +155,15 @@ pub struct WebhookEvent {
     pub build: Option<Build>,
     /// The job of a `job.*` event.
     pub job: Option<BuildJob>,
+    /// The pipeline the event is about (a notification service may send every pipeline's).
+    pub pipeline: Option<PipelineRef>,
+}
+
+/// A pipeline as events name it.
+#[derive(Debug, Deserialize)]
+pub struct PipelineRef {
+    #[serde(default)]
+    pub slug: String,
 }
 
 #[cfg(test)]

@@ -94,9 +94,11 @@ struct StandIns {
 }
 
 impl StandIns {
-    async fn start() -> Result<Self, BoxError> {
+    async fn start(clock: &Clock) -> Result<Self, BoxError> {
+        let buildkite =
+            BuildkiteStandin::start_with_clock(BK_TOKEN, "test-org", "kernelbot", clock.clone());
         Ok(Self {
-            buildkite: BuildkiteStandin::start(BK_TOKEN, "test-org", "kernelbot").await?,
+            buildkite: buildkite.await?,
             discord: DiscordStandin::start().await?,
             receiver: ReceiverStandin::start().await?,
         })
@@ -143,10 +145,10 @@ impl Stack {
         if std::env::var_os("TEST_LOG").is_some() {
             crate::telemetry::init();
         }
-        let stand_ins = StandIns::start().await?;
+        let clock = Clock::default();
+        let stand_ins = StandIns::start(&clock).await?;
         let (store, dir) = open_store(kind).await?;
         let env = stand_ins.env(vars);
-        let clock = Clock::default();
         let metrics = Arc::new(Mutex::new(Vec::new()));
         let deps = |role: Role| -> Result<Arc<Deps>, BoxError> {
             let config = Config::from_lookup(role, &|k| env.get(k).cloned())?;

@@ -13,6 +13,9 @@ use crate::retry::Deadline;
 pub enum EventOutcome {
     Advanced(JobState),
     Ignored(&'static str),
+    /// An event about another pipeline (the notification service sends every pipeline's, or
+    /// a second deployment shares the organization): no job of ours is touched.
+    Foreign,
 }
 
 /// The job's record of `build`.

@@ -99,6 +99,11 @@ pub(crate) async fn on_event(
         Signal::Running => JobState::Running,
         Signal::Finished => JobState::Finished,
     };
+    let ours = &d.config.buildkite.pipeline;
+    if event.pipeline.as_ref().is_some_and(|p| p.slug != *ours) {
+        info!(event = %event.event, "an event of another pipeline");
+        return Ok(EventOutcome::Foreign);
+    }
     let Some(build) = &event.build else {
         return Ok(EventOutcome::Ignored("no build in the event"));
     };

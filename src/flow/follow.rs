@@ -70,10 +70,14 @@ pub(crate) async fn follow(
         return Ok(EventOutcome::Ignored("no build"));
     };
     if b.id != build.id {
-        // Numbers start again when a pipeline is recreated: never take another's build.
-        return Ok(EventOutcome::Ignored(
-            "a different build under the job's number",
-        ));
+        // Numbers start again when a pipeline is recreated: never take another's build. The
+        // job's own deadlines still end it (nothing of ours runs under that number).
+        return match overdue_now(d, job) {
+            Some(overdue) => end_at_deadline(d, job, overdue, deadline).await,
+            None => Ok(EventOutcome::Ignored(
+                "a different build under the job's number",
+            )),
+        };
     }
     let target = progress_of(build);
     if target == JobState::Finished {
@@ -142,7 +146,8 @@ pub(crate) fn overdue_now(d: &Deps, job: &Job) -> Option<Overdue> {
 /// Ends an overdue job. Its build is read afresh first (a listing can be moments old):
 /// one that has ended gives the job its real outcome, one whose evaluation started is no
 /// queue timeout. Otherwise the build is canceled and the job ends with the deadline's
-/// verdict, unless it moved on meanwhile.
+/// verdict, unless it moved on meanwhile. Another build under the job's number (a pipeline
+/// recreated) is not ours to cancel: the job ends all the same.
 async fn end_overdue(
     d: &Deps,
     job: &Job,
@@ -154,29 +159,37 @@ async fn end_overdue(
     };
     let bk_deadline = d.buildkite_deadline(deadline);
     let fresh = d.buildkite.get_build(b.number, bk_deadline).await?;
-    if fresh.id != b.id {
-        return Ok(EventOutcome::Ignored(
-            "a different build under the job's number",
-        ));
-    }
-    match progress_of(&fresh) {
-        JobState::Finished => return finish(d, job, &fresh, deadline).await,
-        JobState::Running if overdue == Overdue::QueueTimeout => {
-            let t = Transition::to(JobState::Running, d.clock.now()).with_build(build_ref(&fresh));
-            return advance(d, job, t, deadline).await;
+    if fresh.id == b.id {
+        match progress_of(&fresh) {
+            JobState::Finished => return finish(d, job, &fresh, deadline).await,
+            JobState::Running if overdue == Overdue::QueueTimeout => {
+                let t =
+                    Transition::to(JobState::Running, d.clock.now()).with_build(build_ref(&fresh));
+                return advance(d, job, t, deadline).await;
+            }
+            _ => {}
         }
-        _ => {}
+        if !stop_build(d, b.number, bk_deadline).await {
+            // A build we could not stop is not reported as stopped: next pass.
+            return Ok(EventOutcome::Ignored(
+                "overdue; its build could not be canceled yet",
+            ));
+        }
+        info!(?overdue, "job overdue; its build is canceled");
     }
-    if !stop_build(d, b.number, bk_deadline).await {
-        // A build we could not stop is not reported as stopped: next pass.
-        return Ok(EventOutcome::Ignored(
-            "overdue; its build could not be canceled yet",
-        ));
-    }
-    info!(?overdue, "job overdue; its build is canceled");
+    end_at_deadline(d, job, overdue, deadline).await
+}
+
+/// Ends `job` with the verdict of the deadline it passed, only from the state the decision
+/// was made on: a webhook may have moved it since.
+async fn end_at_deadline(
+    d: &Deps,
+    job: &Job,
+    overdue: Overdue,
+    deadline: Deadline,
+) -> Result<EventOutcome, DispatchError> {
     let t = Transition::to(JobState::Finished, d.clock.now())
         .with_outcome(deadline_outcome(d, job, overdue));
-    // Only from the state the decision was made on: a webhook may have moved it since.
     let decided_on = job.state;
     let written = update_seen(d.store.as_ref(), job, |j| {
         (j.state == decided_on).then(|| j.apply(&t)).flatten()

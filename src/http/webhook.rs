@@ -43,6 +43,10 @@ async fn receive(
     let (view, outcome) = match events::receive(&d, signed, now, deadline).await? {
         EventOutcome::Advanced(state) => (EventView::advanced(state), "advanced"),
         EventOutcome::Ignored(reason) => (EventView::ignored(reason), "ignored"),
+        EventOutcome::Foreign => (
+            EventView::ignored("an event of another pipeline"),
+            "foreign",
+        ),
     };
     let mut response = Json(view).into_response();
     response.extensions_mut().insert(Counted(outcome));

@@ -80,6 +80,7 @@ async fn app_with(kind: StoreKind, secret: &str) -> TestApp {
 async fn run_to_running(app: &TestApp, run_id: &str) {
     let (status, answer) = app.submit(&submission(run_id)).await;
     assert_eq!(status, StatusCode::ACCEPTED, "{answer}");
+    app.advance_clock(Duration::from_secs(2));
     app.buildkite.start_eval(1);
     assert_eq!(app.event("job.started", 1).await, StatusCode::OK);
 }
@@ -87,6 +88,7 @@ async fn run_to_running(app: &TestApp, run_id: &str) {
 async fn every_state_is_called_back_once_and_signed(kind: StoreKind) {
     let app = app_with(kind, KEY).await;
     run_to_running(&app, "cb-1").await;
+    app.advance_clock(Duration::from_millis(45_500));
     assert_eq!(
         app.finish(1, "passed", Some(sample_result(false))).await,
         StatusCode::OK
@@ -124,9 +126,14 @@ async fn every_state_is_called_back_once_and_signed(kind: StoreKind) {
     assert_eq!(data["verdict"], "passed");
     assert_eq!(data["build_state"], "passed");
     assert_eq!(data["build"]["number"], 1);
+    let (queued, ran) = app.timings(1);
+    assert!(
+        (2.0..3.0).contains(&queued) && (45.5..46.5).contains(&ran),
+        "{queued} {ran}"
+    );
     assert_eq!(
         data["timings"],
-        json!({"queued_secs": 2.0, "ran_secs": 45.5})
+        json!({"queued_secs": queued, "ran_secs": ran})
     );
     assert_eq!(data["result"]["system"]["gpu"], "NVIDIA H100 80GB HBM3");
     assert_eq!(data["result"]["runs"]["test"]["run"]["passed"], true);

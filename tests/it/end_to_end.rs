@@ -5,6 +5,7 @@ use crate::support::{StoreKind, TestApp, submission};
 use kernelbot_dispatch::devstack::buildkite::{
     StepOutcome, StepRunner, deliver, sample_result, unix_now,
 };
+use kernelbot_dispatch::flow::present::summary::format_secs;
 use kernelbot_dispatch::jobs::{Channel, JobState};
 use kernelbot_dispatch::payload;
 use reqwest::StatusCode;
@@ -69,11 +70,14 @@ async fn happy_path_ends_with_one_edited_report(kind: StoreKind) {
     );
 
     assert_eq!(app.event("build.scheduled", 1).await, StatusCode::OK);
+    // Two seconds in the queue, 45.5 s on the GPU, on the clock the stand-in times builds by.
+    app.advance_clock(Duration::from_secs(2));
     app.buildkite.start_eval(1);
     assert_eq!(app.event("job.started", 1).await, StatusCode::OK);
     assert_eq!(app.job("happy-1").await.state, JobState::Running);
     assert!(app.discord_text().contains("Running on `h100`"));
 
+    app.advance_clock(Duration::from_millis(45_500));
     assert_eq!(
         app.finish(1, "passed", Some(sample_result(false))).await,
         StatusCode::OK
@@ -95,8 +99,19 @@ async fn happy_path_ends_with_one_edited_report(kind: StoreKind) {
         text.contains("✅ success") && text.contains("Passed 3/3 tests"),
         "{text}"
     );
-    // Waited from the build's creation to the evaluation's start, ran until it ended.
-    assert!(text.contains("⏱ Queued for 2 s, ran for 45.5 s"), "{text}");
+    // Waited from the build's creation to the evaluation's start, ran until it ended, as
+    // Buildkite's timestamps say.
+    let (queued, ran) = app.timings(1);
+    assert!(
+        (2.0..3.0).contains(&queued) && (45.5..46.5).contains(&ran),
+        "{queued} {ran}"
+    );
+    let shown = format!(
+        "⏱ Queued for {}, ran for {}",
+        format_secs(queued),
+        format_secs(ran)
+    );
+    assert!(text.contains(&shown), "{shown} in {text}");
     assert_eq!(final_edits(&app), 1);
     assert_eq!(app.buildkite.storage_downloads(), 1);
     assert_eq!(app.buildkite.storage_auth_rejections(), 0);
@@ -110,7 +125,7 @@ async fn happy_path_ends_with_one_edited_report(kind: StoreKind) {
     );
     assert_eq!(
         view["result"]["timings"],
-        json!({"queued_secs": 2.0, "ran_secs": 45.5})
+        json!({"queued_secs": queued, "ran_secs": ran})
     );
     assert_eq!(view["build"]["number"], 1);
 }

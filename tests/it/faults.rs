@@ -823,7 +823,7 @@ mod review {
             "h100".into(),
             None,
             None,
-            1,
+            app.clock.now(),
         );
         old.state = JobState::Scheduled;
         old.build = Some(BuildRef {
@@ -837,11 +837,67 @@ mod review {
         app.sweep().await;
         let job = app.job("old-pipeline").await;
         assert_eq!(job.state, JobState::Scheduled, "{:?}", job.outcome);
+        // Its own deadlines still end it, and the build that has its number is not touched.
+        app.buildkite.set_state(1, "running");
+        app.advance_clock(Duration::from_secs(21_601));
+        app.sweep().await;
+        let job = app.job("old-pipeline").await;
+        assert_eq!(job.state, JobState::Finished);
+        assert_eq!(job.build.unwrap().id, "from-the-old-pipeline");
+        assert_eq!(job.outcome.unwrap().verdict, Verdict::Expired);
+        assert_eq!(
+            app.buildkite.build(1).unwrap().state,
+            "running",
+            "not canceled"
+        );
+    }
+
+    /// A signed event of another pipeline (the notification service set to every pipeline)
+    /// that names one of our run ids changes nothing: our build under its number is not
+    /// canceled, a job without a build does not adopt it. It is answered 200 and counted.
+    async fn an_event_of_another_pipeline_changes_nothing(kind: StoreKind) {
+        let app = TestApp::spawn(kind).await;
+        app.submit(&submission("ours")).await;
+        app.buildkite.fail_creates(&[(429, false)], 30);
+        app.submit(&submission("waiting")).await;
+        for run_id in ["ours", "waiting"] {
+            let mut body: Value =
+                serde_json::from_slice(&app.buildkite.webhook_body("build.scheduled", 1)).unwrap();
+            body["pipeline"]["slug"] = json!("staging-kernelbot");
+            body["build"]["id"] = json!(format!("foreign-{run_id}"));
+            body["build"]["meta_data"]["run_id"] = json!(run_id);
+            let answer = deliver(
+                &app.webhook_url,
+                SECRET,
+                "build.scheduled",
+                serde_json::to_vec(&body).unwrap(),
+                unix_now(),
+            )
+            .await
+            .unwrap();
+            assert_eq!(answer.status(), StatusCode::OK);
+        }
+        assert_eq!(
+            app.buildkite.build(1).unwrap().state,
+            "scheduled",
+            "not canceled"
+        );
+        let ours = app.job("ours").await;
+        assert_eq!(ours.build.unwrap().number, 1);
+        let waiting = app.job("waiting").await;
+        assert_eq!((waiting.state, waiting.build), (JobState::Submitted, None));
+        let counted = app.metric("WebhookRequests");
+        let foreign = counted
+            .iter()
+            .filter(|(m, _)| m["Outcome"] == "foreign")
+            .count();
+        assert_eq!(foreign, 2, "{counted:?}");
     }
 
     on_both_stores!(
         a_spent_budget_defers_creates_and_fails_no_job,
         a_second_build_of_a_run_is_canceled,
         a_reused_build_number_is_never_taken_for_the_jobs_build,
+        an_event_of_another_pipeline_changes_nothing,
     );
 }

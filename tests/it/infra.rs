@@ -9,6 +9,8 @@ use std::process::Command;
 
 use serde_yaml_ng::Value;
 
+use crate::support::{StoreKind, TestApp, submission};
+
 fn infra(file: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("infra/buildkite")
@@ -207,6 +209,8 @@ fn a_two_gpu_nvidia_node_gets_two_isolated_agents() {
         ("BUILDKITE_PLUGIN_DOCKER_MEMORY_SWAP", "32g"),
         ("BUILDKITE_CLEAN_CHECKOUT", "true"),
         ("KERNELBOT_PIDS_LIMIT", "8192"),
+        // No stdin in the container: the plugin's schema has no option for it.
+        ("BUILDKITE_PLUGIN_DOCKER_INTERACTIVE", "false"),
     ] {
         assert_eq!(env.get(k).map(String::as_str), Some(v), "{k}");
     }
@@ -347,7 +351,13 @@ fn plugin_args(cwd: &Path, hook: &BTreeMap<String, String>) -> Vec<String> {
     if cfg["tty"].as_bool() != Some(false) {
         args.push("-t".into());
     }
-    if cfg["interactive"].as_bool() != Some(false) {
+    // Read from the option, else the agent hook's variable, defaulting to on.
+    let interactive = cfg["interactive"]
+        .as_bool()
+        .map(|b| b.to_string())
+        .or_else(|| hook.get("BUILDKITE_PLUGIN_DOCKER_INTERACTIVE").cloned())
+        .unwrap_or_else(|| "on".into());
+    if matches!(interactive.as_str(), "true" | "on" | "1") {
         args.push("-i".into());
     }
     args.extend(["--rm".into(), "--init".into()]);
@@ -621,9 +631,99 @@ fn missing_or_impossible_inputs_stop_setup_with_a_reason() {
     assert!(!root.path().join("etc").exists(), "nothing was written");
 }
 
+/// The options docker-buildkite-plugin v5.13.0 declares (`configuration.properties` of its
+/// `plugin.yml`, which sets `additionalProperties: false`).
+const DOCKER_PLUGIN_OPTIONS: &[&str] = &[
+    "add-host",
+    "additional-groups",
+    "always-pull",
+    "chown",
+    "chown-image",
+    "command",
+    "cpus",
+    "debug",
+    "device-read-bps",
+    "device-read-iops",
+    "device-write-bps",
+    "device-write-iops",
+    "entrypoint",
+    "environment",
+    "env-file",
+    "env-propagation-list",
+    "expand-image-vars",
+    "image",
+    "ipc",
+    "leave-container",
+    "load",
+    "log-driver",
+    "log-opt",
+    "memory",
+    "memory-swap",
+    "memory-swappiness",
+    "mount-buildkite-agent",
+    "mount-ssh-agent",
+    "mount-checkout",
+    "network",
+    "pid",
+    "gpus",
+    "runtime",
+    "run-labels",
+    "shell",
+    "shm-size",
+    "skip-checkout",
+    "tty",
+    "user",
+    "userns",
+    "volumes",
+    "expand-volume-vars",
+    "devices",
+    "tmpfs",
+    "workdir",
+    "platform",
+    "propagate-environment",
+    "propagate-aws-auth-tokens",
+    "propagate-gcp-auth-tokens",
+    "propagate-uid-gid",
+    "privileged",
+    "publish",
+    "init",
+    "sysctls",
+    "storage-opt",
+    "add-caps",
+    "drop-caps",
+    "security-opts",
+    "ulimits",
+];
+
 fn pipeline() -> Value {
     serde_yaml_ng::from_str(&std::fs::read_to_string(infra("pipeline.yml")).unwrap())
         .expect("pipeline.yml parses")
+}
+
+/// The image a build runs when the deployment names none is one image: what the service puts
+/// in each build's env, what the template's parameter defaults to, and what the pipeline
+/// falls back to.
+#[tokio::test]
+async fn the_service_the_template_and_the_pipeline_default_to_one_runner_image() {
+    let p = pipeline();
+    let plugin = p["steps"][0]["plugins"][0].as_mapping().unwrap();
+    let image = plugin.values().next().unwrap()["image"].as_str().unwrap();
+    let fallback = image
+        .strip_prefix("${KERNELBOT_IMAGE:-")
+        .and_then(|r| r.strip_suffix('}'))
+        .expect("the pipeline falls back to a default image");
+    let template: Value = serde_yaml_ng::from_str(
+        &std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/template.yaml")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        template["Parameters"]["RunnerImage"]["Default"].as_str(),
+        Some(fallback)
+    );
+    let app = TestApp::spawn(StoreKind::Sqlite).await;
+    app.submit(&submission("image")).await;
+    let build = app.buildkite.build(1).expect("a build");
+    assert_eq!(build.env["KERNELBOT_IMAGE"], fallback);
 }
 
 #[test]
@@ -673,9 +773,16 @@ fn the_pipeline_runs_the_runner_on_the_submitted_queue() {
         ("network", Value::from("none")),
         ("init", Value::Bool(true)),
         ("tty", Value::Bool(false)),
-        ("interactive", Value::Bool(false)),
     ] {
         assert_eq!(cfg[key], value, "{key}");
+    }
+    // An agent that validates plugins refuses any option the plugin's schema does not list.
+    for key in cfg.as_mapping().unwrap().keys() {
+        let key = key.as_str().unwrap();
+        assert!(
+            DOCKER_PLUGIN_OPTIONS.contains(&key),
+            "{key} is not an option of the plugin"
+        );
     }
     // Any value of it, `false` included, makes the plugin run the container as the agent's
     // user, and the runner could then hand programs no uid of their own.

@@ -7,12 +7,14 @@ use std::process::{Command, Stdio};
 #[test]
 fn the_local_run_finishes_a_job_and_prints_its_report() {
     let dir = tempfile::tempdir().unwrap();
+    let started = std::time::Instant::now();
     let out = Command::new(env!("CARGO_BIN_EXE_local"))
         .env("KERNELBOT_DATA_DIR", dir.path())
         // Every log line, so the check below covers all of them.
         .env("RUST_LOG", "trace")
         .output()
         .expect("local runs");
+    let wall = started.elapsed().as_secs_f64();
     let (stdout, logs) = (
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr),
@@ -27,6 +29,12 @@ fn the_local_run_finishes_a_job_and_prints_its_report() {
     assert!(
         dir.path().join("jobs.sqlite3").exists(),
         "the embedded store was used"
+    );
+    // The report's times are what happened: the whole run took `wall`.
+    let (queued, ran) = shown_timings(&stdout);
+    assert!(
+        queued + ran <= wall,
+        "queued {queued} s, ran {ran} s in {wall:.1} s"
     );
     // A fresh random submit token, printed and written owner-only for scripts.
     let token = std::fs::read_to_string(dir.path().join("submit-token")).unwrap();
@@ -46,6 +54,22 @@ fn the_local_run_finishes_a_job_and_prints_its_report() {
     for secret in ["local-demo-token", token] {
         assert!(!logs.contains(secret), "{secret} appeared in the logs");
     }
+}
+
+/// The seconds a report's `⏱ Queued for <a> s, ran for <b> s` line shows.
+fn shown_timings(report: &str) -> (f64, f64) {
+    let line = report
+        .lines()
+        .find_map(|l| l.split_once("⏱ Queued for ").map(|(_, rest)| rest))
+        .unwrap_or_else(|| panic!("no timing line in {report}"));
+    let (queued, ran) = line.split_once(", ran for ").expect("both times");
+    let secs = |t: &str| -> f64 {
+        let t = t.trim();
+        t.strip_suffix(" s")
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{t:?} is not a number of seconds under a minute"))
+    };
+    (secs(queued), secs(ran))
 }
 
 #[test]

@@ -91,6 +91,16 @@ impl TestApp {
         answer.expect("the webhook answers")
     }
 
+    /// The timings build `number` shows, from the stand-in's record of when it was created,
+    /// its evaluation started and it ended: `(queued_secs, ran_secs)`.
+    pub(crate) fn timings(&self, number: u64) -> (f64, f64) {
+        let b = self.buildkite.build(number).expect("the build exists");
+        let started = b.started_at.expect("the evaluation started");
+        let finished = b.finished_at.expect("the build ended");
+        let secs = |ms: i64| ms as f64 / 1000.0;
+        (secs(started - b.created_at), secs(finished - started))
+    }
+
     /// One sweep pass, which must not fail.
     pub(crate) async fn sweep(&self) -> SweepReport {
         self.0.sweep().await.expect("sweep pass")

@@ -14,6 +14,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde_json::json;
 
+use crate::time::Clock;
+
 pub use state::{StandinArtifact, StandinBuild};
 pub use webhooks::{deliver, unix_now};
 
@@ -51,7 +53,17 @@ pub struct BuildkiteStandin {
 
 impl BuildkiteStandin {
     pub async fn start(token: &str, org: &str, pipeline: &str) -> std::io::Result<Self> {
-        let inner = Arc::new(Mutex::new(Inner::new(token, org, pipeline)));
+        Self::start_with_clock(token, org, pipeline, Clock::default()).await
+    }
+
+    /// A stand-in whose builds are timed on `clock` (tests move it forward).
+    pub async fn start_with_clock(
+        token: &str,
+        org: &str,
+        pipeline: &str,
+        clock: Clock,
+    ) -> std::io::Result<Self> {
+        let inner = Arc::new(Mutex::new(Inner::new(token, org, pipeline, clock)));
         let addr = super::spawn(routes::router(inner.clone())).await?;
         lock(&inner).base = format!("http://{addr}");
         Ok(Self::from_shared(inner))
@@ -114,9 +126,11 @@ impl BuildkiteStandin {
 
     /// The evaluation step starts on an agent: the build runs.
     pub fn start_eval(&self, number: u64) {
-        if let Some(b) = self.lock().build_mut(number) {
-            b.state = "running".into();
-            b.eval_started = true;
+        let mut s = self.lock();
+        let now = s.clock.now();
+        if let Some(b) = s.build_mut(number) {
+            b.move_to("running", now);
+            b.started_at.get_or_insert(now);
         }
     }
 
@@ -131,13 +145,11 @@ impl BuildkiteStandin {
 
     /// Moves a build to `state` (`blocked` sets the blocked flag on a passed build).
     pub fn set_state(&self, number: u64, state: &str) {
-        if let Some(b) = self.lock().build_mut(number) {
+        let mut s = self.lock();
+        let now = s.clock.now();
+        if let Some(b) = s.build_mut(number) {
             b.blocked = state == "blocked";
-            b.state = if state == "blocked" {
-                "passed".into()
-            } else {
-                state.into()
-            };
+            b.move_to(if b.blocked { "passed" } else { state }, now);
         }
     }
 

@@ -177,7 +177,9 @@ fn new_build(s: &Inner, bytes: &[u8]) -> Result<StandinBuild, Box<Response>> {
         env: map("env"),
         meta_data: map("meta_data"),
         jobs: vec![uuid::Uuid::new_v4().to_string()],
-        eval_started: false,
+        created_at: s.clock.now(),
+        started_at: None,
+        finished_at: None,
         artifacts: Vec::new(),
     })
 }
@@ -206,7 +208,8 @@ async fn cancel_build(
                 "Build can't be canceled because it's already finished",
             );
         }
-        s.builds[i].state = "canceled".into();
+        let now = s.clock.now();
+        s.builds[i].move_to("canceled", now);
         (
             Json(s.build_json(&s.builds[i], true)).into_response(),
             s.autorun.clone(),

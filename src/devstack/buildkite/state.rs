@@ -11,6 +11,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use super::StepRunner;
+use crate::time::{Clock, Millis, rfc3339};
 
 #[derive(Clone, Debug)]
 pub struct StandinArtifact {
@@ -33,9 +34,24 @@ pub struct StandinBuild {
     pub env: BTreeMap<String, String>,
     pub meta_data: BTreeMap<String, String>,
     pub jobs: Vec<String>,
-    /// The evaluation step (`key: evaluate`) has started on an agent.
-    pub eval_started: bool,
+    /// When it was created, its evaluation step (`key: evaluate`) started on an agent, and
+    /// it ended: on the stand-in's clock, so what a report shows is what happened.
+    pub created_at: Millis,
+    pub started_at: Option<Millis>,
+    pub finished_at: Option<Millis>,
     pub artifacts: Vec<StandinArtifact>,
+}
+
+impl StandinBuild {
+    /// Moves it to `state`, noting when it ended (or that it has not).
+    pub(super) fn move_to(&mut self, state: &str, now: Millis) {
+        self.state = state.to_owned();
+        if crate::buildkite::TERMINAL_STATES.contains(&state) {
+            self.finished_at.get_or_insert(now);
+        } else {
+            self.finished_at = None;
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -46,6 +62,8 @@ pub(super) struct AutoRun {
 }
 
 pub(super) struct Inner {
+    /// What the builds' timestamps are read from.
+    pub(super) clock: Clock,
     pub(super) token: String,
     pub(super) base: String,
     pub(super) org: String,
@@ -86,8 +104,9 @@ pub(super) fn lock(inner: &Shared) -> MutexGuard<'_, Inner> {
 }
 
 impl Inner {
-    pub(super) fn new(token: &str, org: &str, pipeline: &str) -> Self {
+    pub(super) fn new(token: &str, org: &str, pipeline: &str, clock: Clock) -> Self {
         Self {
+            clock,
             token: token.to_owned(),
             base: String::new(),
             org: org.to_owned(),
@@ -151,7 +170,7 @@ impl Inner {
             "web_url": self.web_url(b.number), "number": b.number, "state": b.state,
             "blocked": b.blocked, "message": b.message, "commit": b.commit, "branch": b.branch,
             "source": "api", "creator": {"id": "u1", "name": "kernelbot"},
-            "created_at": "2026-11-21T10:00:00.000Z", "meta_data": b.meta_data,
+            "created_at": rfc3339(b.created_at), "meta_data": b.meta_data,
             "pipeline": {"slug": self.pipeline},
         });
         if with_jobs {
@@ -162,9 +181,8 @@ impl Inner {
                 .map(|j| {
                     json!({"id": j, "type": "script", "name": ":rocket: Kernel Evaluation",
                     "step_key": "evaluate", "state": b.state,
-                    "started_at": b.eval_started.then_some("2026-11-21T10:00:02.000Z"),
-                    "finished_at": (b.eval_started && crate::buildkite::TERMINAL_STATES.contains(&b.state.as_str()))
-                        .then_some("2026-11-21T10:00:47.500Z"),
+                    "started_at": b.started_at.map(rfc3339),
+                    "finished_at": b.started_at.and(b.finished_at).map(rfc3339),
                     "artifacts_url": format!("{api}/jobs/{j}/artifacts")})
                 })
                 .collect();

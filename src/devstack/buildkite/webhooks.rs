@@ -4,6 +4,7 @@ use serde_json::json;
 
 use super::BuildkiteStandin;
 use crate::buildkite::sign;
+use crate::time::rfc3339;
 
 impl BuildkiteStandin {
     /// The webhook body Buildkite would send for `event` on build `number` now.
@@ -17,8 +18,9 @@ impl BuildkiteStandin {
         if event.starts_with("job.")
             && let Some(b) = s.index_of(number).map(|i| &s.builds[i])
         {
+            let started = b.started_at.unwrap_or_else(|| s.clock.now());
             body["job"] = json!({"id": b.jobs.last(), "type": "script", "step_key": "evaluate",
-                "state": "running", "started_at": "2026-11-21T10:00:02.000Z"});
+                "state": "running", "started_at": rfc3339(started)});
         }
         serde_json::to_vec(&body).unwrap_or_default()
     }

@@ -26,7 +26,7 @@ pub(super) fn timing_line(t: &Timings) -> Option<String> {
 }
 
 /// A wait or run time as people read it: `45.5 s`, `3 min 7 s`, `2 h 5 min`.
-pub(crate) fn format_secs(secs: f64) -> String {
+pub fn format_secs(secs: f64) -> String {
     let secs = secs.max(0.0);
     if secs < 60.0 {
         let text = format!("{secs:.1}");
