@@ -16,8 +16,8 @@ use super::Deps;
 use super::present;
 use super::rules::outbox::{self, Answer, LEASE_SLACK_MS};
 use crate::callback::CallbackError;
-use crate::discord::DiscordError;
-use crate::jobs::{Channel, Job, StoreError, Updated, update_seen};
+use crate::discord::{DiscordError, DiscordTarget};
+use crate::jobs::{Channel, Job, StoreError, Target, Updated, update_seen};
 use crate::retry::Deadline;
 
 /// Messages one sender sends in one go at most (each state once, and a repost).
@@ -135,16 +135,31 @@ async fn send(d: &Deps, channel: Channel, job: &Job, deadline: Deadline) -> Answ
     }
 }
 
+/// The webhook `target` names, as Discord's client takes it; `None` when it names the
+/// deployment's default and there is none any more.
+fn resolve(d: &Deps, target: &Target) -> Option<DiscordTarget> {
+    match target {
+        Target::Default => d.default_discord.clone(),
+        Target::Webhook(a) => Some(DiscordTarget {
+            webhook_id: a.webhook_id.clone(),
+            token: a.token.clone(),
+            thread_id: a.thread_id.clone(),
+        }),
+    }
+}
+
 /// Posts the job's status message, or edits it if it exists.
 async fn send_discord(d: &Deps, job: &Job, deadline: Deadline) -> Answer {
-    let Some((outbox, address)) = job
+    let Some((outbox, target)) = job
         .discord
         .as_ref()
         .and_then(|o| Some((o, o.target.as_ref()?)))
     else {
         return Answer::Refused("no Discord target".into());
     };
-    let target = present::discord::target(address);
+    let Some(target) = resolve(d, target) else {
+        return Answer::Gone("DISCORD_WEBHOOK_URL is no longer set".into());
+    };
     let message = present::render(job);
     let result = match &outbox.message_id {
         Some(id) => d

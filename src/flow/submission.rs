@@ -5,7 +5,7 @@ use serde_json::{Map, Value};
 
 use crate::config::QueueMap;
 use crate::discord::{DiscordTarget, InvalidWebhookUrl};
-use crate::jobs::{InvalidRunId, RunId};
+use crate::jobs::{InvalidRunId, RunId, Target, WebhookAddress};
 use crate::payload::{self, PayloadError};
 use crate::runner::{EvalConfig, InvalidConfig};
 
@@ -32,7 +32,9 @@ pub struct Submission {
     pub title: Option<String>,
     /// How long the evaluation may wait for an agent (at most [`MAX_QUEUE_SECS`]).
     pub max_queue_secs: Option<u64>,
-    pub discord: Option<DiscordTarget>,
+    /// Where the job's status is shown: the webhook the body names, else the deployment's
+    /// default when it has one.
+    pub discord: Option<Target>,
     /// The config, encoded for `KERNELBOT_PAYLOAD`.
     pub payload: String,
     /// `config.mode == "private"`: Discord shows the verdict only.
@@ -174,13 +176,10 @@ fn max_queue_secs(obj: &Object) -> Result<Option<u64>, Invalid> {
     }
 }
 
-/// The Discord target the body names, else the deployment's default.
-fn discord(
-    obj: &Object,
-    default: Option<&DiscordTarget>,
-) -> Result<Option<DiscordTarget>, Invalid> {
+/// The Discord target the body names, else the deployment's default (if it has one).
+fn discord(obj: &Object, has_default: bool) -> Result<Option<Target>, Invalid> {
     match obj.get("discord") {
-        None | Some(Value::Null) => Ok(default.cloned()),
+        None | Some(Value::Null) => Ok(has_default.then_some(Target::Default)),
         Some(Value::Object(d)) => {
             if let Some(unknown) = d
                 .keys()
@@ -190,20 +189,28 @@ fn discord(
             }
             let url = optional_str(d, "webhook_url")?
                 .ok_or_else(|| field("discord", "webhook_url is required"))?;
-            Ok(Some(DiscordTarget::parse(
-                url,
-                optional_str(d, "thread_id")?,
-            )?))
+            let target = DiscordTarget::parse(url, optional_str(d, "thread_id")?)?;
+            Ok(Some(Target::Webhook(address(&target))))
         }
         Some(_) => Err(field("discord", "must be an object")),
     }
 }
 
-/// Validates a request body. `default_discord` is used when the body names no target.
+/// How a job keeps a webhook a submission named.
+fn address(target: &DiscordTarget) -> WebhookAddress {
+    WebhookAddress {
+        webhook_id: target.webhook_id.clone(),
+        token: target.token.clone(),
+        thread_id: target.thread_id.clone(),
+    }
+}
+
+/// Validates a request body. A body that names no Discord target reports to the
+/// deployment's default when `has_default_discord`.
 pub fn parse(
     body: &[u8],
     queues: &QueueMap,
-    default_discord: Option<&DiscordTarget>,
+    has_default_discord: bool,
 ) -> Result<Submission, Invalid> {
     let obj = object(body)?;
     let (run_id, run_id_given) = run_id(&obj)?;
@@ -211,7 +218,7 @@ pub fn parse(
     let (config, payload) = config(&obj)?;
     let title = title(&obj)?;
     let max_queue_secs = max_queue_secs(&obj)?;
-    let discord = discord(&obj, default_discord)?;
+    let discord = discord(&obj, has_default_discord)?;
     // Last, once the body's shape is right: the runner's own rules, so a config it would
     // refuse never takes a GPU slot.
     let private = EvalConfig::from_json(config)?.mode == "private";
@@ -238,7 +245,7 @@ mod tests {
     }
 
     fn try_parse(v: Value) -> Result<Submission, Invalid> {
-        parse(v.to_string().as_bytes(), &queues(), None)
+        parse(v.to_string().as_bytes(), &queues(), false)
     }
 
     const HOOK: &str = "https://discord.com/api/webhooks/1/tok";
@@ -283,7 +290,10 @@ mod tests {
             (s.run_id.as_str(), s.queue.as_str(), s.title.as_deref()),
             ("r-1", "h100", Some("My kernel"))
         );
-        assert_eq!(s.discord.unwrap().thread_id.as_deref(), Some("5"));
+        let Some(Target::Webhook(hook)) = s.discord else {
+            panic!("the named webhook: {:?}", s.discord);
+        };
+        assert_eq!(hook.thread_id.as_deref(), Some("5"));
         assert_eq!(payload::decode(&s.payload).unwrap(), valid());
         assert!(s.run_id_given);
     }
@@ -298,10 +308,9 @@ mod tests {
 
     #[test]
     fn the_default_discord_target_applies_when_none_is_named() {
-        let default = DiscordTarget::parse(HOOK, None).unwrap();
         let body = json!({"gpu": "H100_BK", "config": valid()}).to_string();
-        let s = parse(body.as_bytes(), &queues(), Some(&default)).unwrap();
-        assert_eq!(s.discord, Some(default));
+        let s = parse(body.as_bytes(), &queues(), true).unwrap();
+        assert_eq!(s.discord, Some(Target::Default));
     }
 
     #[test]
@@ -351,7 +360,7 @@ mod tests {
             );
         }
         assert!(matches!(
-            parse(b"{", &queues(), None),
+            parse(b"{", &queues(), false),
             Err(Invalid::Json(_))
         ));
     }

@@ -6,7 +6,7 @@ use tracing::{Instrument, info};
 use super::create::{settle_creation, try_create};
 use super::rules::creation::CREATE_HOLD_MS;
 use super::submission::Submission;
-use super::{Deps, DispatchError, deliver, present};
+use super::{Deps, DispatchError, deliver};
 use crate::jobs::{CallbackOutbox, Created, Creation, Job, RunId};
 use crate::retry::Deadline;
 
@@ -22,13 +22,12 @@ pub enum Submitted {
 /// function dies, the sweep looks the build up once the hold has passed, then creates it.
 fn job_of(d: &Deps, sub: &Submission) -> Job {
     let now = d.clock.now();
-    let target = sub.discord.as_ref().map(present::discord::address);
     let mut job = Job::new(
         sub.run_id.clone(),
         sub.gpu.clone(),
         sub.queue.clone(),
         sub.title.clone(),
-        target,
+        sub.discord.clone(),
         now,
     );
     job.max_queue_secs = sub.max_queue_secs;

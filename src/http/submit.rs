@@ -48,7 +48,7 @@ async fn create(
     Body(body): Body,
 ) -> Result<impl IntoResponse, ApiError> {
     let queues = &d.config().queues;
-    let sub = submission::parse(&body, queues, d.default_discord.as_ref())?;
+    let sub = submission::parse(&body, queues, d.default_discord.is_some())?;
     let (status, job) = match submit::submit(&d, sub, deadline).await? {
         Submitted::New(job) => (StatusCode::ACCEPTED, job),
         Submitted::Existing(job) => (StatusCode::OK, job),

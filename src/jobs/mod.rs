@@ -21,7 +21,7 @@ pub use error::StoreError;
 pub use id::{InvalidRunId, RunId};
 pub use model::{BuildRef, Creation, Job, Transition};
 pub use outbox::{
-    CallbackOutbox, Channel, Delivery, DeliveryStatus, DiscordOutbox, Lease, WebhookAddress,
+    CallbackOutbox, Channel, Delivery, DeliveryStatus, DiscordOutbox, Lease, Target, WebhookAddress,
 };
 pub use outcome::MAX_STORED_OUTCOME;
 pub use record::JobRecord;

@@ -6,7 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::id::RunId;
-use super::outbox::{CallbackOutbox, Channel, Delivery, DiscordOutbox, WebhookAddress};
+use super::outbox::{CallbackOutbox, Channel, Delivery, DiscordOutbox, Target};
 use super::state::JobState;
 use crate::result::Outcome;
 use crate::time::Millis;
@@ -72,7 +72,7 @@ impl Job {
         gpu: String,
         queue: String,
         title: Option<String>,
-        discord: Option<WebhookAddress>,
+        discord: Option<Target>,
         now: Millis,
     ) -> Self {
         Self {

@@ -161,11 +161,21 @@ impl fmt::Debug for WebhookAddress {
     }
 }
 
+/// Where a job's Discord message goes.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Target {
+    /// The deployment's default webhook (`DISCORD_WEBHOOK_URL`), looked up when sending: its
+    /// token stays in the deployment's secret, out of every job record.
+    Default,
+    /// A webhook the submission named.
+    Webhook(WebhookAddress),
+}
+
 /// The job's Discord outbox: the one status message and what it still owes.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DiscordOutbox {
-    /// `None` once nothing more will be sent: the webhook token is not kept longer than needed.
-    pub target: Option<WebhookAddress>,
+    /// `None` once nothing more will be sent: a webhook token is not kept longer than needed.
+    pub target: Option<Target>,
     pub message_id: Option<String>,
     /// Discord refused the message of this rank for good (a 4xx): not retried until the job
     /// moves on.
@@ -174,7 +184,7 @@ pub struct DiscordOutbox {
 }
 
 impl DiscordOutbox {
-    pub fn new(target: WebhookAddress) -> Self {
+    pub fn new(target: Target) -> Self {
         Self {
             target: Some(target),
             message_id: None,

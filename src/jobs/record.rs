@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::error::StoreError;
 use super::model::{BuildRef, Creation, Job};
 use super::outbox::{
-    CallbackOutbox, Delivery, DeliveryStatus, DiscordOutbox, Lease, WebhookAddress,
+    CallbackOutbox, Delivery, DeliveryStatus, DiscordOutbox, Lease, Target, WebhookAddress,
 };
 use super::outcome::{decode_outcome, encode_outcome};
 use super::state::JobState;
@@ -32,6 +32,9 @@ pub struct JobRecord {
     pub(crate) discord_thread_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) discord_message_id: Option<String>,
+    /// The message goes to the deployment's default webhook (no token in the record).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) discord_default: bool,
     /// Written by records from before the outbox: a 404 had been seen.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub(crate) discord_gone: bool,
@@ -215,10 +218,14 @@ impl JobRecord {
     }
 
     fn set_discord(&mut self, o: &DiscordOutbox) {
-        if let Some(t) = &o.target {
-            self.discord_webhook_id = Some(t.webhook_id.clone());
-            self.discord_token = Some(t.token.expose_secret().to_owned());
-            self.discord_thread_id.clone_from(&t.thread_id);
+        match &o.target {
+            Some(Target::Webhook(t)) => {
+                self.discord_webhook_id = Some(t.webhook_id.clone());
+                self.discord_token = Some(t.token.expose_secret().to_owned());
+                self.discord_thread_id.clone_from(&t.thread_id);
+            }
+            Some(Target::Default) => self.discord_default = true,
+            None => {}
         }
         let d = &o.delivery;
         self.discord_message_id.clone_from(&o.message_id);
@@ -236,11 +243,12 @@ impl JobRecord {
     /// deploy must not re-send every past report.
     fn discord(&mut self, state: JobState) -> Result<Option<DiscordOutbox>, StoreError> {
         let target = match (self.discord_webhook_id.take(), self.discord_token.take()) {
-            (Some(webhook_id), Some(token)) => Some(WebhookAddress {
+            _ if self.discord_default => Some(Target::Default),
+            (Some(webhook_id), Some(token)) => Some(Target::Webhook(WebhookAddress {
                 webhook_id,
                 token: SecretString::from(token),
                 thread_id: self.discord_thread_id.take(),
-            }),
+            })),
             _ => None,
         };
         let status = match self.discord_status.as_deref() {
@@ -318,11 +326,11 @@ mod tests {
     use crate::jobs::Channel;
 
     fn job(state: JobState) -> Job {
-        let target = WebhookAddress {
+        let target = Target::Webhook(WebhookAddress {
             webhook_id: "1".into(),
             token: "tok".into(),
             thread_id: None,
-        };
+        });
         let mut job = Job::new(
             "r".parse().unwrap(),
             "g".into(),

@@ -1,12 +1,12 @@
 //! The whole event path through real HTTP: submit → Buildkite stand-in → signed webhooks →
 //! result.json through a 302 → Discord stand-in. Every scenario runs against both stores.
 
-use crate::support::{StoreKind, TestApp, submission};
+use crate::support::{HOOK_URL, StoreKind, TestApp, submission};
 use kernelbot_dispatch::devstack::buildkite::{
     StepOutcome, StepRunner, deliver, sample_result, unix_now,
 };
 use kernelbot_dispatch::flow::present::summary::format_secs;
-use kernelbot_dispatch::jobs::{Channel, JobState};
+use kernelbot_dispatch::jobs::{Channel, Job, JobRecord, JobState, Target};
 use kernelbot_dispatch::payload;
 use reqwest::StatusCode;
 use serde_json::json;
@@ -543,6 +543,39 @@ async fn webhooks_that_race_the_create_answer_are_kept(kind: StoreKind) {
     assert_eq!(final_edits(&app), 1);
 }
 
+/// A submission that names no Discord target reports to the deployment's default webhook,
+/// whose token stays in the deployment's secret: no job record holds it, while the report
+/// still reaches that webhook.
+async fn the_default_webhooks_token_is_never_stored(kind: StoreKind) {
+    let app = TestApp::spawn_with(kind, &[("DISCORD_WEBHOOK_URL", HOOK_URL)]).await;
+    let mut body = submission("defaulted");
+    body.as_object_mut().unwrap().remove("discord");
+    let (status, answer) = app.submit(&body).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{answer}");
+    let token = HOOK_URL.rsplit('/').next().unwrap();
+    let stored = |job: &Job| serde_json::to_string(&JobRecord::from_job(job, "w")).unwrap();
+    let job = app.job("defaulted").await;
+    assert!(!stored(&job).contains(token), "{}", stored(&job));
+    assert_eq!(job.discord.unwrap().target, Some(Target::Default));
+    app.finish(1, "passed", Some(sample_result(false))).await;
+    let calls = app.discord_calls();
+    assert_eq!(
+        calls
+            .iter()
+            .map(|c| (c.method, c.status))
+            .collect::<Vec<_>>(),
+        [("POST", 200), ("PATCH", 200)]
+    );
+    assert!(calls.iter().all(|c| c.webhook_id == "111111111111111111"));
+    assert!(
+        app.discord_text().contains("✅ success"),
+        "{}",
+        app.discord_text()
+    );
+    let job = app.job("defaulted").await;
+    assert!(!stored(&job).contains(token), "{}", stored(&job));
+}
+
 on_both_stores!(
     happy_path_ends_with_one_edited_report,
     a_passed_build_with_a_failing_test_reports_failure,
@@ -561,5 +594,6 @@ on_both_stores!(
     huge_reports_are_fitted_to_discord_limits,
     the_latest_retried_jobs_result_is_the_one_reported,
     webhooks_that_race_the_create_answer_are_kept,
+    the_default_webhooks_token_is_never_stored,
     buildkite_5xx_on_reads_is_retried,
 );

@@ -192,13 +192,13 @@ proptest! {
     fn any_submission_body_is_validated_with_a_bounded_answer(value in any_json(), raw in vec(any::<u8>(), 0..200)) {
         let queues = QueueMap::parse("H100_BK=h100").unwrap();
         for body in [serde_json::to_vec(&value).unwrap(), raw] {
-            if let Err(e) = submission::parse(&body, &queues, None) {
+            if let Err(e) = submission::parse(&body, &queues, false) {
                 prop_assert!(e.to_string().len() < 2_000, "{}", e);
             }
         }
         let shaped = json!({"gpu": "H100_BK", "config": value, "title": "t",
             "discord": {"webhook_url": "https://discord.com/api/webhooks/1/t"}});
-        let _ = submission::parse(&serde_json::to_vec(&shaped).unwrap(), &queues, None);
+        let _ = submission::parse(&serde_json::to_vec(&shaped).unwrap(), &queues, false);
     }
 }
 

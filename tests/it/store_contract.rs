@@ -4,16 +4,16 @@
 use crate::support::{StoreKind, open_store};
 use kernelbot_dispatch::jobs::{
     BuildRef, Created, DeliveryStatus, Job, JobState, JobStore, Replaced, RunId, Shard, StoreError,
-    Transition, Updated, WebhookAddress, update, update_seen,
+    Target, Transition, Updated, WebhookAddress, update, update_seen,
 };
 use kernelbot_dispatch::result::{EvalResult, FullResult, Outcome, RunResult};
 
 fn job(id: &str, created_at: i64) -> Job {
-    let discord = WebhookAddress {
+    let discord = Target::Webhook(WebhookAddress {
         webhook_id: "1".into(),
         token: "secret-token".into(),
         thread_id: Some("42".into()),
-    };
+    });
     Job::new(
         id.parse().unwrap(),
         "H100_BK".into(),
@@ -270,7 +270,10 @@ async fn stale_writes_lose_and_retried_writes_are_recognised(kind: StoreKind) {
     let j = store.get(&id("d1")).await.unwrap().unwrap();
     assert_eq!(j, next);
     let outbox = j.discord.unwrap();
-    assert_eq!(outbox.target.unwrap().thread_id.as_deref(), Some("42"));
+    let Some(Target::Webhook(hook)) = outbox.target else {
+        panic!("the named webhook: {:?}", outbox.target);
+    };
+    assert_eq!(hook.thread_id.as_deref(), Some("42"));
     let mut ghost = job("nobody", 1);
     ghost.version = 1;
     assert_eq!(

@@ -2,30 +2,12 @@
 //! job's current state and fitted to Discord's limits.
 
 use super::summary::{capitalised, short_report, system_lines, timing_line};
-use crate::discord::{AllowedMentions, DiscordTarget, Embed, Field, Message};
-use crate::jobs::{Job, JobState, WebhookAddress};
+use crate::discord::{AllowedMentions, Embed, Field, Message};
+use crate::jobs::{Job, JobState};
 use crate::result::{Outcome, Verdict};
 
 const GREEN: u32 = 0x2e_cc_71;
 const RED: u32 = 0xe7_4c_3c;
-
-/// Where the job's message goes, as Discord's client takes it.
-pub(crate) fn target(address: &WebhookAddress) -> DiscordTarget {
-    DiscordTarget {
-        webhook_id: address.webhook_id.clone(),
-        token: address.token.clone(),
-        thread_id: address.thread_id.clone(),
-    }
-}
-
-/// How a job keeps a target a submission named.
-pub(crate) fn address(target: &DiscordTarget) -> WebhookAddress {
-    WebhookAddress {
-        webhook_id: target.webhook_id.clone(),
-        token: target.token.clone(),
-        thread_id: target.thread_id.clone(),
-    }
-}
 
 fn build_link(job: &Job) -> String {
     match &job.build {

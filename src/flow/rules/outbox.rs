@@ -139,17 +139,17 @@ pub(crate) fn abandon(job: &Job, channel: Channel, reason: &str) -> Option<Job> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::jobs::{CallbackOutbox, Transition, WebhookAddress};
+    use crate::jobs::{CallbackOutbox, Target, Transition, WebhookAddress};
 
     const DISCORD: Channel = Channel::Discord;
     const CALLBACK: Channel = Channel::Callback;
 
     fn job(state: JobState) -> Job {
-        let target = WebhookAddress {
+        let target = Target::Webhook(WebhookAddress {
             webhook_id: "1".into(),
             token: "t".into(),
             thread_id: None,
-        };
+        });
         let mut j = Job::new(
             "r".parse().unwrap(),
             "g".into(),
