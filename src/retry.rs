@@ -39,7 +39,7 @@ impl Deadline {
         Self::after(Duration::from_millis(deadline_ms.saturating_sub(now_ms)))
     }
 
-    pub(crate) fn remaining(&self) -> Duration {
+    pub fn remaining(&self) -> Duration {
         self.0.saturating_duration_since(Instant::now())
     }
 

@@ -33,6 +33,8 @@ struct Inner {
     next_id: u64,
     rate_limits: VecDeque<f64>,
     failures: VecDeque<u16>,
+    /// The next this-many posts create their message, then answer 500 (an answer lost).
+    lost_posts: usize,
     gone: HashSet<String>,
     delay: Option<Duration>,
     /// Seeded everyday faults: (rate, generator).
@@ -169,6 +171,11 @@ impl DiscordStandin {
         self.lock().failures.extend(statuses);
     }
 
+    /// The next `n` posts create their message, then answer 500 as if it had failed.
+    pub fn lose_post_answers(&self, n: usize) {
+        self.lock().lost_posts += n;
+    }
+
     /// The webhook is deleted: every call to it answers 404.
     pub fn delete_webhook(&self, webhook_id: &str) {
         self.lock().gone.insert(webhook_id.to_owned());
@@ -277,6 +284,18 @@ fn answer(s: &mut Inner, call: Call<'_>) -> (u16, Response) {
     }
     match call.message_id {
         Some(id) => edit_message(s, call.webhook_id, id, call.body),
+        None if s.lost_posts > 0 => {
+            s.lost_posts -= 1;
+            post_message(s, call);
+            (
+                500,
+                error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    0,
+                    "500: Internal Server Error",
+                ),
+            )
+        }
         None => post_message(s, call),
     }
 }

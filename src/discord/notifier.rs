@@ -51,14 +51,47 @@ pub enum DiscordError {
         #[source]
         source: BoxError,
         retry_after: Option<Duration>,
+        /// The request may have reached Discord and done its work (a 5xx, a timeout): only
+        /// an idempotent call may be repeated after it.
+        maybe_done: bool,
+    },
+    /// A post whose answer was lost (a 5xx, a timeout): the message may exist. It is not
+    /// posted again within the call, as a webhook takes no idempotency key.
+    #[error("Discord may have posted the message: {}", chain(source.as_ref()))]
+    Unconfirmed {
+        #[source]
+        source: BoxError,
     },
 }
 
 impl DiscordError {
+    /// A failure before the request could have done anything.
     fn unavailable(source: impl Into<BoxError>) -> Self {
         Self::Unavailable {
             source: source.into(),
             retry_after: None,
+            maybe_done: false,
+        }
+    }
+
+    /// A failure after the request may have done its work.
+    fn maybe_done(source: impl Into<BoxError>) -> Self {
+        Self::Unavailable {
+            source: source.into(),
+            retry_after: None,
+            maybe_done: true,
+        }
+    }
+
+    /// This failure, for a call that must not be repeated once it may have done its work.
+    fn for_post(self) -> Self {
+        match self {
+            Self::Unavailable {
+                source,
+                maybe_done: true,
+                ..
+            } => Self::Unconfirmed { source },
+            other => other,
         }
     }
 }
@@ -101,8 +134,13 @@ struct ErrorBody {
 }
 
 fn transport(e: reqwest::Error) -> DiscordError {
-    // `without_url`: the URL holds the webhook token.
-    DiscordError::unavailable(e.without_url())
+    // `without_url`: the URL holds the webhook token. A request that never connected did
+    // nothing; any other (a timeout, a reset) may have.
+    if e.is_connect() {
+        DiscordError::unavailable(e.without_url())
+    } else {
+        DiscordError::maybe_done(e.without_url())
+    }
 }
 
 /// What a non-success answer means, read from its status, headers and JSON error body.
@@ -122,12 +160,14 @@ async fn classify(resp: Response) -> DiscordError {
                 .or(header_wait)
                 .and_then(|s| Duration::try_from_secs_f64(s).ok())
                 .unwrap_or(Duration::from_secs(1));
+            // Refused before any work: safe to send again.
             DiscordError::Unavailable {
                 source: format!("rate limited for {wait:?}").into(),
                 retry_after: Some(wait),
+                maybe_done: false,
             }
         }
-        (s, _) if s.is_server_error() => DiscordError::unavailable(format!("HTTP {s}")),
+        (s, _) if s.is_server_error() => DiscordError::maybe_done(format!("HTTP {s}")),
         (_, Some(c @ (codes::UNKNOWN_MESSAGE | codes::EDIT_LIMIT))) => {
             DiscordError::MessageGone { code: c }
         }
@@ -240,34 +280,27 @@ impl Notifier {
         }
     }
 
-    async fn send(
-        &self,
-        method: Method,
-        url: Url,
-        message: &Message,
-        deadline: Deadline,
-    ) -> Result<Response, DiscordError> {
-        self.retry
-            .run(deadline, "Discord", || {
-                self.attempt(method.clone(), &url, message, deadline)
-            })
-            .await
-    }
-
-    /// Posts a new message and returns its id (`?wait=true`, so Discord confirms it).
+    /// Posts a new message and returns its id (`?wait=true`, so Discord confirms it). A
+    /// webhook takes no idempotency key: the post is tried again only after an answer that
+    /// says nothing was done (a 429, no connection), never after one that may have posted.
     pub async fn post(
         &self,
         target: &DiscordTarget,
         message: &Message,
         deadline: Deadline,
     ) -> Result<String, DiscordError> {
+        let url = self.url(target, "", true)?;
         let resp = self
-            .send(Method::POST, self.url(target, "", true)?, message, deadline)
+            .retry
+            .run(deadline, "Discord", || async {
+                let sent = self.attempt(Method::POST, &url, message, deadline).await;
+                sent.map_err(DiscordError::for_post)
+            })
             .await?;
-        let posted: Posted = resp
-            .json()
-            .await
-            .map_err(|e| DiscordError::unavailable(MissingId(e.without_url())))?;
+        // Discord answered 2xx: the message exists, whatever its body says.
+        let posted: Posted = resp.json().await.map_err(|e| DiscordError::Unconfirmed {
+            source: MissingId(e.without_url()).into(),
+        })?;
         Ok(posted.id)
     }
 
@@ -280,7 +313,10 @@ impl Notifier {
         deadline: Deadline,
     ) -> Result<(), DiscordError> {
         let url = self.url(target, &format!("/messages/{message_id}"), false)?;
-        self.send(Method::PATCH, url, message, deadline)
+        self.retry
+            .run(deadline, "Discord", || {
+                self.attempt(Method::PATCH, &url, message, deadline)
+            })
             .await
             .map(drop)
     }

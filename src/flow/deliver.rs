@@ -86,7 +86,8 @@ pub(crate) async fn drain(
             // Nothing owed, or another sender holds the message (and sends what is owed).
             other => return Ok(other.job().or(last)),
         };
-        let answer = send(d, channel, &job, deadline).await;
+        // Every try of the send ends with time left to record what it did.
+        let answer = send(d, channel, &job, deadline.less(RECORD_RESERVE)).await;
         let after = record(d, channel, &owner, &job, &answer).await?;
         let again = after.as_ref().is_some_and(|j| j.owes(channel))
             && matches!(answer, Answer::Accepted { .. } | Answer::MessageGone);
@@ -174,7 +175,9 @@ async fn send_discord(d: &Deps, job: &Job, deadline: Deadline) -> Answer {
         Err(DiscordError::MessageGone { .. }) => Answer::MessageGone,
         Err(e @ DiscordError::Gone { .. }) => Answer::Gone(e.to_string()),
         Err(e @ DiscordError::Rejected { .. }) => Answer::Refused(e.to_string()),
-        Err(e @ DiscordError::Unavailable { .. }) => Answer::Failed(e.to_string()),
+        Err(e @ (DiscordError::Unavailable { .. } | DiscordError::Unconfirmed { .. })) => {
+            Answer::Failed(e.to_string())
+        }
     }
 }
 

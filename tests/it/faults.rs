@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use crate::support::{SECRET, StoreKind, TestApp, submission};
 use kernelbot_dispatch::devstack::buildkite::{deliver, sample_result, unix_now};
-use kernelbot_dispatch::flow::{DispatchError, sweep};
-use kernelbot_dispatch::jobs::{Channel, DeliveryStatus, JobState, RunId};
+use kernelbot_dispatch::flow::{DispatchError, deliver, sweep};
+use kernelbot_dispatch::jobs::{Channel, DeliveryStatus, JobState, RunId, Transition, update};
 use kernelbot_dispatch::result::Verdict;
 use kernelbot_dispatch::retry::Deadline;
 use reqwest::StatusCode;
@@ -126,6 +126,49 @@ async fn a_running_edit_held_back_by_429_never_replaces_the_final_report(kind: S
     assert_eq!(app.discord.messages().len(), 1);
     let outbox = app.job("held").await.discord.unwrap();
     assert_eq!(outbox.delivery.status, DeliveryStatus::Delivered);
+}
+
+/// Discord posts the status message, then its answer is lost (a 500): the message may
+/// exist, so the call does not post it again; the sweep takes it from there.
+async fn a_post_whose_answer_was_lost_is_not_posted_again_in_the_same_call(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    app.discord.lose_post_answers(1);
+    let (status, answer) = app.submit(&submission("lost-post")).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{answer}");
+    let posts = app
+        .discord_calls()
+        .iter()
+        .filter(|c| c.method == "POST")
+        .count();
+    assert_eq!(posts, 1, "one post in the call");
+    assert_eq!(app.discord.messages().len(), 1);
+    let job = app.job("lost-post").await;
+    assert!(job.owes(Channel::Discord), "still owed, for the sweep");
+    let error = job.discord.unwrap().delivery.last_error.unwrap_or_default();
+    assert!(error.contains("may have posted"), "{error}");
+}
+
+/// Discord rate-limits a render again and again: the tries stop while there is still time
+/// to record what they did, so a function stopped at its deadline loses nothing.
+async fn every_try_leaves_time_to_record_what_it_did(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    app.submit(&submission("reserved")).await;
+    // The job moves on without Discord being told (written straight to the store).
+    let id: RunId = "reserved".parse().unwrap();
+    let running = Transition::to(JobState::Running, app.clock.now());
+    update(app.store.as_ref(), &id, |j| j.apply(&running))
+        .await
+        .unwrap();
+    app.discord.rate_limit_next(10, 3.5);
+    let deadline = Deadline::after(Duration::from_millis(7_600));
+    let job = app.job("reserved").await;
+    deliver::deliver(&app.sweeper, &job, deadline)
+        .await
+        .unwrap();
+    let left = deadline.remaining();
+    assert!(left >= Duration::from_secs(2), "{left:?} left to record");
+    let outbox = app.job("reserved").await.discord.unwrap();
+    assert_eq!(outbox.delivery.attempts, 1, "the failure was recorded");
 }
 
 /// A moderator deleted the status message: the final report is posted as a new message.
@@ -740,6 +783,8 @@ on_both_stores!(
     discord_5xx_while_finishing_is_delivered_by_the_sweep,
     a_running_edit_held_back_by_429_never_replaces_the_final_report,
     a_deleted_status_message_gets_the_final_report_in_a_new_one,
+    a_post_whose_answer_was_lost_is_not_posted_again_in_the_same_call,
+    every_try_leaves_time_to_record_what_it_did,
     an_absurd_test_count_is_reported_at_once,
     an_incompressible_2mb_result_is_stored_reported_and_read_once,
     a_failing_run_attaches_the_full_report,
