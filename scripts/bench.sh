@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs every benchmark (see BENCHMARKS.md): the CPU work of the hot paths (criterion), the
-# webhook path under load, polling against events, and cold start and footprint. Installs the
-# moto server the cold-start figures use, as scripts/test.sh does. Takes about 25 minutes on a
-# cold 2-core machine, most of it compiling.
+# webhook path under load, polling against events, cold start and footprint, and the round
+# trips on the critical paths. Installs the moto server the cold-start figures use, as
+# scripts/test.sh does. Takes about 25 minutes on a cold 2-core machine, most of it compiling.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,4 +11,5 @@ source scripts/tools.sh
 
 # The cold-start pair, built with the profile the benchmarks use.
 cargo build --locked --profile bench --bin webhook --example coldstart_baseline
-cargo bench --locked --bench hot_paths --bench webhook_load --bench polling_vs_events --bench cold_start
+cargo bench --locked --bench hot_paths --bench webhook_load --bench polling_vs_events --bench cold_start \
+  --bench round_trips

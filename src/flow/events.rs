@@ -5,7 +5,7 @@ use tracing::{Instrument, info, warn};
 
 use super::advance::{advance, build_ref};
 use super::cancel::stop_build;
-use super::outcome::outcome_of;
+use super::outcome::outcome_with;
 use super::rules::signal::{Signal, progress_of, signal_of};
 use super::{Deps, DispatchError, deliver};
 use crate::buildkite::{
@@ -148,9 +148,14 @@ async fn on_build_signal(
     let mut t = Transition::to(target, d.clock.now()).with_build(build_ref(build));
     if target == JobState::Finished {
         // Webhook payloads can lag the build; the API's view decides, and only a
-        // terminal state finishes a job.
+        // terminal state finishes a job. The build and its artifacts are read side by side:
+        // neither needs the other, and the report is a round trip sooner.
         let bk_deadline = d.buildkite_deadline(deadline);
-        let current = d.buildkite.get_build(build.number, bk_deadline).await?;
+        let (current, artifacts) = tokio::join!(
+            d.buildkite.get_build(build.number, bk_deadline),
+            d.buildkite.list_artifacts(build.number, bk_deadline)
+        );
+        let current = current?;
         if current.id != build.id {
             return Ok(EventOutcome::Ignored(
                 "the event's build is not the one read back",
@@ -159,7 +164,7 @@ async fn on_build_signal(
         if progress_of(&current) != JobState::Finished {
             return Ok(EventOutcome::Ignored("build has not finished"));
         }
-        t = t.with_outcome(outcome_of(d, &current, bk_deadline).await?);
+        t = t.with_outcome(outcome_with(d, &current, artifacts, bk_deadline).await?);
     }
     advance(d, &job, t, deadline).await
 }

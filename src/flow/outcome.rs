@@ -4,7 +4,7 @@
 use tracing::info;
 
 use super::{Deps, DispatchError};
-use crate::buildkite::{Build, BuildkiteError, pick_result};
+use crate::buildkite::{Artifact, Build, BuildkiteError, pick_result};
 use crate::result::{FullResult, Outcome};
 use crate::retry::Deadline;
 
@@ -52,8 +52,20 @@ pub(crate) async fn outcome_of(
     build: &Build,
     deadline: Deadline,
 ) -> Result<Outcome, DispatchError> {
+    let artifacts = d.buildkite.list_artifacts(build.number, deadline).await;
+    outcome_with(d, build, artifacts, deadline).await
+}
+
+/// [`outcome_of`], with the build's artifacts already listed (a caller that reads the build
+/// and lists its artifacts side by side saves a round trip).
+pub(crate) async fn outcome_with(
+    d: &Deps,
+    build: &Build,
+    artifacts: Result<Vec<Artifact>, BuildkiteError>,
+    deadline: Deadline,
+) -> Result<Outcome, DispatchError> {
     let state = build.final_state().to_owned();
-    let (result, error) = match fetch_result(d, build, deadline)
+    let (result, error) = match fetch_result(d, build, artifacts, deadline)
         .await
         .map_err(FetchError::passing)
     {
@@ -70,9 +82,10 @@ pub(crate) async fn outcome_of(
 async fn fetch_result(
     d: &Deps,
     build: &Build,
+    artifacts: Result<Vec<Artifact>, BuildkiteError>,
     deadline: Deadline,
 ) -> Result<FullResult, FetchError> {
-    let artifacts = d.buildkite.list_artifacts(build.number, deadline).await?;
+    let artifacts = artifacts?;
     let artifact = pick_result(build, &artifacts).ok_or(FetchError::Missing)?;
     let bytes = d
         .buildkite

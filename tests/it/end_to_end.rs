@@ -597,3 +597,30 @@ on_both_stores!(
     the_default_webhooks_token_is_never_stored,
     buildkite_5xx_on_reads_is_retried,
 );
+
+/// On `build.finished` the build is read back and its artifacts listed side by side, so the
+/// report reaches Discord a round trip sooner (with a Buildkite that takes 300 ms to answer).
+#[tokio::test]
+async fn a_finished_build_is_read_and_its_artifacts_listed_side_by_side() {
+    let app = TestApp::spawn(StoreKind::Sqlite).await;
+    app.submit(&submission("side-by-side")).await;
+    app.buildkite.set_delay(Some(Duration::from_millis(300)));
+    assert_eq!(
+        app.finish(1, "passed", Some(sample_result(false))).await,
+        StatusCode::OK
+    );
+    let spans = app.buildkite.call_spans();
+    let span = |suffix: &str| {
+        spans
+            .iter()
+            .rfind(|(call, _, _)| call.starts_with("GET ") && call.ends_with(suffix))
+            .map(|(_, arrived, answered)| (*arrived, *answered))
+            .unwrap_or_else(|| panic!("no call to {suffix}: {spans:?}"))
+    };
+    let (build, artifacts) = (span("/builds/1"), span("/builds/1/artifacts"));
+    assert!(
+        build.0 < artifacts.1 && artifacts.0 < build.1,
+        "the two calls overlap: {build:?} {artifacts:?}"
+    );
+    assert_eq!(app.job("side-by-side").await.state, JobState::Finished);
+}

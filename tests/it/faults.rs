@@ -752,8 +752,9 @@ async fn the_sweep_stops_before_buildkites_rate_limit(kind: StoreKind) {
 async fn pending_reports_and_webhook_errors_reach_the_alarms_metrics(kind: StoreKind) {
     let app = TestApp::spawn(kind).await;
     app.submit(&submission("watched")).await;
-    // Buildkite cannot be read when the build finishes: the webhook answers 503.
-    app.buildkite.fail_reads(&[500; 4]);
+    // Buildkite cannot be read when the build finishes (the build and its artifacts are read
+    // side by side, each tried four times): the webhook answers 503.
+    app.buildkite.fail_reads(&[500; 8]);
     assert_eq!(
         app.finish(1, "passed", Some(sample_result(false))).await,
         StatusCode::SERVICE_UNAVAILABLE

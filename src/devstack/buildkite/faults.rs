@@ -13,6 +13,16 @@ use super::BuildkiteStandin;
 use super::state::{Shared, bk_error, lock};
 
 impl BuildkiteStandin {
+    /// Every answer, REST and storage, waits `delay` first (`None`: answers at once).
+    pub fn set_delay(&self, delay: Option<Duration>) {
+        self.lock().delay = delay;
+    }
+
+    /// Every call so far as `METHOD path`, with when it arrived and when it was answered.
+    pub fn call_spans(&self) -> Vec<(String, std::time::Instant, std::time::Instant)> {
+        self.lock().spans.clone()
+    }
+
     /// The agents API answers `status` from now on (`None`: it lists the agents again).
     pub fn fail_agents(&self, status: Option<u16>) {
         self.lock().agents_failure = status;

@@ -3,10 +3,11 @@
 //! `Authorization`, as presigned S3 URLs do), the pipeline, and the agents.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::extract::{Path, RawQuery, Request, State};
 use axum::http::{StatusCode, header};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
@@ -44,7 +45,21 @@ pub(super) fn router(inner: Shared) -> Router {
             inner.clone(),
             rate_limit_headers,
         ))
+        .layer(axum::middleware::from_fn_with_state(inner.clone(), timed))
         .with_state(inner)
+}
+
+/// Every answer after the delay a test set, each call's span kept.
+async fn timed(State(inner): State<Shared>, req: Request, next: Next) -> Response {
+    let arrived = Instant::now();
+    let call = format!("{} {}", req.method(), req.uri().path());
+    let delay = lock(&inner).delay;
+    if let Some(d) = delay {
+        tokio::time::sleep(d).await;
+    }
+    let response = next.run(req).await;
+    lock(&inner).spans.push((call, arrived, Instant::now()));
+    response
 }
 
 fn authorized(s: &Inner, req: &Request) -> bool {

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::Json;
 use axum::http::StatusCode;
@@ -95,6 +95,10 @@ pub(super) struct Inner {
     pub(super) agents: Vec<Value>,
     /// The agents API answers this status instead (403: a token without `read_agents`).
     pub(super) agents_failure: Option<u16>,
+    /// Every answer (REST and storage) waits this long first: a distant Buildkite.
+    pub(super) delay: Option<Duration>,
+    /// Every call as `METHOD path` with when it arrived and when it was answered.
+    pub(super) spans: Vec<(String, Instant, Instant)>,
 }
 
 pub(super) type Shared = Arc<Mutex<Inner>>;
@@ -128,6 +132,8 @@ impl Inner {
             autorun: None,
             agents: Vec::new(),
             agents_failure: None,
+            delay: None,
+            spans: Vec::new(),
         }
     }
 
