@@ -128,8 +128,87 @@ fn job() -> Job {
     job
 }
 
+/// The markdown a message's text acts on, in order: every unescaped markdown character and
+/// line break outside code spans, and each code span's two backticks (what is inside a span
+/// is shown as it is).
+fn markdown_of(text: &str) -> String {
+    let (mut out, mut in_code, mut chars) = (String::new(), false, text.chars());
+    while let Some(c) = chars.next() {
+        match c {
+            '`' => {
+                in_code = !in_code;
+                out.push(c);
+            }
+            _ if in_code => {}
+            '\\' => {
+                chars.next();
+            }
+            '*' | '_' | '~' | '|' | '>' | '#' | '[' | ']' | '<' | '@' | '\n' => out.push(c),
+            // A bare link: an unescaped `://`.
+            ':' if chars.as_str().starts_with("//") => out.push(c),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// A finished job whose title, benchmark spec, error and GPU name are `title`, `spec`,
+/// `error` and `gpu`, as its final Discord message shows it.
+fn report_text(title: &str, spec: &str, error: &str, gpu: &str) -> String {
+    let value = json!({"success": true, "error": error, "system": {"gpu": gpu},
+        "runs": {"benchmark": {"run": {"success": true, "passed": true, "result": {
+            "benchmark-count": "1", "benchmark.0.spec": spec, "benchmark.0.mean": "1000"}}}}});
+    let result = FullResult::parse(value.to_string().as_bytes()).unwrap();
+    let mut job = job();
+    job.title = Some(title.to_owned());
+    let outcome = Outcome::judge("passed", Some(result), None);
+    let finished = job
+        .apply(&Transition::to(JobState::Finished, 1).with_outcome(outcome))
+        .unwrap();
+    let message = render(&finished);
+    let embeds = message.embeds.iter().map(|e| {
+        let fields: Vec<String> = e
+            .fields
+            .iter()
+            .map(|f| format!("{}\n{}", f.name, f.value))
+            .collect();
+        format!(
+            "{}\n{}",
+            e.description.clone().unwrap_or_default(),
+            fields.join("\n")
+        )
+    });
+    std::iter::once(message.content)
+        .chain(embeds)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn a_submitted_link_shows_as_text() {
+    let hostile = "x` [Claim credits](https://evil.example) `y";
+    let text = report_text(hostile, hostile, hostile, hostile);
+    assert_eq!(
+        markdown_of(&text),
+        markdown_of(&report_text("x", "x", "x", "x")),
+        "{text}"
+    );
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn text_someone_else_wrote_never_becomes_markdown(
+        title in ".{1,40}",
+        spec in ".{1,40}",
+        error in ".{1,40}",
+        gpu in ".{1,40}",
+    ) {
+        let shown = report_text(&title, &spec, &error, &gpu);
+        let plain = report_text("x", "x", "x", "x");
+        prop_assert_eq!(markdown_of(&shown), markdown_of(&plain), "{}", shown);
+    }
 
     #[test]
     fn any_signature_header_is_accepted_or_refused_without_panic(

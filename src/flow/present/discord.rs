@@ -5,6 +5,7 @@ use super::summary::{capitalised, short_report, system_lines, timing_line};
 use crate::discord::{AllowedMentions, Embed, Field, Message};
 use crate::jobs::{Job, JobState};
 use crate::result::{Outcome, Verdict};
+use crate::text::{code, plain};
 
 const GREEN: u32 = 0x2e_cc_71;
 const RED: u32 = 0xe7_4c_3c;
@@ -18,11 +19,13 @@ fn build_link(job: &Job) -> String {
 
 /// The message for a job as it is now.
 pub fn render(job: &Job) -> Message {
+    // Text someone else wrote (the title, errors, what a program printed) is escaped where
+    // it is shown: it reads as written, never as markdown of its own.
     let title = job
         .title
         .clone()
         .unwrap_or_else(|| format!("Run {}", job.run_id));
-    let head = format!("**{}** on `{}`", title, job.gpu);
+    let head = format!("**{}** on `{}`", plain(&title), code(&job.gpu));
     let (content, embeds) = match job.state {
         JobState::Finished => finished(job, &head),
         _ => (status_line(job, &head), vec![]),
@@ -44,24 +47,26 @@ pub fn render(job: &Job) -> Message {
 /// The message of a job that has not finished (or failed before its build existed).
 fn status_line(job: &Job, head: &str) -> String {
     match job.state {
-        JobState::Submitted => format!("{head}\n> ⏳ Submitting to queue `{}`", job.queue),
+        JobState::Submitted => {
+            format!("{head}\n> ⏳ Submitting to queue `{}`", code(&job.queue))
+        }
         JobState::Scheduled => {
             format!(
                 "{head}\n> ⏳ Queued on `{}`, {}",
-                job.queue,
+                code(&job.queue),
                 build_link(job)
             )
         }
         JobState::Running => {
             format!(
                 "{head}\n> 🏃 Running on `{}`, {}",
-                job.queue,
+                code(&job.queue),
                 build_link(job)
             )
         }
         JobState::Failed | JobState::Finished => format!(
             "{head} ❌ failure\n> Submission failed: {}",
-            job.failure.as_deref().unwrap_or("unknown reason")
+            plain(job.failure.as_deref().unwrap_or("unknown reason"))
         ),
     }
 }
@@ -96,6 +101,7 @@ pub fn verdict_sentence(verdict: Verdict, queue: &str) -> String {
         Verdict::Canceled => "❌ Canceled: the build was canceled.".into(),
         Verdict::Skipped => "❌ Skipped: Buildkite skipped the build.".into(),
         Verdict::QueueTimeout => {
+            let queue = code(queue);
             format!("❌ Timed out in the queue: no agent on queue `{queue}` started it in time.")
         }
         Verdict::Expired => "❌ Expired: the job ran past its maximum age and was stopped.".into(),
@@ -110,14 +116,14 @@ fn final_report(job: &Job, head: &str, outcome: &Outcome) -> (String, Vec<Embed>
         if passed { "✅ success" } else { "❌ failure" },
         verdict_sentence(outcome.verdict, &job.queue),
         capitalised(&build_link(job)),
-        outcome.build_state
+        plain(&outcome.build_state)
     );
     if let Some(line) = outcome.timings.as_ref().and_then(timing_line) {
         content.push_str(&format!("\n> ⏱ {line}"));
     }
     let mut lines = Vec::new();
     if let Some(error) = &outcome.error {
-        lines.push(format!("❌ {error}"));
+        lines.push(format!("❌ {}", plain(error)));
     }
     let mut fields = Vec::new();
     if let Some(result) = &outcome.result {

@@ -2,7 +2,7 @@
 //! machine it ran on, and times as people read them.
 
 use crate::result::{FullResult, RunResult, Timings};
-use crate::text::truncate;
+use crate::text::{code, plain, truncate};
 
 /// kernelbot's phases in order: the run's key, its noun, what it does, and its name.
 const PHASES: [(&str, &str, &str, &str); 3] = [
@@ -113,9 +113,9 @@ fn profiles(result: &FullResult) -> impl Iterator<Item = String> + '_ {
         .filter(|(k, _)| k.starts_with("profile"))
         .map(|(name, eval)| {
             if eval.run.as_ref().is_some_and(|r| r.success) {
-                format!("✅ Profiling successful ({name})")
+                format!("✅ Profiling successful ({})", plain(name))
             } else {
-                format!("❌ Profiling failed ({name})")
+                format!("❌ Profiling failed ({})", plain(name))
             }
         })
 }
@@ -130,7 +130,7 @@ fn benchmark_lines(run: &RunResult) -> Vec<String> {
                 .unwrap_or_default();
             Some(format!(
                 "`{}` ⏱ {}{err}",
-                truncate(&spec, 120),
+                code(&truncate(&spec, 120)),
                 format_ns(mean)
             ))
         })
@@ -174,7 +174,7 @@ pub(super) fn system_lines(result: &FullResult) -> Option<String> {
     let lines: Vec<String> = rows
         .into_iter()
         .filter(|(_, v)| !v.is_empty())
-        .map(|(k, v)| format!("* {k}: `{v}`"))
+        .map(|(k, v)| format!("* {k}: `{}`", code(&v)))
         .collect();
     (!lines.is_empty()).then(|| lines.join("\n"))
 }
