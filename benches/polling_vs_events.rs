@@ -330,7 +330,7 @@ async fn sweep_pass(
     let min_age = app.sweeper.config().timing.sweep_min_age.as_millis() as i64;
     let due: Vec<String> = app
         .store
-        .list(Shard::Open, i64::MAX, 10_000)
+        .list(Shard::Open, 0, 10_000)
         .await
         .expect("open jobs")
         .into_iter()

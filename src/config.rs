@@ -210,6 +210,9 @@ pub struct Timing {
     pub job_max_age: Duration,
     /// Buildkite calls one sweep pass may make.
     pub sweep_max_calls: u32,
+    /// How long a pass run by hand (or by cron) may take; under Lambda the invocation's own
+    /// deadline rules.
+    pub sweep_pass: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -330,6 +333,7 @@ impl Env<'_> {
             job_max_age: self.secs("JOB_MAX_AGE_SECS", 21_600)?,
             sweep_max_calls: u32::try_from(max_calls)
                 .map_err(|_| ConfigError::invalid("SWEEP_MAX_CALLS", "too large"))?,
+            sweep_pass: self.secs("SWEEP_PASS_SECS", 50)?,
         })
     }
 }

@@ -32,8 +32,8 @@ pub enum PayloadError {
     Base64(#[from] base64::DecodeError),
     #[error("payload is not a valid zlib stream: {0}")]
     Zlib(#[source] std::io::Error),
-    #[error("decompressed payload exceeds {MAX_DECODED_LEN} bytes")]
-    DecodedTooLarge,
+    #[error("decompressed payload exceeds {max} bytes")]
+    DecodedTooLarge { max: u64 },
     #[error("payload is not valid JSON: {0}")]
     Json(#[from] serde_json::Error),
 }
@@ -48,14 +48,19 @@ pub(crate) fn pack(bytes: &[u8]) -> String {
 
 /// Undoes [`pack`], refusing more than [`MAX_DECODED_LEN`] bytes of output.
 pub fn unpack(encoded: &str) -> Result<Vec<u8>, PayloadError> {
+    unpack_within(encoded, MAX_DECODED_LEN)
+}
+
+/// Undoes [`pack`], refusing more than `max` bytes of output (it stops reading there).
+pub(crate) fn unpack_within(encoded: &str, max: u64) -> Result<Vec<u8>, PayloadError> {
     let compressed = STANDARD.decode(encoded.trim())?;
     let mut out = Vec::new();
     ZlibDecoder::new(compressed.as_slice())
-        .take(MAX_DECODED_LEN + 1)
+        .take(max + 1)
         .read_to_end(&mut out)
         .map_err(PayloadError::Zlib)?;
-    if out.len() as u64 > MAX_DECODED_LEN {
-        return Err(PayloadError::DecodedTooLarge);
+    if out.len() as u64 > max {
+        return Err(PayloadError::DecodedTooLarge { max });
     }
     Ok(out)
 }

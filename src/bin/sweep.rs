@@ -8,7 +8,7 @@ use std::sync::Arc;
 use kernelbot_dispatch::config::Role;
 use kernelbot_dispatch::flow::sweep;
 use kernelbot_dispatch::jobs::RunId;
-use kernelbot_dispatch::retry::{Deadline, LOCAL_BUDGET};
+use kernelbot_dispatch::retry::Deadline;
 use kernelbot_dispatch::{server, telemetry};
 use lambda_http::{LambdaEvent, service_fn};
 
@@ -45,7 +45,7 @@ async fn main() -> Result<(), server::Error> {
         return lambda_http::lambda_runtime::run(handler).await;
     }
     let deps = server::deps(Role::Sweep).await?;
-    let deadline = Deadline::after(LOCAL_BUDGET);
+    let deadline = Deadline::after(deps.config().timing.sweep_pass);
     let report = match &run_id {
         Some(id) => sweep::sweep_run(&deps, id, deadline).await,
         None => sweep::sweep(&deps, deadline).await,

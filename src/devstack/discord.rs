@@ -37,8 +37,19 @@ struct Inner {
     lost_posts: usize,
     gone: HashSet<String>,
     delay: Option<Duration>,
+    /// Webhooks in an outage of their own, by id.
+    outages: HashMap<String, Outage>,
     /// Seeded everyday faults: (rate, generator).
     chaos: Option<(f64, fastrand::Rng)>,
+}
+
+/// One webhook's outage, until it is lifted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outage {
+    /// Every call to it answers this status.
+    Answers(u16),
+    /// Calls to it are taken and never answered (a client's timeout ends them).
+    Hung,
 }
 
 /// One everyday Discord fault.
@@ -196,6 +207,16 @@ impl DiscordStandin {
     pub fn set_delay(&self, delay: Option<Duration>) {
         self.lock().delay = delay;
     }
+
+    /// Webhook `webhook_id` goes into `outage` (`None`: it is lifted); other webhooks answer
+    /// as before.
+    pub fn outage(&self, webhook_id: &str, outage: Option<Outage>) {
+        let mut s = self.lock();
+        match outage {
+            Some(o) => s.outages.insert(webhook_id.to_owned(), o),
+            None => s.outages.remove(webhook_id),
+        };
+    }
 }
 
 type Shared = Arc<Mutex<Inner>>;
@@ -211,10 +232,18 @@ async fn handle(
     query: Option<String>,
     body: Value,
 ) -> Response {
-    let (delay, fault) = {
+    let (delay, fault, outage) = {
         let mut s = inner.lock().unwrap_or_else(|p| p.into_inner());
-        (s.delay, s.roll())
+        (s.delay, s.roll(), s.outages.get(&webhook_id).copied())
     };
+    match outage {
+        Some(Outage::Hung) => return std::future::pending().await,
+        Some(Outage::Answers(code)) => {
+            let status = StatusCode::from_u16(code).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+            return error(status, 0, "webhook outage");
+        }
+        None => {}
+    }
     let delay = match fault {
         Some(Fault::Slow) => Some(Duration::from_millis(200)),
         _ => delay,

@@ -44,7 +44,7 @@ pub(crate) async fn advance(
             slim.outcome = t
                 .outcome
                 .as_ref()
-                .map(|o| o.without_result("the result was too large to store"));
+                .map(|o| o.without_result("the result was too large to store").into());
             update_seen(store, seen, |j| j.apply(&slim)).await?
         }
         other => other?,

@@ -10,7 +10,7 @@ use super::rules::ending::{Overdue, overdue};
 use super::rules::signal::progress_of;
 use super::{Deps, DispatchError, deliver};
 use crate::buildkite::{Build, BuildkiteError};
-use crate::jobs::{Job, JobState, Transition, Updated, update_seen};
+use crate::jobs::{Job, JobState, Timeline, Transition, Updated, update_seen};
 use crate::result::{Outcome, Verdict};
 use crate::retry::Deadline;
 
@@ -72,7 +72,7 @@ pub(crate) async fn follow(
     if b.id != build.id {
         // Numbers start again when a pipeline is recreated: never take another's build. The
         // job's own deadlines still end it (nothing of ours runs under that number).
-        return match overdue_now(d, job) {
+        return match overdue_now(d, job.timeline()) {
             Some(overdue) => end_at_deadline(d, job, overdue, deadline).await,
             None => Ok(EventOutcome::Ignored(
                 "a different build under the job's number",
@@ -89,7 +89,7 @@ pub(crate) async fn follow(
     } else {
         job.state
     };
-    if let Some(overdue) = overdue_now(d, &seen) {
+    if let Some(overdue) = overdue_now(d, seen.timeline()) {
         return end_overdue(d, &seen, overdue, deadline).await;
     }
     if job.cancel_requested {
@@ -114,7 +114,7 @@ async fn finish(
     let outcome = match outcome_of(d, build, d.buildkite_deadline(deadline)).await {
         Ok(outcome) => outcome,
         Err(DispatchError::Buildkite(e @ BuildkiteError::Unavailable(_)))
-            if overdue_now(d, job) == Some(Overdue::Expired) =>
+            if overdue_now(d, job.timeline()) == Some(Overdue::Expired) =>
         {
             Outcome::decided(
                 build.final_state(),
@@ -133,7 +133,7 @@ async fn finish(
     advance(d, job, t, deadline).await
 }
 
-pub(crate) fn overdue_now(d: &Deps, job: &Job) -> Option<Overdue> {
+pub(crate) fn overdue_now(d: &Deps, job: Timeline) -> Option<Overdue> {
     let timing = &d.config.timing;
     overdue(
         job,

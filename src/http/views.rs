@@ -94,7 +94,7 @@ impl<'a> JobView<'a> {
             created_at: rfc3339(job.created_at),
             updated_at: rfc3339(job.updated_at),
             verdict: job.outcome.as_ref().map(|o| o.verdict),
-            result: job.outcome.as_ref(),
+            result: job.outcome.as_deref(),
             delivery: DeliveryView {
                 discord: job.discord.as_ref().map(|o| DiscordView {
                     status: status(job, Channel::Discord, &o.delivery),

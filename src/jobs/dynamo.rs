@@ -13,14 +13,16 @@ use async_trait::async_trait;
 use aws_config::timeout::TimeoutConfig;
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::error::ProvideErrorMetadata;
+use aws_sdk_dynamodb::operation::query::builders::QueryFluentBuilder;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure};
 
 use super::error::StoreError;
 use super::id::RunId;
+use super::listed::Listed;
 use super::model::Job;
-use super::record::JobRecord;
+use super::record::{JobRecord, listed_fields};
 use super::state::JobState;
-use super::store::{CURSOR_KEY, CacheEntry, Created, JobStore, Replaced, Shard};
+use super::store::{CacheEntry, Created, Cursor, JobStore, Replaced, Shard};
 use crate::time::Millis;
 
 pub(crate) const OPEN_JOBS_INDEX: &str = "open-jobs";
@@ -191,30 +193,22 @@ impl JobStore for DynamoStore {
     async fn list(
         &self,
         shard: Shard,
-        created_before: Millis,
+        from: Millis,
         limit: usize,
-    ) -> Result<Vec<Job>, StoreError> {
+    ) -> Result<Vec<Listed>, StoreError> {
         let mut jobs = Vec::new();
         let mut start: Option<Item> = None;
-        // Pages end at 1 MB of items: follow them until `limit` jobs are read.
+        // Pages end at 1 MB of items read: follow them until `limit` jobs are listed.
         loop {
             let out = self
-                .client
-                .query()
-                .table_name(&self.table)
-                .index_name(OPEN_JOBS_INDEX)
-                .key_condition_expression("#shard = :shard AND #created < :before")
-                .expression_attribute_names("#shard", "sweep_shard")
-                .expression_attribute_names("#created", "created_at")
-                .expression_attribute_values(":shard", s(shard.key()))
-                .expression_attribute_values(":before", n(created_before))
+                .listing(shard, from)
                 .limit((limit - jobs.len()).clamp(1, 1000) as i32)
                 .set_exclusive_start_key(start.take())
                 .send()
                 .await
                 .map_err(|e| unavailable(e.into_service_error()))?;
             for item in out.items.unwrap_or_default() {
-                jobs.push(record_from_item(item)?.into_job()?);
+                jobs.push(record_from_item(item)?.into_listed()?);
             }
             match out.last_evaluated_key {
                 Some(key) if jobs.len() < limit => start = Some(key),
@@ -306,16 +300,16 @@ impl JobStore for DynamoStore {
         Ok(written.is_ok())
     }
 
-    async fn sweep_cursor(&self) -> Result<Option<String>, StoreError> {
+    async fn cursor(&self, which: Cursor) -> Result<Option<String>, StoreError> {
         Ok(self
-            .get_item(CURSOR_KEY)
+            .get_item(which.key())
             .await?
             .and_then(|item| item.get("cursor")?.as_s().ok().cloned()))
     }
 
-    async fn set_sweep_cursor(&self, cursor: Option<&str>) -> Result<(), StoreError> {
-        let mut item = Item::from([("run_id".to_owned(), s(CURSOR_KEY))]);
-        if let Some(c) = cursor {
+    async fn set_cursor(&self, which: Cursor, at: Option<&str>) -> Result<(), StoreError> {
+        let mut item = Item::from([("run_id".to_owned(), s(which.key()))]);
+        if let Some(c) = at {
             item.insert("cursor".to_owned(), s(c));
         }
         self.client
@@ -330,6 +324,28 @@ impl JobStore for DynamoStore {
 }
 
 impl DynamoStore {
+    /// The index query of a listing: every attribute but the large ones (aliased, as some
+    /// are reserved words).
+    fn listing(&self, shard: Shard, from: Millis) -> QueryFluentBuilder {
+        let fields = listed_fields();
+        let aliases: Vec<String> = (0..fields.len()).map(|i| format!("#f{i}")).collect();
+        let mut query = self
+            .client
+            .query()
+            .table_name(&self.table)
+            .index_name(OPEN_JOBS_INDEX)
+            .key_condition_expression("#shard = :shard AND #created >= :from")
+            .projection_expression(aliases.join(", "))
+            .expression_attribute_names("#shard", "sweep_shard")
+            .expression_attribute_names("#created", "created_at")
+            .expression_attribute_values(":shard", s(shard.key()))
+            .expression_attribute_values(":from", n(from));
+        for (alias, field) in aliases.iter().zip(fields) {
+            query = query.expression_attribute_names(alias, field);
+        }
+        query
+    }
+
     async fn get_item(&self, key: &str) -> Result<Option<Item>, StoreError> {
         let out = self
             .client

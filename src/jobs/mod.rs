@@ -4,6 +4,7 @@
 mod dynamo;
 mod error;
 mod id;
+mod listed;
 mod model;
 mod outbox;
 mod outcome;
@@ -19,7 +20,8 @@ use std::sync::Arc;
 pub use dynamo::DynamoStore;
 pub use error::StoreError;
 pub use id::{InvalidRunId, RunId};
-pub use model::{BuildRef, Creation, Job, Transition};
+pub use listed::Listed;
+pub use model::{BuildRef, Creation, Job, Timeline, Transition};
 pub use outbox::{
     CallbackOutbox, Channel, Delivery, DeliveryStatus, DiscordOutbox, Lease, Target, WebhookAddress,
 };
@@ -28,7 +30,7 @@ pub use record::JobRecord;
 #[cfg(feature = "embedded-store")]
 pub use sqlite::SqliteStore;
 pub use state::JobState;
-pub use store::{CacheEntry, Created, JobStore, Replaced, Shard};
+pub use store::{CacheEntry, Created, Cursor, JobStore, Replaced, Shard};
 
 pub use update::{Updated, update, update_seen};
 

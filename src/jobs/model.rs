@@ -3,10 +3,12 @@
 //! The state machine is pure: [`Job::apply`] decides whether a transition moves the job
 //! forward. The stores enforce the same rule atomically with conditional writes.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 use super::id::RunId;
-use super::outbox::{CallbackOutbox, Channel, Delivery, DiscordOutbox, Target};
+use super::outbox::{CallbackOutbox, Channel, Delivery, DiscordOutbox, Target, delivery, owes};
 use super::state::JobState;
 use crate::result::Outcome;
 use crate::time::Millis;
@@ -58,8 +60,9 @@ pub struct Job {
     pub private: bool,
     /// Why a submission failed (`failed` only).
     pub failure: Option<String>,
-    /// The build's end and what its `result.json` said (`finished` only).
-    pub outcome: Option<Outcome>,
+    /// The build's end and what its `result.json` said (`finished` only). Shared: a result
+    /// can be megabytes, and a job is copied at every compare-and-swap.
+    pub outcome: Option<Arc<Outcome>>,
     pub created_at: Millis,
     pub updated_at: Millis,
     /// Bumped by every write: a write applies only to the version it was computed from.
@@ -105,10 +108,7 @@ impl Job {
     /// How the job's message to `channel` is going; `None` when it reports to no such
     /// receiver.
     pub fn delivery(&self, channel: Channel) -> Option<&Delivery> {
-        match channel {
-            Channel::Discord => self.discord.as_ref().map(|o| &o.delivery),
-            Channel::Callback => self.callback.as_ref().map(|c| &c.delivery),
-        }
+        delivery(self.discord.as_ref(), self.callback.as_ref(), channel)
     }
 
     pub(crate) fn delivery_mut(&mut self, channel: Channel) -> Option<&mut Delivery> {
@@ -120,9 +120,21 @@ impl Job {
 
     /// Whether a message to `channel` is owed for the job as it is now.
     pub fn owes(&self, channel: Channel) -> bool {
-        match channel {
-            Channel::Discord => self.discord.as_ref().is_some_and(|o| o.owes(self.state)),
-            Channel::Callback => self.callback.as_ref().is_some_and(|c| c.owes(self.state)),
+        owes(
+            self.discord.as_ref(),
+            self.callback.as_ref(),
+            self.state,
+            channel,
+        )
+    }
+
+    /// What the job's deadlines are measured from.
+    pub(crate) fn timeline(&self) -> Timeline {
+        Timeline {
+            state: self.state,
+            created_at: self.created_at,
+            scheduled_at: self.scheduled_at,
+            max_queue_secs: self.max_queue_secs,
         }
     }
 
@@ -172,6 +184,17 @@ impl Job {
     }
 }
 
+/// What a job's deadlines are measured from: its state and the times they run from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timeline {
+    pub state: JobState,
+    pub created_at: Millis,
+    /// When its build was first recorded: the queue deadline runs from there.
+    pub scheduled_at: Option<Millis>,
+    /// The submission's own queue deadline, if it set one.
+    pub max_queue_secs: Option<u64>,
+}
+
 /// A step forward in a job's life, with what the step learned.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Transition {
@@ -179,7 +202,7 @@ pub struct Transition {
     pub at: Millis,
     pub build: Option<BuildRef>,
     pub failure: Option<String>,
-    pub outcome: Option<Outcome>,
+    pub outcome: Option<Arc<Outcome>>,
 }
 
 impl Transition {
@@ -206,7 +229,8 @@ impl Transition {
     /// Cut to what the store can keep (see [`fit_outcome`](super::outcome::fit_outcome)), so
     /// the job a writer goes on with is the job as stored.
     pub fn with_outcome(mut self, outcome: Outcome) -> Self {
-        self.outcome = Some(super::outcome::fit_outcome(&outcome).unwrap_or(outcome));
+        let fitted = super::outcome::fit_outcome(&outcome).unwrap_or(outcome);
+        self.outcome = Some(Arc::new(fitted));
         self
     }
 }

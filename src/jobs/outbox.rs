@@ -200,6 +200,31 @@ impl DiscordOutbox {
     }
 }
 
+/// Whether a job in `state` with these outboxes owes a message to `channel`.
+pub(crate) fn owes(
+    discord: Option<&DiscordOutbox>,
+    callback: Option<&CallbackOutbox>,
+    state: JobState,
+    channel: Channel,
+) -> bool {
+    match channel {
+        Channel::Discord => discord.is_some_and(|o| o.owes(state)),
+        Channel::Callback => callback.is_some_and(|c| c.owes(state)),
+    }
+}
+
+/// How the message to `channel` is going, for a job with these outboxes.
+pub(crate) fn delivery<'a>(
+    discord: Option<&'a DiscordOutbox>,
+    callback: Option<&'a CallbackOutbox>,
+    channel: Channel,
+) -> Option<&'a Delivery> {
+    match channel {
+        Channel::Discord => discord.map(|o| &o.delivery),
+        Channel::Callback => callback.map(|c| &c.delivery),
+    }
+}
+
 /// The job's signed callbacks: `submitted` sends none; every later state sends one.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CallbackOutbox {

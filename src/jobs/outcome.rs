@@ -9,6 +9,10 @@ use crate::result::Outcome;
 pub(crate) const COMPRESS_ABOVE: usize = 32 * 1024;
 /// The largest stored outcome: the rest of an item is a few KB, DynamoDB's limit 400 KB.
 pub const MAX_STORED_OUTCOME: usize = 300 * 1024;
+/// The most one stored outcome may decompress to. A sweep holds a few jobs at once, so this
+/// bounds its memory whatever a submission printed. Above what any runner of ours writes
+/// (its result pipe takes 1 MiB a run), so no record written before it goes unread.
+pub(crate) const MAX_OUTCOME_JSON: usize = 4 * 1024 * 1024;
 
 /// An outcome in its stored form: exactly one of the two is set.
 #[derive(Debug, Default, PartialEq)]
@@ -26,23 +30,34 @@ impl EncodedOutcome {
     }
 }
 
-fn encode_exact(outcome: &Outcome) -> EncodedOutcome {
+/// The outcome encoded, and how long its JSON is.
+fn encode_exact(outcome: &Outcome) -> (EncodedOutcome, usize) {
     let json = serde_json::to_string(outcome).unwrap_or_default();
-    if json.len() <= COMPRESS_ABOVE {
-        return EncodedOutcome {
+    let len = json.len();
+    if len <= COMPRESS_ABOVE {
+        let encoded = EncodedOutcome {
             json: Some(json),
             zlib_b64: None,
         };
+        return (encoded, len);
     }
-    EncodedOutcome {
+    let encoded = EncodedOutcome {
         json: None,
         zlib_b64: Some(payload::pack(json.as_bytes())),
-    }
+    };
+    (encoded, len)
 }
 
-/// The outcome as the store keeps it: whole if it fits [`MAX_STORED_OUTCOME`], else without
-/// its logs, else without its result (the verdict, drawn from the whole result, always
-/// survives). Transitions carry it in this form, so what is reported first is what a resend
+/// The outcome encoded, if it fits both limits: what the store takes, and what it will
+/// decompress to.
+fn encode_within_limits(outcome: &Outcome) -> Option<EncodedOutcome> {
+    let (encoded, json_len) = encode_exact(outcome);
+    (json_len <= MAX_OUTCOME_JSON && encoded.len() <= MAX_STORED_OUTCOME).then_some(encoded)
+}
+
+/// The outcome as the store keeps it: whole if it fits [`MAX_STORED_OUTCOME`] and
+/// [`MAX_OUTCOME_JSON`], else without its logs, else without its result (the verdict, drawn
+/// from the whole result, always survives). Transitions carry it in this form, so what is reported first is what a resend
 /// reads back. `None`: it fits as it is.
 pub(crate) fn fit_outcome(outcome: &Outcome) -> Option<Outcome> {
     fitted(outcome).1
@@ -54,34 +69,34 @@ pub(crate) fn encode_outcome(outcome: &Outcome) -> EncodedOutcome {
 }
 
 fn fitted(outcome: &Outcome) -> (EncodedOutcome, Option<Outcome>) {
-    let whole = encode_exact(outcome);
-    if whole.len() <= MAX_STORED_OUTCOME {
+    if let Some(whole) = encode_within_limits(outcome) {
         return (whole, None);
     }
     let mut slim = outcome.clone();
     if let Some(result) = slim.result.as_mut() {
         result.drop_logs();
     }
-    let encoded = encode_exact(&slim);
-    if encoded.len() <= MAX_STORED_OUTCOME {
+    if let Some(encoded) = encode_within_limits(&slim) {
         return (encoded, Some(slim));
     }
     let bare = outcome.without_result("the result was too large to store");
-    (encode_exact(&bare), Some(bare))
+    (encode_exact(&bare).0, Some(bare))
 }
 
 pub(crate) fn decode_outcome(
     json: Option<&str>,
     zlib_b64: Option<&str>,
 ) -> Result<Option<Outcome>, StoreError> {
-    let bytes = match (json, zlib_b64) {
-        (Some(j), _) => j.as_bytes().to_vec(),
-        (None, Some(z)) => payload::unpack(z).map_err(StoreError::corrupt)?,
+    let parsed = match (json, zlib_b64) {
+        (Some(j), _) => serde_json::from_str(j),
+        (None, Some(z)) => {
+            let bytes =
+                payload::unpack_within(z, MAX_OUTCOME_JSON as u64).map_err(StoreError::corrupt)?;
+            serde_json::from_slice(&bytes)
+        }
         (None, None) => return Ok(None),
     };
-    serde_json::from_slice(&bytes)
-        .map(Some)
-        .map_err(StoreError::corrupt)
+    parsed.map(Some).map_err(StoreError::corrupt)
 }
 
 #[cfg(test)]
@@ -175,5 +190,37 @@ mod tests {
         assert_eq!(back.verdict, o.verdict);
         assert!(back.result.is_none());
         assert!(back.error.unwrap().contains("too large to store"));
+    }
+
+    #[test]
+    fn no_stored_outcome_decompresses_past_the_cap() {
+        let mut o = outcome_with_log(10, false);
+        let run = o.result.as_mut().unwrap().runs.get_mut("test").unwrap();
+        let entries = &mut run.run.as_mut().unwrap().result;
+        for i in 0..2600 {
+            entries.insert(format!("test.{i}.message"), "x".repeat(2048).into());
+        }
+        let (whole, json_len) = encode_exact(&o);
+        assert!(json_len > MAX_OUTCOME_JSON, "{json_len}");
+        assert!(
+            whole.len() <= MAX_STORED_OUTCOME,
+            "compressed, it would fit the store"
+        );
+        let enc = encode_outcome(&o);
+        let back = decode_outcome(enc.json.as_deref(), enc.zlib_b64.as_deref())
+            .unwrap()
+            .unwrap();
+        assert!(serde_json::to_string(&back).unwrap().len() <= MAX_OUTCOME_JSON);
+        assert_eq!(back.verdict, o.verdict);
+        assert_eq!(fit_outcome(&o), Some(back));
+    }
+
+    #[test]
+    fn a_stored_outcome_over_the_cap_is_refused_not_inflated() {
+        let bomb = payload::pack(&vec![b' '; MAX_OUTCOME_JSON + 1]);
+        assert!(bomb.len() < 16 * 1024);
+        let err = decode_outcome(None, Some(&bomb)).unwrap_err();
+        assert!(matches!(err, StoreError::Corrupt(_)), "{err}");
+        assert!(err.to_string().contains("exceeds"), "{err}");
     }
 }

@@ -7,6 +7,7 @@ use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize};
 
 use super::error::StoreError;
+use super::listed::Listed;
 use super::model::{BuildRef, Creation, Job};
 use super::outbox::{
     CallbackOutbox, Delivery, DeliveryStatus, DiscordOutbox, Lease, Target, WebhookAddress,
@@ -117,6 +118,68 @@ pub struct JobRecord {
     pub(crate) write_id: String,
 }
 
+/// The fields a listing leaves out: those that may be large (a result decompresses to
+/// megabytes, a payload is up to 128 KiB), read one job at a time. Everything else is listed.
+pub(crate) const UNLISTED: &[&str] =
+    &["outcome", "outcome_z", "create_payload", "title", "failure"];
+
+/// The record's fields a listing reads: every field but the [`UNLISTED`] ones.
+pub(crate) fn listed_fields() -> Vec<&'static str> {
+    fields::of::<JobRecord>()
+        .iter()
+        .copied()
+        .filter(|f| !UNLISTED.contains(f))
+        .collect()
+}
+
+/// A struct's serde field names, as serde hands them to a deserializer: the stored names,
+/// with no second list to keep in step.
+mod fields {
+    use serde::de::{self, Deserialize, Deserializer, Visitor};
+
+    pub(super) fn of<T: for<'de> Deserialize<'de>>() -> &'static [&'static str] {
+        let mut names = Names(&[]);
+        let _ = T::deserialize(&mut names);
+        names.0
+    }
+
+    struct Names(&'static [&'static str]);
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("field names only")]
+    struct NamesOnly;
+
+    impl de::Error for NamesOnly {
+        fn custom<T: std::fmt::Display>(_: T) -> Self {
+            Self
+        }
+    }
+
+    impl<'de> Deserializer<'de> for &mut Names {
+        type Error = NamesOnly;
+
+        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, NamesOnly> {
+            Err(NamesOnly)
+        }
+
+        fn deserialize_struct<V: Visitor<'de>>(
+            self,
+            _: &'static str,
+            fields: &'static [&'static str],
+            _: V,
+        ) -> Result<V::Value, NamesOnly> {
+            self.0 = fields;
+            Err(NamesOnly)
+        }
+
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
+            byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map enum
+            identifier ignored_any
+        }
+    }
+}
+
 fn is_zero(n: &u32) -> bool {
     *n == 0
 }
@@ -141,7 +204,11 @@ fn lease(owner: Option<String>, until: Option<i64>) -> Option<Lease> {
 impl JobRecord {
     /// The record of `job`, written by the write `write_id`.
     pub fn from_job(job: &Job, write_id: &str) -> Self {
-        let encoded = job.outcome.as_ref().map(encode_outcome).unwrap_or_default();
+        let encoded = job
+            .outcome
+            .as_deref()
+            .map(encode_outcome)
+            .unwrap_or_default();
         let mut record = Self {
             run_id: job.run_id.to_string(),
             state: job.state.as_str().to_owned(),
@@ -280,19 +347,44 @@ impl JobRecord {
         }))
     }
 
-    pub fn into_job(mut self) -> Result<Job, StoreError> {
-        let run_id = self.run_id.parse().map_err(StoreError::corrupt)?;
-        let state: JobState = self.state.parse().map_err(StoreError::corrupt)?;
-        let discord = self.discord(state)?;
-        let callback = self.callback()?;
-        let build = match (self.build_id, self.build_number, self.build_url) {
+    fn build(&mut self) -> Option<BuildRef> {
+        match (
+            self.build_id.take(),
+            self.build_number,
+            self.build_url.take(),
+        ) {
             (Some(id), Some(number), web_url) => Some(BuildRef {
                 id,
                 number,
                 web_url: web_url.unwrap_or_default(),
             }),
             _ => None,
-        };
+        }
+    }
+
+    /// The job as a listing shows it: from a record read without its [`UNLISTED`] fields.
+    pub(crate) fn into_listed(mut self) -> Result<Listed, StoreError> {
+        let state: JobState = self.state.parse().map_err(StoreError::corrupt)?;
+        Ok(Listed {
+            run_id: self.run_id.parse().map_err(StoreError::corrupt)?,
+            state,
+            build: self.build(),
+            discord: self.discord(state)?,
+            callback: self.callback()?,
+            scheduled_at: self.scheduled_at,
+            max_queue_secs: self.max_queue_secs,
+            cancel_requested: self.cancel_requested,
+            created_at: self.created_at,
+            updated_at: self.updated_at,
+        })
+    }
+
+    pub fn into_job(mut self) -> Result<Job, StoreError> {
+        let run_id = self.run_id.parse().map_err(StoreError::corrupt)?;
+        let state: JobState = self.state.parse().map_err(StoreError::corrupt)?;
+        let discord = self.discord(state)?;
+        let callback = self.callback()?;
+        let build = self.build();
         Ok(Job {
             run_id,
             state,
@@ -312,7 +404,8 @@ impl JobRecord {
             cancel_requested: self.cancel_requested,
             private: self.private,
             failure: self.failure,
-            outcome: decode_outcome(self.outcome.as_deref(), self.outcome_z.as_deref())?,
+            outcome: decode_outcome(self.outcome.as_deref(), self.outcome_z.as_deref())?
+                .map(std::sync::Arc::new),
             created_at: self.created_at,
             updated_at: self.updated_at,
             version: self.version,
@@ -427,5 +520,58 @@ mod tests {
             .into_job()
             .unwrap();
         assert_eq!(job.discord.unwrap().delivery.status, DeliveryStatus::Gone);
+    }
+
+    #[test]
+    fn a_listing_reads_every_field_but_the_large_ones() {
+        let listed = listed_fields();
+        for field in [
+            "run_id",
+            "state",
+            "created_at",
+            "discord_lease_until",
+            "version",
+        ] {
+            assert!(listed.contains(&field), "{field}");
+        }
+        for field in UNLISTED {
+            assert!(!listed.contains(field), "{field}");
+        }
+        assert_eq!(
+            listed.len() + UNLISTED.len(),
+            fields::of::<JobRecord>().len()
+        );
+    }
+
+    #[test]
+    fn a_record_read_without_its_unlisted_fields_lists_the_job() {
+        let mut job = job(JobState::Finished);
+        job.title = Some("t".repeat(200));
+        job.failure = Some("f".into());
+        job.build = Some(BuildRef {
+            id: "b".into(),
+            number: 7,
+            web_url: "u".into(),
+        });
+        job.scheduled_at = Some(6_000);
+        job.max_queue_secs = Some(60);
+        job.cancel_requested = true;
+        job.callback = Some(CallbackOutbox::new(7_000));
+        job.outcome = Some(std::sync::Arc::new(crate::result::Outcome::decided(
+            "passed",
+            crate::result::Verdict::Passed,
+            "x".repeat(40_000),
+        )));
+        let mut value = serde_json::to_value(JobRecord::from_job(&job, "w")).unwrap();
+        let fields = value.as_object_mut().unwrap();
+        for field in UNLISTED {
+            fields.remove(*field);
+        }
+        assert!(!fields.contains_key("outcome_z") && !fields.contains_key("title"));
+        let listed = serde_json::from_value::<JobRecord>(value)
+            .unwrap()
+            .into_listed()
+            .unwrap();
+        assert_eq!(listed, Listed::from(&job));
     }
 }

@@ -16,10 +16,11 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use super::error::StoreError;
 use super::id::RunId;
+use super::listed::Listed;
 use super::model::Job;
-use super::record::JobRecord;
+use super::record::{JobRecord, UNLISTED};
 use super::state::JobState;
-use super::store::{CURSOR_KEY, CacheEntry, Created, JobStore, Replaced, Shard};
+use super::store::{CacheEntry, Created, Cursor, JobStore, Replaced, Shard};
 use crate::time::Millis;
 
 /// Largest record either store accepts (DynamoDB's item limit): this store enforces it too,
@@ -285,25 +286,27 @@ impl JobStore for SqliteStore {
     async fn list(
         &self,
         shard: Shard,
-        created_before: Millis,
+        from: Millis,
         limit: usize,
-    ) -> Result<Vec<Job>, StoreError> {
+    ) -> Result<Vec<Listed>, StoreError> {
+        // SQLite drops the large fields itself: what is parsed here is what a listing shows.
+        let unlisted: Vec<String> = UNLISTED.iter().map(|f| format!("'$.{f}'")).collect();
+        let sql = format!(
+            "SELECT json_remove(record, {}) FROM jobs WHERE shard = ?1 AND created_at >= ?2
+             ORDER BY created_at, run_id LIMIT ?3",
+            unlisted.join(", ")
+        );
         self.with(Access::Read, move |conn| {
-            let mut stmt = conn
-                .prepare(
-                    "SELECT record FROM jobs WHERE shard = ?1 AND created_at < ?2
-                     ORDER BY created_at LIMIT ?3",
-                )
-                .map_err(unavailable)?;
+            let mut stmt = conn.prepare(&sql).map_err(unavailable)?;
             let rows = stmt
-                .query_map(params![shard.key(), created_before, limit as i64], |r| {
+                .query_map(params![shard.key(), from, limit as i64], |r| {
                     r.get::<_, String>(0)
                 })
                 .map_err(unavailable)?;
             rows.map(|r| {
                 r.map_err(unavailable)
                     .and_then(|t| parse(&t))
-                    .and_then(JobRecord::into_job)
+                    .and_then(JobRecord::into_listed)
             })
             .collect()
         })
@@ -367,11 +370,13 @@ impl JobStore for SqliteStore {
         .await
     }
 
-    async fn sweep_cursor(&self) -> Result<Option<String>, StoreError> {
-        self.with(Access::Read, |conn| {
-            conn.query_row("SELECT value FROM meta WHERE key = ?1", [CURSOR_KEY], |r| {
-                r.get::<_, Option<String>>(0)
-            })
+    async fn cursor(&self, which: Cursor) -> Result<Option<String>, StoreError> {
+        self.with(Access::Read, move |conn| {
+            conn.query_row(
+                "SELECT value FROM meta WHERE key = ?1",
+                [which.key()],
+                |r| r.get::<_, Option<String>>(0),
+            )
             .optional()
             .map(Option::flatten)
             .map_err(unavailable)
@@ -379,13 +384,13 @@ impl JobStore for SqliteStore {
         .await
     }
 
-    async fn set_sweep_cursor(&self, cursor: Option<&str>) -> Result<(), StoreError> {
-        let cursor = cursor.map(str::to_owned);
+    async fn set_cursor(&self, which: Cursor, at: Option<&str>) -> Result<(), StoreError> {
+        let cursor = at.map(str::to_owned);
         self.with(Access::Write, move |conn| {
             conn.execute(
                 "INSERT INTO meta (key, value) VALUES (?1, ?2)
                  ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                params![CURSOR_KEY, cursor],
+                params![which.key(), cursor],
             )
             .map(drop)
             .map_err(unavailable)
@@ -429,7 +434,7 @@ mod tests {
         assert!(gave_up.is_err(), "the write waited behind the held writer");
         drop(release);
         // The next queued work runs after the abandoned write: it must see the job.
-        let listed = store.list(Shard::Open, i64::MAX, 10).await.expect("lists");
+        let listed = store.list(Shard::Open, 0, 10).await.expect("lists");
         assert_eq!(listed.len(), 1, "the abandoned write was still made");
     }
 
@@ -447,7 +452,7 @@ mod tests {
         assert!(tokio::time::timeout(Duration::ZERO, read).await.is_err());
         drop(release);
         // Work runs in order: once this answers, the abandoned read has had its turn.
-        store.sweep_cursor().await.expect("reads");
+        store.cursor(Cursor::Builds).await.expect("reads");
         assert_eq!(reads.load(std::sync::atomic::Ordering::SeqCst), 0);
     }
 }

@@ -10,6 +10,7 @@ use async_trait::async_trait;
 
 use super::error::StoreError;
 use super::id::RunId;
+use super::listed::Listed;
 use super::model::Job;
 use super::state::JobState;
 use crate::time::Millis;
@@ -58,9 +59,25 @@ pub struct CacheEntry {
     pub claimed_at: Millis,
 }
 
-/// The key the sweep's bookmark is kept under: `~` is not allowed in a run id, so it never
-/// meets a job.
-pub(crate) const CURSOR_KEY: &str = "~sweep-cursor";
+/// The sweep's bookmarks: where a pass whose time or budget ran out stopped, so the next
+/// one goes on from there and every job is reached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cursor {
+    /// Following open jobs' builds.
+    Builds,
+    /// Sending what is owed.
+    Deliveries,
+}
+
+impl Cursor {
+    /// The key it is kept under: `~` is not allowed in a run id, so it never meets a job.
+    pub(crate) fn key(self) -> &'static str {
+        match self {
+            Self::Builds => "~sweep-cursor",
+            Self::Deliveries => "~delivery-cursor",
+        }
+    }
+}
 
 #[async_trait]
 pub trait JobStore: Send + Sync {
@@ -73,13 +90,14 @@ pub trait JobStore: Send + Sync {
     /// unique to this write: a retry of a write that landed is recognised as written.
     async fn replace(&self, job: &Job, write_id: &str) -> Result<Replaced, StoreError>;
 
-    /// Up to `limit` jobs of `shard` created before `created_before`, oldest first.
+    /// Up to `limit` jobs of `shard` created at or after `from`, oldest first, as a listing
+    /// shows them: never their large parts, so a listing's size depends on `limit` alone.
     async fn list(
         &self,
         shard: Shard,
-        created_before: Millis,
+        from: Millis,
         limit: usize,
-    ) -> Result<Vec<Job>, StoreError>;
+    ) -> Result<Vec<Listed>, StoreError>;
 
     /// The state and creation time of every open job of `queue` (an index, not a scan).
     async fn open_in_queue(&self, queue: &str) -> Result<Vec<(JobState, Millis)>, StoreError>;
@@ -96,8 +114,8 @@ pub trait JobStore: Send + Sync {
         expected: Option<Millis>,
     ) -> Result<bool, StoreError>;
 
-    /// Where the last sweep pass stopped following builds (its budget ran out), if it did.
-    async fn sweep_cursor(&self) -> Result<Option<String>, StoreError>;
+    /// Where the last sweep pass stopped `which` work, if it stopped short.
+    async fn cursor(&self, which: Cursor) -> Result<Option<String>, StoreError>;
 
-    async fn set_sweep_cursor(&self, cursor: Option<&str>) -> Result<(), StoreError>;
+    async fn set_cursor(&self, which: Cursor, at: Option<&str>) -> Result<(), StoreError>;
 }

@@ -87,7 +87,7 @@ async fn happy_path_ends_with_one_edited_report(kind: StoreKind) {
     let outcome = job.outcome.expect("outcome stored");
     assert_eq!(outcome.build_state, "passed");
     assert_eq!(
-        outcome.result.expect("result stored").system.gpu,
+        outcome.result.as_ref().expect("result stored").system.gpu,
         "NVIDIA H100 80GB HBM3"
     );
 

@@ -25,6 +25,7 @@ macro_rules! on_both_stores {
     };
 }
 
+mod backlog;
 mod callbacks;
 mod chaos;
 mod end_to_end;

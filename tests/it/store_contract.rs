@@ -1,10 +1,11 @@
 //! One contract, two stores: the embedded SQLite file and DynamoDB (on a moto server, with
 //! the table built from `template.yaml`).
 
-use crate::support::{StoreKind, open_store};
+use crate::support::{StoreKind, inflated_result, open_store};
 use kernelbot_dispatch::jobs::{
-    BuildRef, Created, DeliveryStatus, Job, JobState, JobStore, Replaced, RunId, Shard, StoreError,
-    Target, Transition, Updated, WebhookAddress, update, update_seen,
+    BuildRef, CallbackOutbox, Created, Creation, Cursor, DeliveryStatus, Job, JobState, JobStore,
+    Listed, Replaced, RunId, Shard, StoreError, Target, Transition, Updated, WebhookAddress,
+    update, update_seen,
 };
 use kernelbot_dispatch::result::{EvalResult, FullResult, Outcome, RunResult};
 
@@ -117,7 +118,7 @@ async fn advance_only_moves_forward(kind: StoreKind) {
     .await
     .unwrap()
     .expect("forward");
-    assert_eq!(finished.outcome, Some(outcome));
+    assert_eq!(finished.outcome.as_deref(), Some(&outcome));
     assert!(
         advance(
             store.as_ref(),
@@ -193,10 +194,8 @@ async fn large_results_survive_the_round_trip(kind: StoreKind) {
     )
     .await
     .unwrap();
-    assert_eq!(
-        store.get(&id("big")).await.unwrap().unwrap().outcome,
-        Some(outcome)
-    );
+    let stored = store.get(&id("big")).await.unwrap().unwrap();
+    assert_eq!(stored.outcome.as_deref(), Some(&outcome));
 }
 
 /// An outcome too large to keep whole is cut before it is written, so the job a writer goes
@@ -232,7 +231,10 @@ async fn cut_outcomes_are_reported_as_stored(kind: StoreKind) {
         .expect("written");
     let stored = store.get(&id("cut")).await.unwrap().unwrap();
     assert_eq!(written.outcome, stored.outcome);
-    let kept = stored.outcome.and_then(|o| o.result).expect("result kept");
+    let kept = stored
+        .outcome
+        .and_then(|o| o.result.clone())
+        .expect("result kept");
     assert!(
         kept.runs["test"]
             .run
@@ -387,24 +389,79 @@ async fn only_unfinished_jobs_are_listed_for_the_sweep(kind: StoreKind) {
     )
     .await
     .unwrap();
-    let open: Vec<String> = store
-        .list(Shard::Open, 5_000, 10)
-        .await
-        .unwrap()
-        .iter()
-        .map(|j| j.run_id.to_string())
-        .collect();
-    assert_eq!(open, ["o1", "o2", "o3"]);
-    assert_eq!(store.list(Shard::Open, 5_000, 2).await.unwrap().len(), 2);
+    let ids = |listed: Vec<Listed>| -> Vec<String> {
+        listed.iter().map(|j| j.run_id.to_string()).collect()
+    };
+    let open = store.list(Shard::Open, 0, 10).await.unwrap();
+    assert_eq!(ids(open), ["o1", "o2", "o3", "young"]);
+    let from = store.list(Shard::Open, 2_000, 10).await.unwrap();
+    assert_eq!(ids(from), ["o2", "o3", "young"], "from a creation time on");
+    assert_eq!(
+        ids(store.list(Shard::Open, 0, 2).await.unwrap()),
+        ["o1", "o2"]
+    );
     // The finished job still owes its report: it waits in the outbox partition.
-    let owing: Vec<String> = store
-        .list(Shard::Outbox, i64::MAX, 10)
+    let owing = store.list(Shard::Outbox, 0, 10).await.unwrap();
+    assert_eq!(ids(owing), ["done"]);
+}
+
+/// A listing shows everything the sweep decides on, and never a job's large parts (its
+/// result, its build payload), so its size does not grow with what the jobs hold.
+async fn a_listing_shows_a_job_without_its_large_parts(kind: StoreKind) {
+    let (store, _dir) = open_store(kind).await;
+    let mut waiting = job("waiting", 1_000);
+    waiting.creation = Some(Creation {
+        payload: "p".repeat(100_000),
+        after: 1_500,
+        look_up_first: true,
+    });
+    waiting.max_queue_secs = Some(60);
+    store.create(&waiting).await.unwrap();
+    let mut done = job("done", 2_000);
+    done.callback = Some(CallbackOutbox::new(2_000));
+    done.cancel_requested = true;
+    store.create(&done).await.unwrap();
+    let t = Transition::to(JobState::Finished, 3_000)
+        .with_build(BuildRef {
+            id: "b".into(),
+            number: 7,
+            web_url: "https://buildkite.com/o/p/builds/7".into(),
+        })
+        .with_outcome(Outcome::judge("passed", Some(inflated_result()), None));
+    let done = advance(store.as_ref(), &id("done"), &t)
         .await
         .unwrap()
-        .iter()
-        .map(|j| j.run_id.to_string())
-        .collect();
-    assert_eq!(owing, ["done"]);
+        .unwrap();
+    assert!(
+        done.outcome.as_ref().unwrap().result.is_some(),
+        "stored whole"
+    );
+    let open = store.list(Shard::Open, 0, 10).await.unwrap();
+    assert_eq!(open, [Listed::from(&waiting)]);
+    let owing = store.list(Shard::Outbox, 0, 10).await.unwrap();
+    assert_eq!(owing, [Listed::from(&done)]);
+}
+
+/// The builds' bookmark and the deliveries' are kept apart.
+async fn each_bookmark_is_kept_on_its_own(kind: StoreKind) {
+    let (store, _dir) = open_store(kind).await;
+    assert_eq!(store.cursor(Cursor::Builds).await.unwrap(), None);
+    store.set_cursor(Cursor::Builds, Some("b")).await.unwrap();
+    store
+        .set_cursor(Cursor::Deliveries, Some("d"))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.cursor(Cursor::Builds).await.unwrap().as_deref(),
+        Some("b")
+    );
+    store.set_cursor(Cursor::Builds, None).await.unwrap();
+    assert_eq!(store.cursor(Cursor::Builds).await.unwrap(), None);
+    assert_eq!(
+        store.cursor(Cursor::Deliveries).await.unwrap().as_deref(),
+        Some("d")
+    );
+    assert!(store.list(Shard::Open, 0, 10).await.unwrap().is_empty());
 }
 
 on_both_stores!(
@@ -417,6 +474,8 @@ on_both_stores!(
     updates_from_a_stale_view_decide_on_the_stored_job,
     oversize_records_are_refused_for_good,
     only_unfinished_jobs_are_listed_for_the_sweep,
+    a_listing_shows_a_job_without_its_large_parts,
+    each_bookmark_is_kept_on_its_own,
 );
 
 #[tokio::test]

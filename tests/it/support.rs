@@ -12,6 +12,7 @@ pub(crate) use kernelbot_dispatch::devstack::stack::{
 };
 use kernelbot_dispatch::flow::sweep::SweepReport;
 use kernelbot_dispatch::jobs::{Job, JobStore};
+use kernelbot_dispatch::result::{EvalResult, FullResult, RunResult};
 use reqwest::StatusCode;
 use serde_json::Value;
 
@@ -110,4 +111,27 @@ impl TestApp {
 /// A fresh, empty store of `kind` (and the temp dir it lives in).
 pub(crate) async fn open_store(kind: StoreKind) -> (Arc<dyn JobStore>, Option<tempfile::TempDir>) {
     stack::open_store(kind).await.expect("the store opens")
+}
+
+/// A result as large as a submission can make its runner write: 512 lines of 2 KiB on the
+/// result pipe in each of three runs (3 MiB as JSON, some 30 KB stored).
+pub(crate) fn inflated_result() -> FullResult {
+    let mut result = FullResult {
+        success: true,
+        ..Default::default()
+    };
+    for name in ["test", "benchmark", "leaderboard"] {
+        let mut run = RunResult::default();
+        for i in 0..512 {
+            let mut line = format!("{name}.{i} ").repeat(2048 / 8);
+            line.truncate(2048);
+            run.result.insert(format!("{name}.{i}.spec"), line.into());
+        }
+        let eval = EvalResult {
+            run: Some(run),
+            ..Default::default()
+        };
+        result.runs.insert(name.into(), eval);
+    }
+    result
 }

@@ -1,6 +1,6 @@
 //! When a job ends without its build's word: a deadline passed, or a user canceled it.
 
-use crate::jobs::{Job, JobState, Transition};
+use crate::jobs::{Job, JobState, Timeline, Transition};
 use crate::result::{Outcome, Verdict};
 use crate::time::Millis;
 
@@ -16,7 +16,7 @@ pub(crate) enum Overdue {
 /// Which deadline, if any, `job` has passed at `now`. `queue_timeout_ms` applies unless the
 /// submission set its own.
 pub(crate) fn overdue(
-    job: &Job,
+    job: Timeline,
     now: Millis,
     queue_timeout_ms: Millis,
     max_age_ms: Millis,
@@ -64,14 +64,14 @@ mod tests {
     fn deadlines_run_from_creation_and_from_the_build() {
         let mut j = job(JobState::Scheduled);
         j.scheduled_at = Some(1_000);
-        assert_eq!(overdue(&j, 900_999, 900_000, 21_600_000), None);
+        assert_eq!(overdue(j.timeline(), 900_999, 900_000, 21_600_000), None);
         assert_eq!(
-            overdue(&j, 901_000, 900_000, 21_600_000),
+            overdue(j.timeline(), 901_000, 900_000, 21_600_000),
             Some(Overdue::QueueTimeout)
         );
         j.max_queue_secs = Some(3600);
         assert_eq!(
-            overdue(&j, 901_000, 900_000, 21_600_000),
+            overdue(j.timeline(), 901_000, 900_000, 21_600_000),
             None,
             "its own deadline"
         );
@@ -80,19 +80,19 @@ mod tests {
             ..j.clone()
         };
         assert_eq!(
-            overdue(&running, 3_700_000, 900_000, 21_600_000),
+            overdue(running.timeline(), 3_700_000, 900_000, 21_600_000),
             None,
             "it started"
         );
         assert_eq!(
-            overdue(&running, 21_600_000, 900_000, 21_600_000),
+            overdue(running.timeline(), 21_600_000, 900_000, 21_600_000),
             Some(Overdue::Expired)
         );
         let done = Job {
             state: JobState::Finished,
             ..j
         };
-        assert_eq!(overdue(&done, i64::MAX, 0, 0), None);
+        assert_eq!(overdue(done.timeline(), i64::MAX, 0, 0), None);
     }
 
     #[test]

@@ -3,7 +3,6 @@
 //! bookmark order as far as the pass's call budget goes.
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use tracing::warn;
 
@@ -11,16 +10,16 @@ use super::super::advance::EventOutcome;
 use super::super::create::{Tried, create_deferred};
 use super::super::follow::{PipelineSeen, follow, look_at_build, overdue_now};
 use super::super::{Deps, DispatchError};
+use super::PASS_RESERVE;
+use super::order::{bookmark, rotate_to};
 use super::report::SweepReport;
 use crate::buildkite::{Build, BuildkiteError, TERMINAL_STATES};
-use crate::jobs::Job;
+use crate::jobs::{Cursor, Job, Listed, StoreError};
 use crate::retry::Deadline;
 
 /// Pages one listing reads at most; builds below them are read one by one, in bookmark
 /// order, as the budget allows.
 const LISTING_PAGES: usize = 10;
-/// A pass starts no new job's work with less than this left.
-pub(super) const PASS_RESERVE: Duration = Duration::from_secs(10);
 
 /// Build states in which a build may still change.
 const LIVE_STATES: &[&str] = &[
@@ -33,37 +32,54 @@ const LIVE_STATES: &[&str] = &[
     "waiting_failed",
 ];
 
-/// A job's place in the sweep's order (and the bookmark's form).
-fn bookmark(job: &Job) -> String {
-    format!("{:020}:{}", job.created_at.max(0), job.run_id)
+fn number(job: &Listed) -> u64 {
+    job.build.as_ref().map_or(0, |b| b.number)
 }
 
-fn number(job: &Job) -> u64 {
-    job.build.as_ref().map_or(0, |b| b.number)
+/// The job a listing showed, read whole to act on; `None` to pass it by: it has ended or
+/// gone since, or its record cannot be read (counted: one such job does not stop the pass).
+async fn read_open(
+    d: &Deps,
+    listed: &Listed,
+    report: &mut SweepReport,
+) -> Result<Option<Job>, DispatchError> {
+    match d.store.get(&listed.run_id).await {
+        Ok(job) => Ok(job.filter(|j| !j.state.is_terminal())),
+        Err(e @ StoreError::Corrupt(_)) => {
+            warn!(run_id = %listed.run_id, error = %e, "sweep cannot read the job");
+            report.errors += 1;
+            Ok(None)
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Deferred creates, then the builds of open jobs due for a look.
 pub(super) async fn buildkite_work(
     d: &Deps,
-    open: &[Job],
+    open: &[Listed],
     deadline: Deadline,
     report: &mut SweepReport,
 ) -> Result<(), DispatchError> {
     let now = d.clock.now();
     let min_age = d.config.timing.sweep_min_age.as_millis() as i64;
     let mut pipeline = PipelineSeen::default();
-    for job in open.iter().filter(|j| j.build.is_none()) {
+    for listed in open.iter().filter(|j| j.build.is_none()) {
         if deadline.remaining() < PASS_RESERVE {
             return Ok(());
         }
-        sweep_open(d, job, false, &mut pipeline, deadline, report).await?;
+        if let Some(job) = read_open(d, listed, report).await? {
+            sweep_open(d, &job, false, &mut pipeline, deadline, report).await?;
+        }
     }
     // Deadlines and cancels are handled whatever the job's age.
-    let due: Vec<&Job> = open
+    let due: Vec<&Listed> = open
         .iter()
         .filter(|j| j.build.is_some())
         .filter(|j| {
-            j.created_at <= now - min_age || j.cancel_requested || overdue_now(d, j).is_some()
+            j.created_at <= now - min_age
+                || j.cancel_requested
+                || overdue_now(d, j.timeline()).is_some()
         })
         .collect();
     follow_builds(d, &due, &mut pipeline, deadline, report).await
@@ -103,7 +119,7 @@ pub(super) async fn sweep_open(
 /// (and a GET for any in neither).
 async fn follow_builds(
     d: &Deps,
-    due: &[&Job],
+    due: &[&Listed],
     pipeline: &mut PipelineSeen,
     deadline: Deadline,
     report: &mut SweepReport,
@@ -116,12 +132,15 @@ async fn follow_builds(
     let Some(live) = listed else {
         return Ok(());
     };
-    let (listed, ended): (Vec<&Job>, Vec<&Job>) =
+    let (listed, ended): (Vec<&Listed>, Vec<&Listed>) =
         due.iter().partition(|j| live.contains_key(&number(j)));
-    for job in listed {
+    for listed in listed {
+        let Some(job) = read_open(d, listed, report).await? else {
+            continue;
+        };
         report.checked += 1;
-        let result = follow(d, job, &live[&number(job)], deadline).await;
-        if !settle(job, result, report)? {
+        let result = follow(d, &job, &live[&number(listed)], deadline).await;
+        if !settle(&job, result, report)? {
             return Ok(());
         }
     }
@@ -132,7 +151,7 @@ async fn follow_builds(
 /// the budget runs out, the bookmark is left for the next pass, so every job is reached.
 async fn follow_ended(
     d: &Deps,
-    ended: Vec<&Job>,
+    ended: Vec<&Listed>,
     pipeline: &mut PipelineSeen,
     deadline: Deadline,
     report: &mut SweepReport,
@@ -146,24 +165,27 @@ async fn follow_ended(
     let Some(done) = listed else {
         return Ok(());
     };
-    for job in &ended {
+    for listed in &ended {
         if deadline.remaining() < PASS_RESERVE || d.buildkite.over_budget() {
-            return set_cursor(d, Some(&bookmark(job))).await;
+            return set_cursor(d, Some(&bookmark(listed))).await;
         }
-        report.checked += 1;
-        let result = match done.get(&number(job)) {
-            Some(build) => follow(d, job, build, deadline).await,
-            None => look_at_build(d, job, pipeline, deadline).await,
+        let Some(job) = read_open(d, listed, report).await? else {
+            continue;
         };
-        if !settle(job, result, report)? {
-            return set_cursor(d, Some(&bookmark(job))).await;
+        report.checked += 1;
+        let result = match done.get(&number(listed)) {
+            Some(build) => follow(d, &job, build, deadline).await,
+            None => look_at_build(d, &job, pipeline, deadline).await,
+        };
+        if !settle(&job, result, report)? {
+            return set_cursor(d, Some(&bookmark(listed))).await;
         }
     }
     set_cursor(d, None).await
 }
 
 async fn set_cursor(d: &Deps, cursor: Option<&str>) -> Result<(), DispatchError> {
-    Ok(d.store.set_sweep_cursor(cursor).await?)
+    Ok(d.store.set_cursor(Cursor::Builds, cursor).await?)
 }
 
 /// One listing of the pipeline's builds in `states` down to build `lowest`, by number;
@@ -198,13 +220,10 @@ async fn listing(
 /// `jobs` in (creation time, run id) order, starting at the bookmark the last pass left.
 async fn bookmark_order<'a>(
     d: &Deps,
-    mut jobs: Vec<&'a Job>,
-) -> Result<Vec<&'a Job>, DispatchError> {
-    jobs.sort_by_key(|j| bookmark(j));
-    if let Some(mark) = d.store.sweep_cursor().await? {
-        let at = jobs.partition_point(|j| bookmark(j) < mark);
-        jobs.rotate_left(at);
-    }
+    mut jobs: Vec<&'a Listed>,
+) -> Result<Vec<&'a Listed>, DispatchError> {
+    let mark = d.store.cursor(Cursor::Builds).await?;
+    rotate_to(&mut jobs, mark.as_deref());
     Ok(jobs)
 }
 

@@ -3,6 +3,7 @@
 use super::super::advance::EventOutcome;
 use crate::jobs::{Channel, JobState};
 use crate::telemetry::metrics::{Metrics, Unit};
+use crate::time::Millis;
 
 /// What one sweep pass did.
 #[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize)]
@@ -64,7 +65,8 @@ impl std::fmt::Display for SweepReport {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Delivered {
     Sent,
-    Pending,
+    /// Still owed, since then.
+    Pending(Millis),
     GivenUp,
 }
 
@@ -94,7 +96,7 @@ impl SweepReport {
         };
         match delivered {
             Some(Delivered::Sent) => *sent += 1,
-            Some(Delivered::Pending) => *pending += 1,
+            Some(Delivered::Pending(_)) => *pending += 1,
             Some(Delivered::GivenUp) => *given_up += 1,
             None => {}
         }

@@ -1,0 +1,71 @@
+//! A job as the sweep's listing shows it: what a pass chooses and orders its work by, never
+//! the parts that may be large (the outcome, the build payload, the title), which a pass
+//! reads one job at a time. Not a [`Job`]: nothing takes it for one, so no write can put a
+//! listing's cut-down view back in the store.
+
+use super::id::RunId;
+use super::model::{BuildRef, Job, Timeline};
+use super::outbox::{CallbackOutbox, Channel, Delivery, DiscordOutbox, delivery, owes};
+use super::state::JobState;
+use crate::time::Millis;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Listed {
+    pub run_id: RunId,
+    pub state: JobState,
+    pub build: Option<BuildRef>,
+    pub discord: Option<DiscordOutbox>,
+    pub callback: Option<CallbackOutbox>,
+    pub scheduled_at: Option<Millis>,
+    pub max_queue_secs: Option<u64>,
+    pub cancel_requested: bool,
+    pub created_at: Millis,
+    pub updated_at: Millis,
+}
+
+impl Listed {
+    /// Whether a message to `channel` is owed for the job as listed.
+    pub fn owes(&self, channel: Channel) -> bool {
+        owes(
+            self.discord.as_ref(),
+            self.callback.as_ref(),
+            self.state,
+            channel,
+        )
+    }
+
+    pub(crate) fn owes_delivery(&self) -> bool {
+        Channel::ALL.into_iter().any(|c| self.owes(c))
+    }
+
+    pub fn delivery(&self, channel: Channel) -> Option<&Delivery> {
+        delivery(self.discord.as_ref(), self.callback.as_ref(), channel)
+    }
+
+    pub(crate) fn timeline(&self) -> Timeline {
+        Timeline {
+            state: self.state,
+            created_at: self.created_at,
+            scheduled_at: self.scheduled_at,
+            max_queue_secs: self.max_queue_secs,
+        }
+    }
+}
+
+/// What a listing shows of `job` (the stores' contract tests compare against it).
+impl From<&Job> for Listed {
+    fn from(job: &Job) -> Self {
+        Self {
+            run_id: job.run_id.clone(),
+            state: job.state,
+            build: job.build.clone(),
+            discord: job.discord.clone(),
+            callback: job.callback.clone(),
+            scheduled_at: job.scheduled_at,
+            max_queue_secs: job.max_queue_secs,
+            cancel_requested: job.cancel_requested,
+            created_at: job.created_at,
+            updated_at: job.updated_at,
+        }
+    }
+}
