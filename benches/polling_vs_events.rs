@@ -333,6 +333,7 @@ async fn sweep_pass(
         .list(Shard::Open, 0, 10_000)
         .await
         .expect("open jobs")
+        .jobs
         .into_iter()
         .filter(|j| j.build.is_some() && j.created_at <= now - min_age)
         .map(|j| j.run_id.to_string())

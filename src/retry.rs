@@ -50,6 +50,11 @@ impl Deadline {
         (left >= MIN_TRY).then(|| limit.min(left))
     }
 
+    /// This deadline, or `span` from now if that comes first.
+    pub(crate) fn within(&self, span: Duration) -> Self {
+        Self(self.0.min(Instant::now() + span))
+    }
+
     /// This deadline less `reserve` (kept back for work that must follow).
     pub fn less(&self, reserve: Duration) -> Self {
         Self(self.0.checked_sub(reserve).unwrap_or(self.0))

@@ -68,6 +68,7 @@ pub(crate) async fn drain(
         });
         return Ok(abandoned.await?.job());
     };
+    let deadline = d.send_slice.map_or(deadline, |span| deadline.within(span));
     let owner = uuid::Uuid::new_v4().simple().to_string();
     let (mut last, mut current) = (None, seen.clone());
     for _ in 0..MAX_SENDS {

@@ -30,6 +30,9 @@ pub struct Deps {
     pub(crate) default_discord: Option<DiscordTarget>,
     pub(crate) clock: Clock,
     pub(crate) metrics: Metrics,
+    /// How long one job's sends to one receiver may take (`None`: until the deadline). A
+    /// sweep pass sets it, so a hung receiver costs each job a slice, not the pass.
+    pub(crate) send_slice: Option<Duration>,
 }
 
 /// Why a function could not start.
@@ -86,6 +89,7 @@ impl Deps {
             config,
             clock: Clock::default(),
             metrics: Metrics::for_function("local"),
+            send_slice: None,
         })
     }
 

@@ -100,7 +100,9 @@ pub(crate) async fn on_event(
         Signal::Finished => JobState::Finished,
     };
     let ours = &d.config.buildkite.pipeline;
-    if event.pipeline.as_ref().is_some_and(|p| p.slug != *ours) {
+    // Buildkite names the pipeline in every build and job event: one that names none is no
+    // event of ours either.
+    if event.pipeline.as_ref().is_none_or(|p| p.slug != *ours) {
         info!(event = %event.event, "an event of another pipeline");
         return Ok(EventOutcome::Foreign);
     }

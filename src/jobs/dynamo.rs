@@ -18,7 +18,7 @@ use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailur
 
 use super::error::StoreError;
 use super::id::RunId;
-use super::listed::Listed;
+use super::listed::Listing;
 use super::model::Job;
 use super::record::{JobRecord, listed_fields};
 use super::state::JobState;
@@ -190,29 +190,26 @@ impl JobStore for DynamoStore {
         Ok(Replaced::Conflict(Some(Box::new(current.into_job()?))))
     }
 
-    async fn list(
-        &self,
-        shard: Shard,
-        from: Millis,
-        limit: usize,
-    ) -> Result<Vec<Listed>, StoreError> {
-        let mut jobs = Vec::new();
+    async fn list(&self, shard: Shard, from: Millis, limit: usize) -> Result<Listing, StoreError> {
+        let mut listing = Listing::default();
         let mut start: Option<Item> = None;
         // Pages end at 1 MB of items read: follow them until `limit` jobs are listed.
         loop {
             let out = self
                 .listing(shard, from)
-                .limit((limit - jobs.len()).clamp(1, 1000) as i32)
+                .limit((limit - listing.len()).clamp(1, 1000) as i32)
                 .set_exclusive_start_key(start.take())
                 .send()
                 .await
                 .map_err(|e| unavailable(e.into_service_error()))?;
             for item in out.items.unwrap_or_default() {
-                jobs.push(record_from_item(item)?.into_listed()?);
+                let run_id = item.get("run_id").and_then(|v| v.as_s().ok()).cloned();
+                let read = record_from_item(item).and_then(JobRecord::into_listed);
+                listing.push(run_id.as_deref().unwrap_or("?"), read);
             }
             match out.last_evaluated_key {
-                Some(key) if jobs.len() < limit => start = Some(key),
-                _ => return Ok(jobs),
+                Some(key) if listing.len() < limit => start = Some(key),
+                _ => return Ok(listing),
             }
         }
     }

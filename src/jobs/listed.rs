@@ -34,10 +34,6 @@ impl Listed {
         )
     }
 
-    pub(crate) fn owes_delivery(&self) -> bool {
-        Channel::ALL.into_iter().any(|c| self.owes(c))
-    }
-
     pub fn delivery(&self, channel: Channel) -> Option<&Delivery> {
         delivery(self.discord.as_ref(), self.callback.as_ref(), channel)
     }
@@ -48,6 +44,36 @@ impl Listed {
             created_at: self.created_at,
             scheduled_at: self.scheduled_at,
             max_queue_secs: self.max_queue_secs,
+        }
+    }
+}
+
+/// What one listing read: the jobs it could, and how many records this version cannot read
+/// (each logged with its run id), which a pass counts and goes on without.
+#[derive(Debug, Default)]
+pub struct Listing {
+    pub jobs: Vec<Listed>,
+    pub unreadable: usize,
+}
+
+impl Listing {
+    /// Records read, readable or not.
+    pub fn len(&self) -> usize {
+        self.jobs.len() + self.unreadable
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Adds one record as read: its job, or (logged) why it cannot be read.
+    pub(crate) fn push(&mut self, run_id: &str, read: Result<Listed, super::error::StoreError>) {
+        match read {
+            Ok(job) => self.jobs.push(job),
+            Err(e) => {
+                tracing::warn!(run_id, error = %e, "a listed job cannot be read");
+                self.unreadable += 1;
+            }
         }
     }
 }

@@ -9,10 +9,14 @@ use crate::result::Outcome;
 pub(crate) const COMPRESS_ABOVE: usize = 32 * 1024;
 /// The largest stored outcome: the rest of an item is a few KB, DynamoDB's limit 400 KB.
 pub const MAX_STORED_OUTCOME: usize = 300 * 1024;
-/// The most one stored outcome may decompress to. A sweep holds a few jobs at once, so this
-/// bounds its memory whatever a submission printed. Above what any runner of ours writes
-/// (its result pipe takes 1 MiB a run), so no record written before it goes unread.
+/// The most one outcome may decompress to when written. A sweep holds a few jobs at once,
+/// so this bounds its memory whatever a submission printed; it is above what a runner of
+/// ours writes (its result pipe takes 1 MiB a run).
 pub(crate) const MAX_OUTCOME_JSON: usize = 4 * 1024 * 1024;
+/// The most one stored outcome may decompress to when read: records written before the cap
+/// above hold up to a whole `result.json`, which is accepted up to 8 MiB. More is no record
+/// of ours (a bomb), and is refused.
+const MAX_READ_OUTCOME_JSON: u64 = 16 * 1024 * 1024;
 
 /// An outcome in its stored form: exactly one of the two is set.
 #[derive(Debug, Default, PartialEq)]
@@ -91,7 +95,7 @@ pub(crate) fn decode_outcome(
         (Some(j), _) => serde_json::from_str(j),
         (None, Some(z)) => {
             let bytes =
-                payload::unpack_within(z, MAX_OUTCOME_JSON as u64).map_err(StoreError::corrupt)?;
+                payload::unpack_within(z, MAX_READ_OUTCOME_JSON).map_err(StoreError::corrupt)?;
             serde_json::from_slice(&bytes)
         }
         (None, None) => return Ok(None),
@@ -216,9 +220,23 @@ mod tests {
     }
 
     #[test]
+    fn a_record_written_before_the_cap_still_reads() {
+        let mut o = outcome_with_log(10, false);
+        let run = o.result.as_mut().unwrap().runs.get_mut("test").unwrap();
+        let entries = &mut run.run.as_mut().unwrap().result;
+        for i in 0..3000 {
+            entries.insert(format!("test.{i}.message"), "y".repeat(2048).into());
+        }
+        let json = serde_json::to_string(&o).unwrap();
+        assert!(json.len() > MAX_OUTCOME_JSON);
+        let legacy = payload::pack(json.as_bytes());
+        assert_eq!(decode_outcome(None, Some(&legacy)).unwrap(), Some(o));
+    }
+
+    #[test]
     fn a_stored_outcome_over_the_cap_is_refused_not_inflated() {
-        let bomb = payload::pack(&vec![b' '; MAX_OUTCOME_JSON + 1]);
-        assert!(bomb.len() < 16 * 1024);
+        let bomb = payload::pack(&vec![b' '; MAX_READ_OUTCOME_JSON as usize + 1]);
+        assert!(bomb.len() < 64 * 1024);
         let err = decode_outcome(None, Some(&bomb)).unwrap_err();
         assert!(matches!(err, StoreError::Corrupt(_)), "{err}");
         assert!(err.to_string().contains("exceeds"), "{err}");

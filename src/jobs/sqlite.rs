@@ -16,7 +16,7 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use super::error::StoreError;
 use super::id::RunId;
-use super::listed::Listed;
+use super::listed::Listing;
 use super::model::Job;
 use super::record::{JobRecord, UNLISTED};
 use super::state::JobState;
@@ -283,16 +283,11 @@ impl JobStore for SqliteStore {
         .await
     }
 
-    async fn list(
-        &self,
-        shard: Shard,
-        from: Millis,
-        limit: usize,
-    ) -> Result<Vec<Listed>, StoreError> {
+    async fn list(&self, shard: Shard, from: Millis, limit: usize) -> Result<Listing, StoreError> {
         // SQLite drops the large fields itself: what is parsed here is what a listing shows.
         let unlisted: Vec<String> = UNLISTED.iter().map(|f| format!("'$.{f}'")).collect();
         let sql = format!(
-            "SELECT json_remove(record, {}) FROM jobs WHERE shard = ?1 AND created_at >= ?2
+            "SELECT run_id, json_remove(record, {}) FROM jobs WHERE shard = ?1 AND created_at >= ?2
              ORDER BY created_at, run_id LIMIT ?3",
             unlisted.join(", ")
         );
@@ -300,15 +295,15 @@ impl JobStore for SqliteStore {
             let mut stmt = conn.prepare(&sql).map_err(unavailable)?;
             let rows = stmt
                 .query_map(params![shard.key(), from, limit as i64], |r| {
-                    r.get::<_, String>(0)
+                    Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
                 })
                 .map_err(unavailable)?;
-            rows.map(|r| {
-                r.map_err(unavailable)
-                    .and_then(|t| parse(&t))
-                    .and_then(JobRecord::into_listed)
-            })
-            .collect()
+            let mut listing = Listing::default();
+            for row in rows {
+                let (run_id, text) = row.map_err(unavailable)?;
+                listing.push(&run_id, parse(&text).and_then(JobRecord::into_listed));
+            }
+            Ok(listing)
         })
         .await
     }
@@ -435,7 +430,7 @@ mod tests {
         drop(release);
         // The next queued work runs after the abandoned write: it must see the job.
         let listed = store.list(Shard::Open, 0, 10).await.expect("lists");
-        assert_eq!(listed.len(), 1, "the abandoned write was still made");
+        assert_eq!(listed.jobs.len(), 1, "the abandoned write was still made");
     }
 
     #[tokio::test]
@@ -454,5 +449,35 @@ mod tests {
         // Work runs in order: once this answers, the abandoned read has had its turn.
         store.cursor(Cursor::Builds).await.expect("reads");
         assert_eq!(reads.load(std::sync::atomic::Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test]
+    async fn a_listing_skips_what_it_cannot_read_and_never_reads_results() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = SqliteStore::open(dir.path()).expect("store opens");
+        let conn = Connection::open(dir.path().join(FILE_NAME)).expect("opens");
+        let row = |run_id: &str, extra: &str| {
+            let record = format!(
+                r#"{{"run_id":"{run_id}","state":"finished","state_rank":3,"gpu":"g","queue":"q",
+                "discord_default":true,"discord_status":"{extra}","created_at":1,"updated_at":2,
+                "expires_at":3,"outcome_z":"not base64 and not zlib","sweep_shard":"outbox"}}"#
+            );
+            conn.execute(
+                "INSERT INTO jobs (run_id, shard, created_at, record) VALUES (?1, 'outbox', 1, ?2)",
+                params![run_id, record],
+            )
+            .expect("inserted");
+        };
+        row("readable", "active");
+        row("from-a-later-version", "deferred");
+        let listing = store.list(Shard::Outbox, 0, 10).await.expect("lists");
+        let ids: Vec<String> = listing.jobs.iter().map(|j| j.run_id.to_string()).collect();
+        assert_eq!(ids, ["readable"], "its result was never decoded");
+        assert_eq!(listing.unreadable, 1);
+        let whole = store.get(&"readable".parse().expect("run id")).await;
+        assert!(
+            matches!(whole, Err(StoreError::Corrupt(_))),
+            "read whole, it is corrupt"
+        );
     }
 }

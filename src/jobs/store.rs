@@ -10,7 +10,7 @@ use async_trait::async_trait;
 
 use super::error::StoreError;
 use super::id::RunId;
-use super::listed::Listed;
+use super::listed::Listing;
 use super::model::Job;
 use super::state::JobState;
 use crate::time::Millis;
@@ -91,13 +91,9 @@ pub trait JobStore: Send + Sync {
     async fn replace(&self, job: &Job, write_id: &str) -> Result<Replaced, StoreError>;
 
     /// Up to `limit` jobs of `shard` created at or after `from`, oldest first, as a listing
-    /// shows them: never their large parts, so a listing's size depends on `limit` alone.
-    async fn list(
-        &self,
-        shard: Shard,
-        from: Millis,
-        limit: usize,
-    ) -> Result<Vec<Listed>, StoreError>;
+    /// shows them: never their large parts, so a listing's size depends on `limit` alone. A
+    /// record this version cannot read is counted, not fatal.
+    async fn list(&self, shard: Shard, from: Millis, limit: usize) -> Result<Listing, StoreError>;
 
     /// The state and creation time of every open job of `queue` (an index, not a scan).
     async fn open_in_queue(&self, queue: &str) -> Result<Vec<(JobState, Millis)>, StoreError>;

@@ -10,9 +10,9 @@ use crate::support::{HOOK_URL, StoreKind, TestApp, inflated_result, submission};
 use kernelbot_dispatch::devstack::discord::Outage;
 use kernelbot_dispatch::flow::sweep::{self, PASS_RESERVE, SweepReport};
 use kernelbot_dispatch::jobs::{
-    Channel, Job, JobRecord, JobState, SqliteStore, Target, Transition, WebhookAddress,
+    Channel, Cursor, Job, JobRecord, JobState, SqliteStore, Target, Transition, WebhookAddress,
 };
-use kernelbot_dispatch::result::Outcome;
+use kernelbot_dispatch::result::{FullResult, Outcome};
 use kernelbot_dispatch::retry::Deadline;
 use serde_json::{Value, json};
 
@@ -93,10 +93,10 @@ async fn every_owed_report_is_tried_within_a_bounded_number_of_passes(kind: Stor
     for run in &runs {
         before.push(tries(&app.job(run).await));
     }
-    // A receiver's lane has two sends in flight, so each pass tries at least two of its
-    // reports: 24 need 12 passes at most.
+    // A receiver's lane has two sends in flight, so each pass that starts any tries at
+    // least two of its reports: 24 need 12 passes at most.
     for _ in 0..12 {
-        pass(&app, Duration::from_millis(300)).await;
+        pass(&app, Duration::from_secs(1)).await;
     }
     for (run, tried) in runs.iter().zip(before) {
         let job = app.job(run).await;
@@ -105,9 +105,70 @@ async fn every_owed_report_is_tried_within_a_bounded_number_of_passes(kind: Stor
     }
 }
 
+/// A finished job owing its report to webhook `webhook_id`, as a long outage leaves it.
+fn owing_report(i: usize, webhook_id: &str, created_at: i64) -> Job {
+    let target = Target::Webhook(WebhookAddress {
+        webhook_id: webhook_id.into(),
+        token: "hook-token".into(),
+        thread_id: None,
+    });
+    let job = Job::new(
+        format!("owed-{i:05}").parse().expect("run id"),
+        "H100_BK".into(),
+        "h100".into(),
+        Some("vectoradd".into()),
+        Some(target),
+        created_at,
+    );
+    let outcome = Outcome::judge("passed", Some(FullResult::default()), None);
+    let t = Transition::to(JobState::Finished, created_at).with_outcome(outcome);
+    job.apply(&t).expect("it finishes")
+}
+
+/// More reports owed to a hung webhook than one listing holds, and a few to another webhook
+/// after them: the pass lists on while its lanes have room, so those few are tried at once,
+/// and the next pass goes on with the hung webhook's where it stopped.
+async fn a_long_backlog_on_a_hung_webhook_keeps_nobody_after_it_waiting(kind: StoreKind) {
+    let app = TestApp::spawn_tuned(kind, &[], Duration::from_millis(200)).await;
+    app.discord.outage(HOOK_ID, Some(Outage::Hung));
+    app.discord.outage(OTHER_ID, Some(Outage::Answers(503)));
+    let (hung, after) = (sweep::SWEEP_BATCH + 50, 5);
+    let now = app.clock.now();
+    for i in 0..hung + after {
+        let webhook = if i < hung { HOOK_ID } else { OTHER_ID };
+        let job = owing_report(i, webhook, now + i as i64);
+        app.store.create(&job).await.expect("recorded");
+    }
+    // Time enough to list a thousand jobs, on moto too, and then some.
+    pass(&app, Duration::from_secs(8)).await;
+    for i in hung..hung + after {
+        let job = app.job(&format!("owed-{i:05}")).await;
+        assert!(
+            tries(&job) > 0,
+            "owed-{i:05} waited behind the hung webhook"
+        );
+    }
+    let mark = app.store.cursor(Cursor::Deliveries).await.expect("read");
+    let mut first_untried = None;
+    for i in 0..hung {
+        if tries(&app.job(&format!("owed-{i:05}")).await) == 0 {
+            first_untried = Some(i);
+            break;
+        }
+    }
+    let first_untried = first_untried.expect("the hung webhook holds the rest back");
+    let expected = format!("{:020}:owed-{first_untried:05}", now + first_untried as i64);
+    assert_eq!(
+        mark,
+        Some(expected),
+        "the next pass goes on where this one stopped"
+    );
+}
+
 on_both_stores!(
     a_hung_receiver_holds_back_only_its_own_jobs,
     every_owed_report_is_tried_within_a_bounded_number_of_passes,
+    a_long_backlog_on_a_hung_webhook_keeps_nobody_after_it_waiting,
 );
 
 /// The stored record of a finished job that owes its report, with an inflated result.
@@ -222,11 +283,15 @@ fn a_sweep_pass_s_memory_stays_flat_as_its_backlog_doubles() {
             tried >= 8,
             "the pass read jobs whole and tried them: {tried}"
         );
+        eprintln!("{jobs} owed jobs: peak {peak_kib} KiB, {tried} tried");
         peaks.push(peak_kib);
     }
     let (small, large) = (peaks[0], peaks[1]);
+    // Which sends' reads coincide varies from run to run by some tens of MB: doubling the
+    // backlog may move the peak by no more than that (before, it held 3 MiB a listed job).
+    let noise = 32 * 1024;
     assert!(
-        large * 4 <= small * 5,
+        large <= small + noise,
         "twice the backlog: {small} KiB, then {large} KiB"
     );
     assert!(large < 192 * 1024, "{large} KiB at the peak");

@@ -4,8 +4,8 @@
 use crate::support::{StoreKind, inflated_result, open_store};
 use kernelbot_dispatch::jobs::{
     BuildRef, CallbackOutbox, Created, Creation, Cursor, DeliveryStatus, Job, JobState, JobStore,
-    Listed, Replaced, RunId, Shard, StoreError, Target, Transition, Updated, WebhookAddress,
-    update, update_seen,
+    Listed, Listing, Replaced, RunId, Shard, StoreError, Target, Transition, Updated,
+    WebhookAddress, update, update_seen,
 };
 use kernelbot_dispatch::result::{EvalResult, FullResult, Outcome, RunResult};
 
@@ -389,8 +389,9 @@ async fn only_unfinished_jobs_are_listed_for_the_sweep(kind: StoreKind) {
     )
     .await
     .unwrap();
-    let ids = |listed: Vec<Listed>| -> Vec<String> {
-        listed.iter().map(|j| j.run_id.to_string()).collect()
+    let ids = |listed: Listing| -> Vec<String> {
+        assert_eq!(listed.unreadable, 0);
+        listed.jobs.iter().map(|j| j.run_id.to_string()).collect()
     };
     let open = store.list(Shard::Open, 0, 10).await.unwrap();
     assert_eq!(ids(open), ["o1", "o2", "o3", "young"]);
@@ -437,9 +438,9 @@ async fn a_listing_shows_a_job_without_its_large_parts(kind: StoreKind) {
         "stored whole"
     );
     let open = store.list(Shard::Open, 0, 10).await.unwrap();
-    assert_eq!(open, [Listed::from(&waiting)]);
+    assert_eq!(open.jobs, [Listed::from(&waiting)]);
     let owing = store.list(Shard::Outbox, 0, 10).await.unwrap();
-    assert_eq!(owing, [Listed::from(&done)]);
+    assert_eq!(owing.jobs, [Listed::from(&done)]);
 }
 
 /// The builds' bookmark and the deliveries' are kept apart.

@@ -135,6 +135,9 @@ async fn follow_builds(
     let (listed, ended): (Vec<&Listed>, Vec<&Listed>) =
         due.iter().partition(|j| live.contains_key(&number(j)));
     for listed in listed {
+        if deadline.remaining() < PASS_RESERVE {
+            return Ok(());
+        }
         let Some(job) = read_open(d, listed, report).await? else {
             continue;
         };

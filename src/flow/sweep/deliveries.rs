@@ -1,22 +1,22 @@
 //! The sweep's deliveries: every report and callback still owed, in bookmark order from
-//! where the last pass stopped, several at once in lanes (see [`lanes`](super::lanes)).
+//! where the last pass stopped, several at once in lanes (see [`lanes`](super::lanes)), the
+//! outbox listed a page at a time as the lanes have room (see [`pages`](super::pages)).
 //! Each send reads its job whole and lets it go when done, so a pass holds no more jobs
 //! than it has sends in flight, whatever the backlog.
 
-use std::collections::HashMap;
-use std::time::Duration;
+use std::collections::{HashMap, HashSet};
 
 use tokio::task::JoinSet;
 use tracing::warn;
 
-use super::super::{Deps, DispatchError, deliver};
+use super::super::{Deps, DispatchError};
 use super::PASS_RESERVE;
 use super::lanes::Lanes;
 use super::order::{bookmark, rotate_to};
+use super::pages::Pages;
 use super::report::{Delivered, SweepReport};
-use crate::jobs::{
-    Channel, Cursor, Delivery, DeliveryStatus, Job, Listed, RunId, StoreError, Target,
-};
+use super::send::{owed_since, send};
+use crate::jobs::{Channel, Cursor, Listed, RunId, StoreError, Target};
 use crate::retry::Deadline;
 use crate::time::Millis;
 
@@ -25,7 +25,7 @@ use crate::time::Millis;
 enum Lane {
     /// A Discord webhook, by id.
     Webhook(String),
-    /// The deployment's default Discord webhook.
+    /// The deployment's default Discord webhook, when none is configured any more.
     DefaultWebhook,
     Callback,
 }
@@ -41,61 +41,112 @@ struct Owed {
     since: Millis,
 }
 
-fn lane(job: &Listed, channel: Channel) -> Lane {
+/// The receiver of `job`'s message to `channel` (the default webhook is the webhook it is).
+fn lane(d: &Deps, job: &Listed, channel: Channel) -> Lane {
     let target = job.discord.as_ref().and_then(|o| o.target.as_ref());
     match (channel, target) {
         (Channel::Callback, _) => Lane::Callback,
         (Channel::Discord, Some(Target::Webhook(w))) => Lane::Webhook(w.webhook_id.clone()),
-        (Channel::Discord, _) => Lane::DefaultWebhook,
+        (Channel::Discord, _) => d
+            .default_discord
+            .as_ref()
+            .map_or(Lane::DefaultWebhook, |t| {
+                Lane::Webhook(t.webhook_id.clone())
+            }),
     }
 }
 
-/// Since when a message has been owed: its first failure, else the job's last change.
-fn owed_since(delivery: Option<&Delivery>, updated_at: Millis) -> Millis {
-    delivery.and_then(|d| d.pending_since).unwrap_or(updated_at)
+/// A pass's deliveries, in its order, and their lanes.
+struct Plan {
+    owed: Vec<Owed>,
+    lanes: Lanes<Lane>,
+    /// Each job once, though an open listing and the outbox may both show it.
+    seen: HashSet<RunId>,
 }
 
-/// Every delivery `jobs` owe, starting at the bookmark the last pass left; and their lanes.
-async fn plan(d: &Deps, mut jobs: Vec<&Listed>) -> Result<(Vec<Owed>, Vec<Lane>), StoreError> {
-    let mark = d.store.cursor(Cursor::Deliveries).await?;
-    rotate_to(&mut jobs, mark.as_deref());
-    let owed = jobs.into_iter().flat_map(|job| {
-        Channel::ALL
-            .into_iter()
-            .filter(|c| job.owes(*c))
-            .map(move |channel| {
-                let owed = Owed {
+impl Plan {
+    fn new() -> Self {
+        Self {
+            owed: Vec::new(),
+            lanes: Lanes::new(),
+            seen: HashSet::new(),
+        }
+    }
+
+    /// Adds what `jobs` (in order) owe.
+    fn add<'a>(&mut self, d: &Deps, jobs: impl IntoIterator<Item = &'a Listed>) {
+        for job in jobs {
+            if !self.seen.insert(job.run_id.clone()) {
+                continue;
+            }
+            for channel in Channel::ALL.into_iter().filter(|c| job.owes(*c)) {
+                self.owed.push(Owed {
                     run_id: job.run_id.clone(),
                     channel,
                     mark: bookmark(job),
                     since: owed_since(job.delivery(channel), job.updated_at),
-                };
-                (owed, lane(job, channel))
-            })
-    });
-    Ok(owed.unzip())
+                });
+                self.lanes.push(lane(d, job, channel));
+            }
+        }
+    }
 }
 
-/// Sends what `jobs` owe within `deadline`, lanes side by side; leaves the bookmark at the
-/// first delivery it did not start. A store that cannot be reached stops the pass (what is
-/// in flight ends first); one job's trouble is counted.
+/// Sends what the `open` jobs and the outbox owe within `deadline`, lanes side by side;
+/// leaves the bookmark at the first delivery it did not start. A store that cannot be
+/// reached stops the pass (what is in flight ends first); one job's trouble is counted.
 pub(super) async fn deliver_owed(
     d: &Deps,
-    jobs: Vec<&Listed>,
+    open: &[Listed],
     deadline: Deadline,
     report: &mut SweepReport,
 ) -> Result<(), DispatchError> {
-    let (owed, lanes) = plan(d, jobs).await?;
-    let mut lanes = Lanes::new(lanes);
+    let mark = d.store.cursor(Cursor::Deliveries).await?;
+    let mut pages = Pages::from(mark.clone());
+    let first = pages.next(d, report).await?;
+    let mut jobs: Vec<&Listed> = open.iter().chain(&first).collect();
+    rotate_to(&mut jobs, mark.as_deref());
+    let mut plan = Plan::new();
+    plan.add(d, jobs);
+    drop(first);
+    let tally = run(d, (&mut plan, &mut pages), deadline, report).await;
+    report.oldest_pending_secs = oldest_secs(d.clock.now(), &tally.since);
+    let cursor = match plan.lanes.first_not_started() {
+        Some(i) => Some(plan.owed[i].mark.clone()),
+        None => pages.resume(),
+    };
+    d.store
+        .set_cursor(Cursor::Deliveries, cursor.as_deref())
+        .await?;
+    tally.stopped.map_or(Ok(()), Err)
+}
+
+/// Starts what the lanes have room for, listing another page when they have room and
+/// nothing to start, until the pass's time is up; then counts what was never started.
+async fn run(
+    d: &Deps,
+    (plan, pages): (&mut Plan, &mut Pages),
+    deadline: Deadline,
+    report: &mut SweepReport,
+) -> Tally {
     let mut running = JoinSet::new();
     let mut started = HashMap::new();
     let mut tally = Tally::default();
     loop {
         while tally.stopped.is_none() && deadline.remaining() >= PASS_RESERVE {
-            let Some(i) = lanes.start_next() else { break };
-            let (d, item) = (d.clone(), owed[i].clone());
-            let task = running.spawn(async move { send(&d, &item, deadline).await });
-            started.insert(task.id(), i);
+            if let Some(i) = plan.lanes.start_next() {
+                let (d, item) = (d.clone(), plan.owed[i].clone());
+                let task = running
+                    .spawn(async move { send(&d, &item.run_id, item.channel, deadline).await });
+                started.insert(task.id(), i);
+            } else if plan.lanes.has_room() && pages.more() {
+                match pages.next(d, report).await {
+                    Ok(page) => plan.add(d, &page),
+                    Err(e) => tally.stopped = Some(e),
+                }
+            } else {
+                break;
+            }
         }
         let Some(joined) = running.join_next_with_id().await else {
             break;
@@ -110,18 +161,15 @@ pub(super) async fn deliver_owed(
             }
         };
         if let Some(i) = started.remove(&id) {
-            lanes.finish(i);
-            tally.add(&owed[i], sent, report);
+            plan.lanes.finish(i);
+            tally.add(&plan.owed[i], sent, report);
         }
     }
-    for i in lanes.not_started() {
-        let item = &owed[i];
+    for i in plan.lanes.not_started() {
+        let item = &plan.owed[i];
         tally.add(item, Some(Ok(Some(Delivered::Pending(item.since)))), report);
     }
-    report.oldest_pending_secs = oldest_secs(d.clock.now(), &tally.since);
-    let cursor = lanes.first_not_started().map(|i| owed[i].mark.as_str());
-    d.store.set_cursor(Cursor::Deliveries, cursor).await?;
-    tally.stopped.map_or(Ok(()), Err)
+    tally
 }
 
 /// What a pass's deliveries came to, beyond the report's counts.
@@ -134,31 +182,31 @@ struct Tally {
 }
 
 impl Tally {
-    /// Counts one delivery (`None`: it ended abnormally, already counted).
+    /// Counts one delivery (`sent`: `None` when it ended abnormally, already counted as an
+    /// error); one that did not go out is still owed.
     fn add(
         &mut self,
         item: &Owed,
         sent: Option<Result<Option<Delivered>, DispatchError>>,
         report: &mut SweepReport,
     ) {
-        match sent {
-            Some(Ok(delivered)) => {
-                if let (Channel::Discord, Some(Delivered::Pending(since))) =
-                    (item.channel, delivered)
-                {
-                    self.since.push(since);
-                }
-                report.count_delivery(item.channel, delivered);
-            }
+        let delivered = match sent {
+            Some(Ok(delivered)) => delivered,
+            None => Some(Delivered::Pending(item.since)),
             Some(Err(DispatchError::Store(e @ StoreError::Unavailable(_)))) => {
                 self.stopped.get_or_insert(DispatchError::Store(e));
+                Some(Delivered::Pending(item.since))
             }
             Some(Err(e)) => {
                 warn!(run_id = %item.run_id, error = %e, "the sweep could not deliver");
                 report.errors += 1;
+                Some(Delivered::Pending(item.since))
             }
-            None => {}
+        };
+        if let (Channel::Discord, Some(Delivered::Pending(since))) = (item.channel, delivered) {
+            self.since.push(since);
         }
+        report.count_delivery(item.channel, delivered);
     }
 }
 
@@ -169,82 +217,4 @@ fn oldest_secs(now: Millis, since: &[Millis]) -> u64 {
         .map(|s| (now - s).max(0) as u64 / 1000)
         .max()
         .unwrap_or(0)
-}
-
-/// One delivery: the job read whole, what it owes `item.channel` sent, the job let go.
-async fn send(
-    d: &Deps,
-    item: &Owed,
-    deadline: Deadline,
-) -> Result<Option<Delivered>, DispatchError> {
-    match d.store.get(&item.run_id).await? {
-        Some(job) => deliver_one(d, item.channel, &job, deadline).await,
-        None => Ok(None),
-    }
-}
-
-/// One job's Discord report and callback, side by side within a short slice of the
-/// pass. `None`: that outbox owed nothing.
-pub(super) async fn deliver_both(d: &Deps, job: &Job, deadline: Deadline) -> BothDelivered {
-    if deadline.remaining() < PASS_RESERVE {
-        let pending = |c: Channel| {
-            let since = owed_since(job.delivery(c), job.updated_at);
-            Ok(job.owes(c).then_some(Delivered::Pending(since)))
-        };
-        return (pending(Channel::Discord), pending(Channel::Callback));
-    }
-    tokio::join!(
-        deliver_one(d, Channel::Discord, job, deadline),
-        deliver_one(d, Channel::Callback, job, deadline)
-    )
-}
-
-type BothDelivered = (
-    Result<Option<Delivered>, DispatchError>,
-    Result<Option<Delivered>, DispatchError>,
-);
-
-/// Nothing more will be sent: given up, or the callback receiver is gone.
-fn given_up(channel: Channel, job: &Job) -> bool {
-    let status = job.delivery(channel).map(|d| d.status);
-    matches!(status, Some(DeliveryStatus::GivenUp))
-        || (channel == Channel::Callback && status == Some(DeliveryStatus::Gone))
-}
-
-/// Sends what `job` owes to `channel`; where that outbox stands after.
-async fn deliver_one(
-    d: &Deps,
-    channel: Channel,
-    job: &Job,
-    deadline: Deadline,
-) -> Result<Option<Delivered>, DispatchError> {
-    if !job.owes(channel) {
-        return Ok(None);
-    }
-    let delivered = deliver::drain(d, channel, job, slice(d, deadline)).await?;
-    // Nothing seen when it had no time to try: the job as stored says.
-    let after = match delivered {
-        Some(after) => after,
-        None => match d.store.get(&job.run_id).await? {
-            Some(after) => after,
-            None => return Ok(Some(Delivered::Sent)),
-        },
-    };
-    Ok(Some(if after.owes(channel) {
-        Delivered::Pending(owed_since(after.delivery(channel), after.updated_at))
-    } else if given_up(channel, &after) {
-        Delivered::GivenUp
-    } else {
-        Delivered::Sent
-    }))
-}
-
-/// The part of the pass one job's delivery may use: one try and a short wait.
-fn slice(d: &Deps, deadline: Deadline) -> Deadline {
-    let slice = Deadline::after(2 * d.discord.timeout() + Duration::from_secs(3));
-    if slice.remaining() < deadline.remaining() {
-        slice
-    } else {
-        deadline
-    }
 }

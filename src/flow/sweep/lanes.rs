@@ -10,11 +10,12 @@ use std::hash::Hash;
 /// Deliveries in flight at once, all lanes together. Each holds one job in memory, so this
 /// (with the cap on a stored result) is what bounds a pass's memory.
 pub(super) const IN_FLIGHT: usize = 8;
-/// Deliveries in flight to one receiver: a hung one holds this many slots, no more. Two
-/// keeps a Discord webhook well inside its rate limit (5 requests per 2 s).
+/// Deliveries in flight to one receiver: a hung one holds this many slots, no more. (A
+/// fast receiver's rate limit is its own: Discord's 429s are waited out by the client.)
 pub(super) const PER_LANE: usize = 2;
 
-/// The deliveries of one pass, in its order, split by lane.
+/// The deliveries of one pass, in its order, split by lane; more may be added as the pass
+/// lists them.
 pub(super) struct Lanes<L> {
     /// Each lane's deliveries not yet started, as indices into the pass's order.
     waiting: HashMap<L, VecDeque<usize>>,
@@ -25,19 +26,27 @@ pub(super) struct Lanes<L> {
 }
 
 impl<L: Clone + Eq + Hash> Lanes<L> {
-    /// `lanes[i]`: the lane of the pass's `i`th delivery.
-    pub(super) fn new(lanes: Vec<L>) -> Self {
-        let mut waiting: HashMap<L, VecDeque<usize>> = HashMap::new();
-        for (i, lane) in lanes.iter().enumerate() {
-            waiting.entry(lane.clone()).or_default().push_back(i);
-        }
+    pub(super) fn new() -> Self {
         Self {
-            waiting,
+            waiting: HashMap::new(),
             in_lane: HashMap::new(),
             in_flight: 0,
-            started: vec![false; lanes.len()],
-            lane_of: lanes,
+            started: Vec::new(),
+            lane_of: Vec::new(),
         }
+    }
+
+    /// The pass's next delivery goes to `lane`.
+    pub(super) fn push(&mut self, lane: L) {
+        let i = self.lane_of.len();
+        self.waiting.entry(lane.clone()).or_default().push_back(i);
+        self.lane_of.push(lane);
+        self.started.push(false);
+    }
+
+    /// Whether the pass has a slot free (though every waiting delivery's lane may be full).
+    pub(super) fn has_room(&self) -> bool {
+        self.in_flight < IN_FLIGHT
     }
 
     /// The delivery to start now, marked started: the earliest waiting one whose lane has
@@ -88,9 +97,15 @@ mod tests {
         std::iter::from_fn(|| lanes.start_next()).collect()
     }
 
+    fn lanes<L: Clone + Eq + Hash>(order: Vec<L>) -> Lanes<L> {
+        let mut lanes = Lanes::new();
+        order.into_iter().for_each(|l| lanes.push(l));
+        lanes
+    }
+
     #[test]
     fn deliveries_start_in_order_with_each_lane_bounded() {
-        let mut lanes = Lanes::new(vec!["a", "a", "a", "b", "a", "c"]);
+        let mut lanes = lanes(vec!["a", "a", "a", "b", "a", "c"]);
         assert_eq!(
             fill(&mut lanes),
             vec![0, 1, 3, 5],
@@ -108,6 +123,11 @@ mod tests {
         lanes.finish(1);
         assert_eq!(fill(&mut lanes), vec![4]);
         assert_eq!(lanes.first_not_started(), None);
+        assert!(lanes.has_room());
+        lanes.push("a");
+        assert_eq!(fill(&mut lanes), Vec::<usize>::new(), "a is full");
+        lanes.finish(2);
+        assert_eq!(fill(&mut lanes), vec![6], "added as the pass lists more");
     }
 
     #[test]
@@ -116,7 +136,7 @@ mod tests {
         let order: Vec<&str> = (0..40)
             .map(|i| if i % 2 == 0 { "hung" } else { "ok" })
             .collect();
-        let mut lanes = Lanes::new(order);
+        let mut lanes = lanes(order);
         let mut done = Vec::new();
         loop {
             let started = fill(&mut lanes);
@@ -140,9 +160,10 @@ mod tests {
     #[test]
     fn the_pass_bounds_deliveries_in_flight_across_lanes() {
         let order: Vec<String> = (0..3 * IN_FLIGHT).map(|i| format!("lane{i}")).collect();
-        let mut lanes = Lanes::new(order);
+        let mut lanes = lanes(order);
         let started: Vec<usize> = std::iter::from_fn(|| lanes.start_next()).collect();
         assert_eq!(started, (0..IN_FLIGHT).collect::<Vec<_>>());
+        assert!(!lanes.has_room());
         lanes.finish(3);
         assert_eq!(lanes.start_next(), Some(IN_FLIGHT));
         assert_eq!(lanes.start_next(), None);

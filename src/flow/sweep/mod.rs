@@ -8,19 +8,21 @@ mod builds;
 mod deliveries;
 mod lanes;
 mod order;
+mod pages;
 mod report;
+mod send;
 
 pub use report::SweepReport;
 
 use std::time::Duration;
 
 use self::builds::{buildkite_work, sweep_open};
-use self::deliveries::{deliver_both, deliver_owed};
-use self::order::created_at_of;
+use self::deliveries::deliver_owed;
+use self::send::deliver_both;
 use super::follow::{PipelineSeen, overdue_now};
 use super::{Deps, DispatchError};
 use crate::buildkite::CallBudget;
-use crate::jobs::{Channel, Cursor, Listed, RunId, Shard};
+use crate::jobs::{Channel, RunId, Shard};
 use crate::retry::Deadline;
 
 /// A pass starts no new job's work with less than this left.
@@ -28,7 +30,7 @@ pub const PASS_RESERVE: Duration = Duration::from_secs(10);
 
 /// How many jobs of each partition one pass lists. A listing holds no results or payloads,
 /// so this bounds a pass's memory no matter what the jobs hold.
-pub(crate) const SWEEP_BATCH: usize = 1000;
+pub const SWEEP_BATCH: usize = 1000;
 
 /// One pass over the store within `deadline` and at most `SWEEP_MAX_CALLS` Buildkite
 /// calls: deferred creates, then the builds of open jobs (two listings rather than a GET
@@ -39,7 +41,7 @@ pub async fn sweep(d: &Deps, deadline: Deadline) -> Result<SweepReport, Dispatch
     let budget = CallBudget::new(d.config.timing.sweep_max_calls);
     let pass = Deps {
         buildkite: d.buildkite.with_budget(budget.clone()),
-        ..d.clone()
+        ..sliced(d)
     };
     let mut report = SweepReport::default();
     let result = pass_over(&pass, deadline, &mut report).await;
@@ -54,39 +56,25 @@ async fn pass_over(
     deadline: Deadline,
     report: &mut SweepReport,
 ) -> Result<(), DispatchError> {
-    let open = d.store.list(Shard::Open, 0, SWEEP_BATCH).await?;
+    let listing = d.store.list(Shard::Open, 0, SWEEP_BATCH).await?;
+    report.errors += listing.unreadable;
+    let open = listing.jobs;
     report.past_deadline = open
         .iter()
         .filter(|j| overdue_now(d, j.timeline()).is_some())
         .count();
     // Reports need no Buildkite call: they go out even when Buildkite work failed.
     let buildkite = buildkite_work(d, &open, deadline, report).await;
-    let outbox = outbox_from_bookmark(d).await?;
-    let owing = open
-        .iter()
-        .chain(outbox.iter())
-        .filter(|j| j.owes_delivery())
-        .collect();
-    deliver_owed(d, owing, deadline, report).await?;
+    deliver_owed(d, &open, deadline, report).await?;
     buildkite
 }
 
-/// A batch of the outbox from where the last pass's deliveries stopped, and from its start
-/// when that leaves room: a backlog larger than a batch is reached over passes.
-async fn outbox_from_bookmark(d: &Deps) -> Result<Vec<Listed>, DispatchError> {
-    let mark = d.store.cursor(Cursor::Deliveries).await?;
-    let from = mark.as_deref().map_or(0, created_at_of);
-    let mut jobs = d.store.list(Shard::Outbox, from, SWEEP_BATCH).await?;
-    if from > 0 && jobs.len() < SWEEP_BATCH {
-        let before = d
-            .store
-            .list(Shard::Outbox, 0, SWEEP_BATCH - jobs.len())
-            .await?;
-        let seen: std::collections::HashSet<RunId> =
-            jobs.iter().map(|j| j.run_id.clone()).collect();
-        jobs.extend(before.into_iter().filter(|j| !seen.contains(&j.run_id)));
+/// `d` with each job's sends to a receiver held to one try of a message and a short wait.
+fn sliced(d: &Deps) -> Deps {
+    Deps {
+        send_slice: Some(2 * d.discord.timeout() + Duration::from_secs(3)),
+        ..d.clone()
     }
-    Ok(jobs)
 }
 
 /// Re-drives one run: its build is checked whatever its age, and what it owes is sent.
@@ -95,6 +83,7 @@ pub async fn sweep_run(
     run_id: &RunId,
     deadline: Deadline,
 ) -> Result<SweepReport, DispatchError> {
+    let d = &sliced(d);
     let mut report = SweepReport::default();
     let Some(job) = d.store.get(run_id).await? else {
         return Ok(report);
