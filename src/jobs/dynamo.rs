@@ -203,9 +203,15 @@ impl JobStore for DynamoStore {
                 .await
                 .map_err(|e| unavailable(e.into_service_error()))?;
             for item in out.items.unwrap_or_default() {
+                // The index's keys: present on every item it holds, readable or not.
                 let run_id = item.get("run_id").and_then(|v| v.as_s().ok()).cloned();
+                let created_at = item
+                    .get("created_at")
+                    .and_then(|v| v.as_n().ok())
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(from);
                 let read = record_from_item(item).and_then(JobRecord::into_listed);
-                listing.push(run_id.as_deref().unwrap_or("?"), read);
+                listing.push(created_at, run_id.as_deref().unwrap_or_default(), read);
             }
             match out.last_evaluated_key {
                 Some(key) if listing.len() < limit => start = Some(key),

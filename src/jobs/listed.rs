@@ -54,6 +54,9 @@ impl Listed {
 pub struct Listing {
     pub jobs: Vec<Listed>,
     pub unreadable: usize,
+    /// The index key (creation time, run id) of the last record read, readable or not:
+    /// where a listing that goes on resumes.
+    pub last: Option<(Millis, String)>,
 }
 
 impl Listing {
@@ -66,8 +69,15 @@ impl Listing {
         self.len() == 0
     }
 
-    /// Adds one record as read: its job, or (logged) why it cannot be read.
-    pub(crate) fn push(&mut self, run_id: &str, read: Result<Listed, super::error::StoreError>) {
+    /// Adds the record read under (`created_at`, `run_id`): its job, or (logged) why it
+    /// cannot be read.
+    pub fn push(
+        &mut self,
+        created_at: Millis,
+        run_id: &str,
+        read: Result<Listed, super::error::StoreError>,
+    ) {
+        self.last = Some((created_at, run_id.to_owned()));
         match read {
             Ok(job) => self.jobs.push(job),
             Err(e) => {

@@ -287,7 +287,8 @@ impl JobStore for SqliteStore {
         // SQLite drops the large fields itself: what is parsed here is what a listing shows.
         let unlisted: Vec<String> = UNLISTED.iter().map(|f| format!("'$.{f}'")).collect();
         let sql = format!(
-            "SELECT run_id, json_remove(record, {}) FROM jobs WHERE shard = ?1 AND created_at >= ?2
+            "SELECT run_id, created_at, json_remove(record, {}) FROM jobs
+             WHERE shard = ?1 AND created_at >= ?2
              ORDER BY created_at, run_id LIMIT ?3",
             unlisted.join(", ")
         );
@@ -295,13 +296,14 @@ impl JobStore for SqliteStore {
             let mut stmt = conn.prepare(&sql).map_err(unavailable)?;
             let rows = stmt
                 .query_map(params![shard.key(), from, limit as i64], |r| {
-                    Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+                    Ok((r.get::<_, String>(0)?, r.get(1)?, r.get::<_, String>(2)?))
                 })
                 .map_err(unavailable)?;
             let mut listing = Listing::default();
             for row in rows {
-                let (run_id, text) = row.map_err(unavailable)?;
-                listing.push(&run_id, parse(&text).and_then(JobRecord::into_listed));
+                let (run_id, created_at, text) = row.map_err(unavailable)?;
+                let read = parse(&text).and_then(JobRecord::into_listed);
+                listing.push(created_at, &run_id, read);
             }
             Ok(listing)
         })

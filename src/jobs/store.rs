@@ -65,8 +65,12 @@ pub struct CacheEntry {
 pub enum Cursor {
     /// Following open jobs' builds.
     Builds,
-    /// Sending what is owed.
-    Deliveries,
+    /// Sending what open jobs owe: the first send a pass did not start.
+    OpenSends,
+    /// Sending what the outbox owes: the first send a pass did not start.
+    Outbox,
+    /// How far the last pass's listing of the outbox got.
+    Frontier,
 }
 
 impl Cursor {
@@ -74,7 +78,9 @@ impl Cursor {
     pub(crate) fn key(self) -> &'static str {
         match self {
             Self::Builds => "~sweep-cursor",
-            Self::Deliveries => "~delivery-cursor",
+            Self::OpenSends => "~open-sends-cursor",
+            Self::Outbox => "~outbox-cursor",
+            Self::Frontier => "~outbox-frontier",
         }
     }
 }

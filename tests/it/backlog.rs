@@ -148,7 +148,7 @@ async fn a_long_backlog_on_a_hung_webhook_keeps_nobody_after_it_waiting(kind: St
             "owed-{i:05} waited behind the hung webhook"
         );
     }
-    let mark = app.store.cursor(Cursor::Deliveries).await.expect("read");
+    let mark = app.store.cursor(Cursor::Outbox).await.expect("read");
     let mut first_untried = None;
     for i in 0..hung {
         if tries(&app.job(&format!("owed-{i:05}")).await) == 0 {

@@ -448,10 +448,7 @@ async fn each_bookmark_is_kept_on_its_own(kind: StoreKind) {
     let (store, _dir) = open_store(kind).await;
     assert_eq!(store.cursor(Cursor::Builds).await.unwrap(), None);
     store.set_cursor(Cursor::Builds, Some("b")).await.unwrap();
-    store
-        .set_cursor(Cursor::Deliveries, Some("d"))
-        .await
-        .unwrap();
+    store.set_cursor(Cursor::Outbox, Some("d")).await.unwrap();
     assert_eq!(
         store.cursor(Cursor::Builds).await.unwrap().as_deref(),
         Some("b")
@@ -459,7 +456,7 @@ async fn each_bookmark_is_kept_on_its_own(kind: StoreKind) {
     store.set_cursor(Cursor::Builds, None).await.unwrap();
     assert_eq!(store.cursor(Cursor::Builds).await.unwrap(), None);
     assert_eq!(
-        store.cursor(Cursor::Deliveries).await.unwrap().as_deref(),
+        store.cursor(Cursor::Outbox).await.unwrap().as_deref(),
         Some("d")
     );
     assert!(store.list(Shard::Open, 0, 10).await.unwrap().is_empty());

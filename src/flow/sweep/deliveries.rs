@@ -13,10 +13,10 @@ use super::super::{Deps, DispatchError};
 use super::PASS_RESERVE;
 use super::lanes::Lanes;
 use super::order::{bookmark, rotate_to};
-use super::pages::Pages;
+use super::pages::{PAGE, Pages};
 use super::report::{Delivered, SweepReport};
 use super::send::{owed_since, send};
-use crate::jobs::{Channel, Cursor, Listed, RunId, StoreError, Target};
+use crate::jobs::{Channel, Cursor, Listed, RunId, Shard, StoreError, Target};
 use crate::retry::Deadline;
 use crate::time::Millis;
 
@@ -56,21 +56,31 @@ fn lane(d: &Deps, job: &Listed, channel: Channel) -> Lane {
     }
 }
 
-/// A pass's deliveries, in its order, and their lanes.
+/// A pass's deliveries, in its order (open jobs', then the outbox's, each from its own
+/// bookmark), and their lanes.
 struct Plan {
     owed: Vec<Owed>,
     lanes: Lanes<Lane>,
+    /// Deliveries before this are open jobs' (all listed every pass, in bookmark order).
+    open: usize,
     /// Each job once, though an open listing and the outbox may both show it.
     seen: HashSet<RunId>,
 }
 
 impl Plan {
-    fn new() -> Self {
-        Self {
+    /// A plan that starts with what `open` jobs owe, from `mark` round to it again.
+    fn new(d: &Deps, open: &[Listed], mark: Option<&str>) -> Self {
+        let mut plan = Self {
             owed: Vec::new(),
             lanes: Lanes::new(),
+            open: 0,
             seen: HashSet::new(),
-        }
+        };
+        let mut open: Vec<&Listed> = open.iter().collect();
+        rotate_to(&mut open, mark);
+        plan.add(d, open);
+        plan.open = plan.owed.len();
+        plan
     }
 
     /// Adds what `jobs` (in order) owe.
@@ -90,34 +100,74 @@ impl Plan {
             }
         }
     }
+
+    /// Where the next pass begins with open jobs' sends and the outbox's: the first send of
+    /// each not started (for the outbox, else where its listing got to); and how far the
+    /// outbox's listing may skip ahead after its first page: past its last send started.
+    fn bookmarks(&self, pages: &Pages) -> Bookmarks {
+        let started = |i: &usize| self.lanes.is_started(*i);
+        let mark = |i: usize| self.owed.get(i).map(|o| o.mark.clone());
+        let outbox = self.open..self.owed.len();
+        let frontier = match outbox.clone().rev().find(started) {
+            Some(last) => mark(last + 1).or_else(|| pages.reached()),
+            None => None,
+        };
+        let first_unstarted = |mut range: std::ops::Range<usize>| range.find(|i| !started(i));
+        Bookmarks {
+            open: first_unstarted(0..self.open).and_then(mark),
+            outbox: first_unstarted(outbox)
+                .and_then(mark)
+                .or_else(|| pages.reached()),
+            frontier,
+        }
+    }
 }
 
-/// Sends what the `open` jobs and the outbox owe within `deadline`, lanes side by side;
-/// leaves the bookmark at the first delivery it did not start. A store that cannot be
-/// reached stops the pass (what is in flight ends first); one job's trouble is counted.
+/// Where the next pass's sends begin.
+struct Bookmarks {
+    open: Option<String>,
+    outbox: Option<String>,
+    frontier: Option<String>,
+}
+
+/// The next page of the outbox, its unreadable records counted in `report`.
+async fn next_page(
+    d: &Deps,
+    pages: &mut Pages,
+    report: &mut SweepReport,
+) -> Result<Vec<Listed>, DispatchError> {
+    let listing = d.store.list(Shard::Outbox, pages.since(), PAGE + 1).await?;
+    report.errors += listing.unreadable;
+    Ok(pages.take(listing))
+}
+
+/// Sends what the `open` jobs and the outbox owe within `deadline`, lanes side by side,
+/// and leaves the bookmarks for the next pass. A store that cannot be reached stops the
+/// pass (what is in flight ends first); one job's trouble is counted.
 pub(super) async fn deliver_owed(
     d: &Deps,
     open: &[Listed],
     deadline: Deadline,
     report: &mut SweepReport,
 ) -> Result<(), DispatchError> {
-    let mark = d.store.cursor(Cursor::Deliveries).await?;
-    let mut pages = Pages::from(mark.clone());
-    let first = pages.next(d, report).await?;
-    let mut jobs: Vec<&Listed> = open.iter().chain(&first).collect();
-    rotate_to(&mut jobs, mark.as_deref());
-    let mut plan = Plan::new();
-    plan.add(d, jobs);
+    let open_mark = d.store.cursor(Cursor::OpenSends).await?;
+    let mark = d.store.cursor(Cursor::Outbox).await?;
+    let frontier = d.store.cursor(Cursor::Frontier).await?;
+    let mut pages = Pages::new(mark, frontier);
+    let mut plan = Plan::new(d, open, open_mark.as_deref());
+    let first = next_page(d, &mut pages, report).await?;
+    plan.add(d, &first);
     drop(first);
     let tally = run(d, (&mut plan, &mut pages), deadline, report).await;
     report.oldest_pending_secs = oldest_secs(d.clock.now(), &tally.since);
-    let cursor = match plan.lanes.first_not_started() {
-        Some(i) => Some(plan.owed[i].mark.clone()),
-        None => pages.resume(),
-    };
-    d.store
-        .set_cursor(Cursor::Deliveries, cursor.as_deref())
-        .await?;
+    let marks = plan.bookmarks(&pages);
+    for (cursor, mark) in [
+        (Cursor::OpenSends, marks.open),
+        (Cursor::Outbox, marks.outbox),
+        (Cursor::Frontier, marks.frontier),
+    ] {
+        d.store.set_cursor(cursor, mark.as_deref()).await?;
+    }
     tally.stopped.map_or(Ok(()), Err)
 }
 
@@ -140,7 +190,7 @@ async fn run(
                     .spawn(async move { send(&d, &item.run_id, item.channel, deadline).await });
                 started.insert(task.id(), i);
             } else if plan.lanes.has_room() && pages.more() {
-                match pages.next(d, report).await {
+                match next_page(d, pages, report).await {
                     Ok(page) => plan.add(d, &page),
                     Err(e) => tally.stopped = Some(e),
                 }

@@ -77,9 +77,8 @@ impl<L: Clone + Eq + Hash> Lanes<L> {
         self.in_flight = self.in_flight.saturating_sub(1);
     }
 
-    /// The first delivery in the pass's order not started: where the next pass begins.
-    pub(super) fn first_not_started(&self) -> Option<usize> {
-        self.started.iter().position(|s| !s)
+    pub(super) fn is_started(&self, i: usize) -> bool {
+        self.started.get(i).copied().unwrap_or(false)
     }
 
     /// Every delivery not started, in the pass's order.
@@ -111,7 +110,7 @@ mod tests {
             vec![0, 1, 3, 5],
             "a holds two, b and c one each"
         );
-        assert_eq!(lanes.first_not_started(), Some(2));
+        assert_eq!(lanes.not_started().next(), Some(2));
         lanes.finish(3);
         assert_eq!(
             fill(&mut lanes),
@@ -122,7 +121,7 @@ mod tests {
         assert_eq!(fill(&mut lanes), vec![2]);
         lanes.finish(1);
         assert_eq!(fill(&mut lanes), vec![4]);
-        assert_eq!(lanes.first_not_started(), None);
+        assert_eq!(lanes.not_started().next(), None);
         assert!(lanes.has_room());
         lanes.push("a");
         assert_eq!(fill(&mut lanes), Vec::<usize>::new(), "a is full");
@@ -154,7 +153,7 @@ mod tests {
             20,
             "every delivery of the healthy lane went out"
         );
-        assert_eq!(lanes.first_not_started(), Some(4), "the hung lane's third");
+        assert_eq!(lanes.not_started().next(), Some(4), "the hung lane's third");
     }
 
     #[test]
