@@ -65,6 +65,99 @@ pub(crate) fn unpack_within(encoded: &str, max: u64) -> Result<Vec<u8>, PayloadE
     Ok(out)
 }
 
+/// A reader of what [`pack`] packed that refuses to yield more than `max` bytes: a large
+/// value can be parsed as it is inflated, never held whole.
+pub(crate) fn unpacking(encoded: &str, max: u64) -> Result<impl Read, PayloadError> {
+    let compressed = STANDARD.decode(encoded.trim())?;
+    Ok(AtMost {
+        inner: ZlibDecoder::new(std::io::Cursor::new(compressed)),
+        left: max,
+        max,
+    })
+}
+
+/// A reader that errs rather than yield more than `max` bytes.
+struct AtMost<R> {
+    inner: R,
+    left: u64,
+    max: u64,
+}
+
+impl<R: Read> Read for AtMost<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        if n as u64 > self.left {
+            let max = self.max;
+            return Err(std::io::Error::other(PayloadError::DecodedTooLarge { max }));
+        }
+        self.left -= n as u64;
+        Ok(n)
+    }
+}
+
+/// What a [`Packer`] made of what was written to it.
+pub(crate) enum Packed {
+    /// All of it, as written: it was short.
+    Plain(Vec<u8>),
+    /// Packed as [`pack`] packs.
+    Zlib(String),
+}
+
+/// A writer that keeps what is written while it is at most `keep` bytes, then packs it as it
+/// is written (so a large value is never held whole); a write past `max` bytes fails.
+pub(crate) struct Packer {
+    plain: Vec<u8>,
+    /// Made only once the value outgrows `keep`: a short one is never compressed.
+    zlib: Option<ZlibEncoder<Vec<u8>>>,
+    keep: usize,
+    written: usize,
+    max: usize,
+}
+
+impl Packer {
+    pub(crate) fn new(keep: usize, max: usize) -> Self {
+        Self {
+            plain: Vec::new(),
+            zlib: None,
+            keep,
+            written: 0,
+            max,
+        }
+    }
+
+    pub(crate) fn finish(self) -> std::io::Result<Packed> {
+        match self.zlib {
+            None => Ok(Packed::Plain(self.plain)),
+            Some(zlib) => Ok(Packed::Zlib(STANDARD.encode(zlib.finish()?))),
+        }
+    }
+}
+
+impl Write for Packer {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.written += buf.len();
+        if self.written > self.max {
+            return Err(std::io::Error::other("the value is over its size limit"));
+        }
+        match &mut self.zlib {
+            Some(zlib) => zlib.write_all(buf)?,
+            None if self.written <= self.keep => self.plain.extend_from_slice(buf),
+            None => {
+                let mut zlib = ZlibEncoder::new(Vec::new(), Compression::default());
+                zlib.write_all(&std::mem::take(&mut self.plain))?;
+                zlib.write_all(buf)?;
+                self.zlib = Some(zlib);
+            }
+        }
+        Ok(buf.len())
+    }
+
+    /// Nothing leaves memory until [`Packer::finish`]; a zlib flush would only cost ratio.
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// Encodes a config; refuses one whose encoding would not fit in an environment variable.
 pub fn encode(config: &serde_json::Value) -> Result<String, PayloadError> {
     let encoded = pack(&serde_json::to_vec(config)?);
@@ -110,6 +203,37 @@ mod tests {
         assert!(
             matches!(err, PayloadError::TooLarge { len, max } if len > max && max == MAX_ENCODED_LEN)
         );
+    }
+
+    #[test]
+    fn a_packer_packs_as_pack_does_and_keeps_short_values_plain() {
+        let long = "abc".repeat(10_000);
+        let mut packer = Packer::new(100, usize::MAX);
+        packer.write_all(long.as_bytes()).expect("written");
+        let Ok(Packed::Zlib(packed)) = packer.finish() else {
+            panic!("a long value is packed");
+        };
+        assert_eq!(unpack(&packed).expect("unpacks"), long.as_bytes());
+        let mut inflated = Vec::new();
+        unpacking(&packed, 30_000)
+            .expect("base64")
+            .read_to_end(&mut inflated)
+            .expect("within its limit");
+        assert_eq!(inflated, long.as_bytes());
+        let over = unpacking(&packed, 29_999)
+            .expect("base64")
+            .read_to_end(&mut Vec::new());
+        assert!(
+            over.unwrap_err()
+                .to_string()
+                .contains("exceeds 29999 bytes")
+        );
+
+        let mut short = Packer::new(100, usize::MAX);
+        short.write_all(b"{}").expect("written");
+        assert!(matches!(short.finish(), Ok(Packed::Plain(p)) if p == b"{}"));
+        let mut capped = Packer::new(100, 10);
+        assert!(capped.write_all(&[b' '; 11]).is_err(), "over its limit");
     }
 
     #[test]

@@ -34,29 +34,29 @@ impl EncodedOutcome {
     }
 }
 
-/// The outcome encoded, and how long its JSON is.
-fn encode_exact(outcome: &Outcome) -> (EncodedOutcome, usize) {
-    let json = serde_json::to_string(outcome).unwrap_or_default();
-    let len = json.len();
-    if len <= COMPRESS_ABOVE {
-        let encoded = EncodedOutcome {
-            json: Some(json),
+/// The outcome encoded if its JSON is at most `max` bytes: plain when short, else packed as
+/// it is written, so the whole JSON of a large one is never held.
+fn encode_at_most(outcome: &Outcome, max: usize) -> Option<EncodedOutcome> {
+    // Buffered: the serializer writes a token at a time.
+    let mut writer = std::io::BufWriter::new(payload::Packer::new(COMPRESS_ABOVE, max));
+    serde_json::to_writer(&mut writer, outcome).ok()?;
+    let packer = writer.into_inner().ok()?;
+    Some(match packer.finish().ok()? {
+        payload::Packed::Plain(bytes) => EncodedOutcome {
+            json: Some(String::from_utf8(bytes).ok()?),
             zlib_b64: None,
-        };
-        return (encoded, len);
-    }
-    let encoded = EncodedOutcome {
-        json: None,
-        zlib_b64: Some(payload::pack(json.as_bytes())),
-    };
-    (encoded, len)
+        },
+        payload::Packed::Zlib(packed) => EncodedOutcome {
+            json: None,
+            zlib_b64: Some(packed),
+        },
+    })
 }
 
 /// The outcome encoded, if it fits both limits: what the store takes, and what it will
 /// decompress to.
 fn encode_within_limits(outcome: &Outcome) -> Option<EncodedOutcome> {
-    let (encoded, json_len) = encode_exact(outcome);
-    (json_len <= MAX_OUTCOME_JSON && encoded.len() <= MAX_STORED_OUTCOME).then_some(encoded)
+    encode_at_most(outcome, MAX_OUTCOME_JSON).filter(|e| e.len() <= MAX_STORED_OUTCOME)
 }
 
 /// The outcome as the store keeps it: whole if it fits [`MAX_STORED_OUTCOME`] and
@@ -84,7 +84,10 @@ fn fitted(outcome: &Outcome) -> (EncodedOutcome, Option<Outcome>) {
         return (encoded, Some(slim));
     }
     let bare = outcome.without_result("the result was too large to store");
-    (encode_exact(&bare).0, Some(bare))
+    (
+        encode_at_most(&bare, usize::MAX).unwrap_or_default(),
+        Some(bare),
+    )
 }
 
 pub(crate) fn decode_outcome(
@@ -94,9 +97,10 @@ pub(crate) fn decode_outcome(
     let parsed = match (json, zlib_b64) {
         (Some(j), _) => serde_json::from_str(j),
         (None, Some(z)) => {
-            let bytes =
-                payload::unpack_within(z, MAX_READ_OUTCOME_JSON).map_err(StoreError::corrupt)?;
-            serde_json::from_slice(&bytes)
+            // Parsed as it is inflated: the whole JSON is never held.
+            let reader =
+                payload::unpacking(z, MAX_READ_OUTCOME_JSON).map_err(StoreError::corrupt)?;
+            serde_json::from_reader(std::io::BufReader::new(reader))
         }
         (None, None) => return Ok(None),
     };
@@ -204,8 +208,9 @@ mod tests {
         for i in 0..2600 {
             entries.insert(format!("test.{i}.message"), "x".repeat(2048).into());
         }
-        let (whole, json_len) = encode_exact(&o);
+        let json_len = serde_json::to_string(&o).unwrap().len();
         assert!(json_len > MAX_OUTCOME_JSON, "{json_len}");
+        let whole = encode_at_most(&o, usize::MAX).unwrap();
         assert!(
             whole.len() <= MAX_STORED_OUTCOME,
             "compressed, it would fit the store"

@@ -43,3 +43,4 @@ mod store_contract;
 mod submit_api;
 mod support;
 mod sweep;
+mod sweep_memory;
