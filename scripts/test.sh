@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs the whole test suite. First installs what the tests use: the Python tools in
-# scripts/requirements.txt (moto server, cfn-lint, cargo-lambda) and the kernelbot launcher's
-# in infra/kernelbot/requirements.txt into .venv, once per change of those files, and
-# Debian's shellcheck package if it is missing.
+# scripts/requirements.txt (moto server, cfn-lint, cargo-lambda) and the kernelbot launcher
+# package (infra/kernelbot) into .venv, again whenever either changes, and Debian's
+# ShellCheck if it is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,6 +22,7 @@ fi
 cfn-lint template.yaml
 shellcheck -x infra/buildkite/*.sh scripts/test.sh scripts/bench.sh scripts/tools.sh
 cargo test --locked "$@" -- --include-ignored
-# The kernelbot launcher's suite, its round trips through the real local stack included.
+# The kernelbot launcher's suite, against the installed package, its round trips through the
+# real local stack included.
 cargo build --locked --quiet --bin local
 KERNELBOT_LOCAL_BIN="${CARGO_TARGET_DIR:-target}/debug/local" python3 -m pytest -q infra/kernelbot/tests

@@ -1,8 +1,12 @@
-"""Makes the package importable however pytest is started (repo root or this directory)."""
+"""The suite tests the installed package (``pip install "infra/kernelbot[test]"``), never the
+source tree beside it: what kernelbot gets is what passes."""
 
-import sys
 from pathlib import Path
 
-PACKAGE_ROOT = Path(__file__).resolve().parents[1]
-if str(PACKAGE_ROOT) not in sys.path:
-    sys.path.insert(0, str(PACKAGE_ROOT))
+import kernelbot_dispatch
+
+SOURCE_TREE = Path(__file__).resolve().parents[1] / "src"
+if SOURCE_TREE in Path(kernelbot_dispatch.__file__).resolve().parents:
+    raise RuntimeError(
+        f"kernelbot_dispatch was imported from {SOURCE_TREE}, not from an installed package"
+    )

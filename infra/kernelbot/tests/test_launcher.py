@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -30,6 +31,7 @@ from kernelbot_dispatch import (
     CallbackEvent,
     DispatchLauncher,
     MemoryInbox,
+    RunnerQueueStatus,
     SqliteInbox,
     full_result_to_json,
 )
@@ -289,45 +291,103 @@ async def test_cancelling_the_task_cancels_the_job():
     assert cancel.headers["authorization"] == f"Bearer {TOKEN}"
 
 
-async def test_queue_status_in_the_buildkite_launchers_shape():
-    fake = FakeApi(
-        queue_answer=(
-            200,
-            {
-                "gpu": "H100_BK",
-                "queue": "h100",
-                "agents": {
-                    "total": 2,
-                    "idle": 1,
-                    "busy": 1,
-                    "list": [
-                        {"name": "node-1-gpu0", "busy": True},
-                        {"name": "node-1-gpu1", "busy": False},
-                    ],
-                },
-                "jobs": {"queued": 3, "running": 1},
-                "oldest_queued_secs": 42.5,
-            },
-        )
-    )
-    with ServerThread(fake) as api:
-        launch = launcher(api, MemoryInbox())
-        status = await launch.get_queue_status("H100_BK")
-        fake.queue_answer = (502, {"error": "buildkite_error", "message": "Buildkite is down"})
-        down = await launch.get_queue_status("H100_BK")
-        await launch.aclose()
-    assert status == {
-        "gpu": "H100_BK",
-        "queue": "h100",
-        "total": 2,
-        "idle": 1,
+QUEUE_BODY = {
+    "gpu": "H100_BK",
+    "queue": "h100",
+    "agents": {
+        "total": 3,
+        "idle": 2,
         "busy": 1,
-        "agents": [{"name": "node-1-gpu0", "busy": True}, {"name": "node-1-gpu1", "busy": False}],
-        "jobs": {"queued": 3, "running": 1},
-        "oldest_queued_secs": 42.5,
+        "list": [
+            {"name": "node-1-gpu0", "busy": True},
+            {"name": "node-1-gpu1", "busy": False},
+            {"name": "node-1-gpu2", "busy": False},
+        ],
+    },
+    "jobs": {"queued": 4, "running": 1},
+    "oldest_queued_secs": 42.5,
+}
+
+
+async def queue_status(answer: tuple[int, dict] | None, gpu="H100_BK"):
+    """The launcher's queue status for ``gpu`` when the API answers ``answer`` (None: the
+    API is not there at all); and the paths it asked."""
+    fake = FakeApi(queue_answer=answer or (200, {}))
+
+    async def ask(url: str):
+        launch = DispatchLauncher(url, TOKEN, MemoryInbox(), request_timeout=5.0)
+        try:
+            return await launch.get_queue_status(gpu, {"lang": "py"})
+        finally:
+            await launch.aclose()
+
+    if answer is None:
+        with socket.socket() as closed:  # a port nothing listens on once it is closed
+            closed.bind(("127.0.0.1", 0))
+            port = closed.getsockname()[1]
+        return await ask(f"http://127.0.0.1:{port}"), fake.paths("GET")
+    with ServerThread(fake) as api:
+        status = await ask(api.url)
+    return status, fake.paths("GET")
+
+
+async def test_queue_status_is_kernelbots_runner_queue_status():
+    status, paths = await queue_status((200, QUEUE_BODY))
+    assert type(status) is RunnerQueueStatus
+    assert status.to_dict() == {
+        "runner": "Dispatch",
+        "gpu": "H100_BK",
+        "queued_jobs": 4,
+        "running_jobs": 1,
+        "available_runners": 2,
+        "status": "available",
+        "error": None,
     }
-    assert fake.paths("GET") == ["/queues/H100_BK", "/queues/H100_BK"]
-    assert "Buildkite is down" in down["error"] and down["agents"] == []
+    assert paths == ["/queues/H100_BK"]
+
+
+async def test_queue_status_of_a_gpu_the_service_does_not_serve_is_unavailable():
+    answer = (404, {"error": "not_found", "message": "unknown gpu \"T4\"; known: H100_BK"})
+    status, paths = await queue_status(answer, gpu="T4")
+    assert paths == ["/queues/T4"]
+    assert (status.runner, status.gpu, status.status) == ("Dispatch", "T4", "unavailable")
+    assert status.queued_jobs is None and status.available_runners is None
+    assert 'unknown gpu "T4"' in status.error and "404" in status.error
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        (502, {"error": "buildkite_error", "message": "the Buildkite agents API failed: 500"}),
+        (503, {"error": "unavailable", "message": "the job store cannot be reached"}),
+    ],
+)
+async def test_queue_status_when_buildkite_or_the_store_fails_is_unavailable(answer):
+    status, _ = await queue_status(answer)
+    assert status.status == "unavailable" and status.queued_jobs is None
+    assert answer[1]["message"] in status.error and str(answer[0]) in status.error
+
+
+async def test_queue_status_when_the_service_is_unreachable_is_unavailable_not_an_exception():
+    status, paths = await queue_status(None)
+    assert paths == []
+    assert status.to_dict() == {
+        "runner": "Dispatch",
+        "gpu": "H100_BK",
+        "queued_jobs": None,
+        "running_jobs": None,
+        "available_runners": None,
+        "status": "unavailable",
+        "error": status.error,
+    }
+    assert status.error.startswith("kernelbot-dispatch unreachable: ")
+
+
+async def test_queue_status_ignores_counts_that_are_not_counts():
+    body = {**QUEUE_BODY, "jobs": {"queued": "many", "running": -1}, "agents": ["x"]}
+    status, _ = await queue_status((200, body))
+    assert status.status == "available"
+    assert (status.queued_jobs, status.running_jobs, status.available_runners) == (None, None, None)
 
 
 async def test_a_callback_received_by_another_process_reaches_the_waiting_launcher(tmp_path: Path):

@@ -3,8 +3,10 @@ callback route that receives its signed job callbacks, joined by an inbox."""
 
 from .callbacks import CallbackApp, callback_app
 from .events import CallbackEvent
+from .gpus import GPU_TO_SM, DispatchGPU, register_gpus
 from .inbox import DEFAULT_RETENTION, Inbox, MemoryInbox, SqliteInbox
 from .launcher import DispatchError, DispatchLauncher, gpu_name
+from .queue_status import RunnerQueueStatus
 from .results import FullResult, full_result_from_json, full_result_to_json
 
 __all__ = [
@@ -12,13 +14,17 @@ __all__ = [
     "CallbackApp",
     "CallbackEvent",
     "DispatchError",
+    "DispatchGPU",
     "DispatchLauncher",
     "FullResult",
+    "GPU_TO_SM",
     "Inbox",
     "MemoryInbox",
+    "RunnerQueueStatus",
     "SqliteInbox",
     "callback_app",
     "full_result_from_json",
     "full_result_to_json",
     "gpu_name",
+    "register_gpus",
 ]

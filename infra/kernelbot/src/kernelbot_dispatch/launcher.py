@@ -17,8 +17,11 @@ from typing import Any
 
 import httpx
 
+from . import queue_status
 from .events import STATE_RANK, TERMINAL_RANK, CallbackEvent
+from .gpus import RUNNER, DispatchGPU
 from .inbox import Inbox
+from .queue_status import RunnerQueueStatus
 from .results import FullResult, failed_result, full_result_from_json
 
 try:
@@ -31,19 +34,6 @@ except ImportError:  # not running inside kernelbot
         def __init__(self, name: str, gpus: type[enum.Enum]):
             self.name = name
             self.gpus = gpus
-
-
-try:
-    from libkernelbot.consts import BuildkiteGPU as _DefaultGPUs
-except ImportError:
-
-    class _DefaultGPUs(enum.Enum):  # type: ignore[no-redef]
-        """The GPUs the service's default ``GPU_QUEUES`` serves, named as kernelbot does."""
-
-        B200_BK = "B200_BK"
-        H100_BK = "H100_BK"
-        MI300_BK = "MI300_BK"
-        L40S_BK = "L40S_BK"
 
 
 log = logging.getLogger(__name__)
@@ -120,14 +110,14 @@ class DispatchLauncher(_Base):
         fallback_after: float = 300.0,
         poll_interval: float = 60.0,
         http: httpx.AsyncClient | None = None,
-        name: str = "Dispatch",
+        name: str = RUNNER,
         submit_attempts: int = 5,
         retry_backoff: float = 1.0,
         request_timeout: float = 30.0,
         cancel_timeout: float = 5.0,
         cancel_window: float = 60.0,
     ):
-        super().__init__(name=name, gpus=gpus or _DefaultGPUs)
+        super().__init__(name=name, gpus=gpus or DispatchGPU)
         self.api_url = api_url.rstrip("/")
         self.inbox = inbox
         self.fallback_after = fallback_after
@@ -176,35 +166,21 @@ class DispatchLauncher(_Base):
             await self._cancel(run_id)
             raise
 
-    async def get_queue_status(self, gpu: Any, config: dict | None = None) -> dict[str, Any]:
-        """The queue behind ``gpu``, in the Buildkite launcher's shape plus job counts:
-        ``{"queue", "total", "idle", "busy", "agents": [{"name", "busy"}], "jobs":
-        {"queued", "running"}, "oldest_queued_secs"}``; ``{"error", "agents": []}`` when
-        the service cannot say."""
+    async def get_queue_status(self, gpu: Any, config: dict | None = None) -> RunnerQueueStatus:
+        """kernelbot's ``RunnerQueueStatus`` for the queue behind ``gpu`` (``config`` is not
+        needed: one queue serves a GPU): jobs queued and running, idle connected agents;
+        ``status="unavailable"`` with the reason when the service cannot say."""
         name = gpu_name(gpu)
         try:
             answer = await self._http.get(
                 f"{self.api_url}/queues/{name}", headers=self._auth, timeout=self.request_timeout
             )
         except httpx.HTTPError as e:
-            return {"gpu": name, "error": f"kernelbot-dispatch unreachable: {e}", "agents": []}
+            reason = f"kernelbot-dispatch unreachable: {str(e) or type(e).__name__}"
+            return queue_status.unavailable(self.name, name, reason)
         if answer.status_code != 200:
-            return {"gpu": name, "error": _api_error(answer)[1], "agents": []}
-        body = _json_object(answer)
-        agents = body.get("agents") or {}
-        listed = [
-            {"name": a.get("name"), "busy": bool(a.get("busy"))} for a in agents.get("list") or []
-        ]
-        return {
-            "gpu": body.get("gpu", name),
-            "queue": body.get("queue"),
-            "total": agents.get("total", len(listed)),
-            "idle": agents.get("idle", sum(not a["busy"] for a in listed)),
-            "busy": agents.get("busy", sum(a["busy"] for a in listed)),
-            "agents": listed,
-            "jobs": body.get("jobs") or {},
-            "oldest_queued_secs": body.get("oldest_queued_secs"),
-        }
+            return queue_status.unavailable(self.name, name, _api_error(answer)[1])
+        return queue_status.available(self.name, name, _json_object(answer))
 
     # -- submitting ------------------------------------------------------------------------
 
