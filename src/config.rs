@@ -161,22 +161,59 @@ impl StoreConfig {
     }
 }
 
-/// GPU name → Buildkite queue. Configuration, not code: new hardware is a deploy, not a release.
+/// The most GPUs one agent may hold (`GPU=queue:N`).
+const MAX_GPUS_PER_AGENT: u32 = 64;
+
+/// The Buildkite queue that serves a GPU, and how many GPUs each of its agents holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct QueueMap(BTreeMap<String, String>);
+pub(crate) struct Queue {
+    pub(crate) name: String,
+    /// More than 1: a queue for multi-GPU tasks only.
+    pub(crate) gpus: u32,
+}
+
+/// GPU name → Buildkite queue (`GPU=queue`, or `GPU=queue:N` for agents of N GPUs).
+/// Configuration, not code: new hardware is a deploy, not a release.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueMap(BTreeMap<String, Queue>);
+
+/// One `queue` or `queue:N` of `GPU_QUEUES`.
+fn queue(pair: &str, spec: &str) -> Result<Queue, String> {
+    let (name, gpus) = match spec.split_once(':') {
+        None => (spec, 1),
+        Some((name, n)) => {
+            let gpus = n
+                .trim()
+                .parse()
+                .ok()
+                .filter(|n| (1..=MAX_GPUS_PER_AGENT).contains(n))
+                .ok_or_else(|| {
+                    format!("{pair:?}: GPUs per agent must be from 1 to {MAX_GPUS_PER_AGENT}")
+                })?;
+            (name.trim(), gpus)
+        }
+    };
+    if name.is_empty() {
+        return Err(format!("{pair:?} is not GPU=queue"));
+    }
+    Ok(Queue {
+        name: name.to_owned(),
+        gpus,
+    })
+}
 
 impl QueueMap {
     pub fn parse(s: &str) -> Result<Self, String> {
         let mut map = BTreeMap::new();
         for pair in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            let (gpu, queue) = pair
+            let (gpu, spec) = pair
                 .split_once('=')
                 .ok_or_else(|| format!("{pair:?} is not GPU=queue"))?;
-            let (gpu, queue) = (gpu.trim(), queue.trim());
-            if gpu.is_empty() || queue.is_empty() {
+            let gpu = gpu.trim();
+            if gpu.is_empty() {
                 return Err(format!("{pair:?} is not GPU=queue"));
             }
-            map.insert(gpu.to_owned(), queue.to_owned());
+            map.insert(gpu.to_owned(), queue(pair, spec.trim())?);
         }
         if map.is_empty() {
             return Err("no GPU=queue pairs".into());
@@ -185,7 +222,11 @@ impl QueueMap {
     }
 
     pub(crate) fn queue_for(&self, gpu: &str) -> Option<&str> {
-        self.0.get(gpu).map(String::as_str)
+        self.get(gpu).map(|q| q.name.as_str())
+    }
+
+    pub(crate) fn get(&self, gpu: &str) -> Option<&Queue> {
+        self.0.get(gpu)
     }
 
     pub(crate) fn gpus(&self) -> impl Iterator<Item = &str> {
@@ -493,6 +534,27 @@ mod tests {
     }
 
     #[test]
+    fn a_queue_may_say_how_many_gpus_its_agents_hold() {
+        let map = QueueMap::parse("H100_BK=h100, MI300x8_BK = mi300x8:8").unwrap();
+        let q = |gpu| map.get(gpu).map(|q| (q.name.as_str(), q.gpus));
+        assert_eq!(q("H100_BK"), Some(("h100", 1)));
+        assert_eq!(q("MI300x8_BK"), Some(("mi300x8", 8)));
+        assert_eq!(map.queue_for("MI300x8_BK"), Some("mi300x8"));
+        for (bad, says) in [
+            ("A=a:0", "GPUs per agent must be from 1 to 64"),
+            ("A=a:65", "GPUs per agent must be from 1 to 64"),
+            ("A=a:x", "GPUs per agent must be from 1 to 64"),
+            ("A=a:-2", "GPUs per agent must be from 1 to 64"),
+            ("A=:8", "is not GPU=queue"),
+            ("=a", "is not GPU=queue"),
+            ("A=", "is not GPU=queue"),
+        ] {
+            let err = QueueMap::parse(bad).unwrap_err();
+            assert!(err.contains(says), "{bad}: {err}");
+        }
+    }
+
+    #[test]
     fn queue_map_is_configuration() {
         let cfg = load(
             Role::Sweep,
@@ -501,6 +563,7 @@ mod tests {
         .unwrap();
         assert_eq!(cfg.queues.queue_for("B"), Some("b"));
         assert_eq!(cfg.queues.queue_for("H100_BK"), None);
+        assert_eq!(cfg.queues.get("A").map(|q| q.gpus), Some(1));
         assert_eq!(
             cfg.store,
             StoreConfig::Dynamo {

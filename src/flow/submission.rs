@@ -3,7 +3,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::config::QueueMap;
+use crate::config::{Queue, QueueMap};
 use crate::discord::{DiscordTarget, InvalidWebhookUrl};
 use crate::jobs::{InvalidRunId, RunId, Target, WebhookAddress};
 use crate::payload::{self, PayloadError};
@@ -123,13 +123,35 @@ fn run_id(obj: &Object) -> Result<(RunId, bool), Invalid> {
 }
 
 /// The GPU and the queue that serves it.
-fn gpu<'a>(obj: &'a Object, queues: &'a QueueMap) -> Result<(&'a str, &'a str), Invalid> {
+fn gpu<'a>(obj: &'a Object, queues: &'a QueueMap) -> Result<(&'a str, &'a Queue), Invalid> {
     let gpu = optional_str(obj, "gpu")?.ok_or_else(|| field("gpu", "is required"))?;
-    let queue = queues.queue_for(gpu).ok_or_else(|| Invalid::UnknownGpu {
+    let queue = queues.get(gpu).ok_or_else(|| Invalid::UnknownGpu {
         gpu: gpu.chars().take(64).collect(),
         known: queues.known(),
     })?;
     Ok((gpu, queue))
+}
+
+/// A multi-GPU task runs only where each agent holds several GPUs, and only such a task
+/// runs there: on one GPU it cannot run, and a single-GPU one would leave the rest idle.
+fn fits_queue(gpu: &str, queue: &Queue, multi_gpu: bool) -> Result<(), InvalidConfig> {
+    let message = match (multi_gpu, queue.gpus) {
+        (true, 1) => format!(
+            "a multi-GPU task cannot run on {gpu}: its queue `{}` has one GPU per agent; \
+             submit it to a GPU whose queue has several",
+            queue.name
+        ),
+        (false, n) if n > 1 => format!(
+            "{gpu} is for multi-GPU tasks (its queue `{}` has {n} GPUs per agent); this \
+             config does not set multi_gpu",
+            queue.name
+        ),
+        _ => return Ok(()),
+    };
+    Err(InvalidConfig {
+        field: "multi_gpu".into(),
+        message,
+    })
 }
 
 /// The config object and its encoding for `KERNELBOT_PAYLOAD`.
@@ -221,12 +243,14 @@ pub fn parse(
     let discord = discord(&obj, has_default_discord)?;
     // Last, once the body's shape is right: the runner's own rules, so a config it would
     // refuse never takes a GPU slot.
-    let private = EvalConfig::from_json(config)?.mode == "private";
+    let eval = EvalConfig::from_json(config)?;
+    fits_queue(gpu, queue, eval.multi_gpu)?;
+    let private = eval.mode == "private";
     Ok(Submission {
         run_id,
         run_id_given,
         gpu: gpu.to_owned(),
-        queue: queue.to_owned(),
+        queue: queue.name.clone(),
         title,
         max_queue_secs,
         discord,
@@ -278,6 +302,39 @@ mod tests {
             assert!(matches!(err, Invalid::Config(_)), "{err}");
             assert_eq!(err.field_path().as_deref(), Some(path));
             assert!(err.to_string().contains(says), "{err}");
+        }
+    }
+
+    /// Each task where its GPUs are: a table over the task's kind and the queue's agents.
+    #[test]
+    fn multi_gpu_tasks_go_only_to_multi_gpu_queues() {
+        let queues = QueueMap::parse("H100_BK=h100,MI300x8_BK=mi300x8:8").unwrap();
+        let multi = |on: bool| {
+            let mut config = valid();
+            config["multi_gpu"] = json!(on);
+            config
+        };
+        for (gpu, config, refused) in [
+            ("H100_BK", valid(), None),
+            ("H100_BK", multi(false), None),
+            ("MI300x8_BK", multi(true), None),
+            ("H100_BK", multi(true), Some("cannot run on H100_BK")),
+            (
+                "MI300x8_BK",
+                valid(),
+                Some("MI300x8_BK is for multi-GPU tasks"),
+            ),
+            ("MI300x8_BK", multi(false), Some("has 8 GPUs per agent")),
+        ] {
+            let body = json!({"gpu": gpu, "config": config}).to_string();
+            match (parse(body.as_bytes(), &queues, false), refused) {
+                (Ok(s), None) => assert_eq!(s.queue, queues.queue_for(gpu).unwrap()),
+                (Err(e), Some(says)) => {
+                    assert_eq!(e.field_path().as_deref(), Some("config.multi_gpu"));
+                    assert!(e.to_string().contains(says), "{e}");
+                }
+                (got, _) => panic!("{gpu} {config}: {:?}", got.map(|s| s.queue)),
+            }
         }
     }
 

@@ -289,6 +289,147 @@ fn an_eight_gpu_amd_node_binds_rocm_devices() {
     assert!(!other.path().join("etc").exists());
 }
 
+/// An 8-GPU node of each vendor with `GPUS_PER_AGENT`: each agent holds its GPUs (numbered
+/// from 0 in the container) and their share of the node, and its docker admits exactly them.
+#[test]
+fn a_multi_gpu_node_gets_agents_holding_several_gpus() {
+    let stub = stub_docker();
+    let real = stub.path().join("docker");
+    let checkout = tempfile::tempdir().unwrap();
+    for (nvidia, amd) in [(8, 0), (0, 8)] {
+        for per_agent in [4, 8] {
+            let root = tempfile::tempdir().unwrap();
+            let tools = stubs(nvidia, amd);
+            let per = per_agent.to_string();
+            let vars = [
+                ("QUEUE", "mi300x8"),
+                ("NODE_CPUS", "128"),
+                ("NODE_MEMORY_GB", "1032"),
+                ("RENDER_NODES", RENDER_NODES),
+                ("GPUS_PER_AGENT", per.as_str()),
+                ("REAL_DOCKER", real.to_str().unwrap()),
+            ];
+            let s = setup(root.path(), tools.path(), &vars);
+            assert_eq!(s.code, 0, "{}", s.output);
+            let agents = 8 / per_agent;
+            let (cpus, gib) = (16 * per_agent, 128 * per_agent);
+            let said =
+                format!("{agents} agent(s) of {per_agent} GPUs, {cpus} CPUs and {gib} GiB each");
+            assert!(s.output.contains(&said), "{}", s.output);
+            for agent in 0..agents {
+                let (first, last) = (agent * per_agent, agent * per_agent + per_agent - 1);
+                let gpus: Vec<String> = (first..=last).map(|i| i.to_string()).collect();
+                let visible: Vec<String> = (0..per_agent).map(|i| i.to_string()).collect();
+                let env = hook_env(root.path(), first);
+                let cpuset = format!("{}-{}", agent * cpus, agent * cpus + cpus - 1);
+                assert_eq!(env["KERNELBOT_GPU_INDEX"], first.to_string());
+                assert_eq!(env["KERNELBOT_GPUS"], gpus.join(","));
+                assert_eq!(env["KERNELBOT_GPU_COUNT"], per);
+                assert_eq!(env["KERNELBOT_CPUSET"], cpuset);
+                assert_eq!(env["BUILDKITE_PLUGIN_DOCKER_MEMORY"], format!("{gib}g"));
+                let cfg = read(
+                    root.path(),
+                    &format!("/etc/buildkite-agent/agent-{first}/buildkite-agent.cfg"),
+                );
+                assert!(
+                    cfg.contains(&format!("queue=mi300x8,gpus={first}-{last},")),
+                    "{cfg}"
+                );
+                assert!(
+                    cfg.contains(&format!("name=\"gpunode-gpus{first}-{last}\"")),
+                    "{cfg}"
+                );
+                let slice = read(
+                    root.path(),
+                    &format!("/etc/systemd/system/kernelbot-gpus{first}-{last}.slice"),
+                );
+                assert!(slice.contains(&format!("AllowedCPUs={cpuset}")), "{slice}");
+                assert!(slice.contains(&format!("MemoryMax={gib}G")), "{slice}");
+                if nvidia > 0 {
+                    assert_eq!(env["NVIDIA_VISIBLE_DEVICES"], gpus.join(","));
+                    assert_eq!(env["CUDA_VISIBLE_DEVICES"], visible.join(","));
+                    // Quoted: docker reads --gpus as CSV.
+                    let quoted = format!("\"device={}\"", gpus.join(","));
+                    assert_eq!(env["BUILDKITE_PLUGIN_DOCKER_GPUS"], quoted);
+                } else {
+                    assert_eq!(env["ROCR_VISIBLE_DEVICES"], visible.join(","));
+                    assert_eq!(env["HIP_VISIBLE_DEVICES"], visible.join(","));
+                    for (i, gpu) in (first..=last).enumerate() {
+                        let node = format!("/dev/dri/renderD{}", 128 + gpu);
+                        assert_eq!(
+                            env[&format!("BUILDKITE_PLUGIN_DOCKER_DEVICES_{}", i + 1)],
+                            node
+                        );
+                    }
+                    let beyond = format!("BUILDKITE_PLUGIN_DOCKER_DEVICES_{}", per_agent + 1);
+                    assert!(!env.contains_key(&beyond));
+                }
+                admits_exactly_its_gpus(root.path(), first, checkout.path(), &env, nvidia > 0);
+            }
+            // One agent per group of GPUs, none per GPU.
+            for gpu in 0..8 {
+                let dir = root.path().join(format!("etc/buildkite-agent/agent-{gpu}"));
+                assert_eq!(dir.exists(), gpu % per_agent == 0, "agent-{gpu}");
+            }
+        }
+    }
+    // GPUs that agents of that size cannot split: nothing is set up, and the reason is given.
+    let root = tempfile::tempdir().unwrap();
+    let tools = stubs(8, 0);
+    let s = setup(
+        root.path(),
+        tools.path(),
+        &[("QUEUE", "h100x3"), ("GPUS_PER_AGENT", "3")],
+    );
+    assert_refused(&s, "8 GPUs cannot be split into agents of GPUS_PER_AGENT=3");
+    assert!(!root.path().join("etc").exists());
+    let s = setup(
+        root.path(),
+        tools.path(),
+        &[("QUEUE", "h100"), ("GPUS_PER_AGENT", "0")],
+    );
+    assert_refused(&s, "GPUS_PER_AGENT must be a positive number");
+}
+
+/// The plugin's container runs on agent `first`'s docker; any GPU or render node beyond the
+/// agent's is refused.
+fn admits_exactly_its_gpus(
+    root: &Path,
+    first: usize,
+    checkout: &Path,
+    env: &BTreeMap<String, String>,
+    nvidia: bool,
+) {
+    let args = plugin_args(checkout, env);
+    let (code, out) = wrapped_docker(root, first, checkout, &args);
+    assert_eq!(code, 0, "the plugin's own container must run: {out}");
+    // A GPU of the node outside the agent's, else one beyond the node.
+    let count: usize = env["KERNELBOT_GPU_COUNT"].parse().unwrap();
+    let other = if count < 8 { (first + count) % 8 } else { 8 };
+    let gpus = &env["KERNELBOT_GPUS"];
+    let bad: Vec<Vec<String>> = if nvidia {
+        vec![
+            strings(&["--gpus", &format!("device={gpus},{other}")]),
+            strings(&["--gpus", &format!("\"device={gpus},{other}\"")]),
+            strings(&["--gpus", &format!("device={other}")]),
+            strings(&["--gpus", "all"]),
+        ]
+    } else {
+        vec![
+            strings(&["--device", &format!("/dev/dri/renderD{}", 128 + other)]),
+            strings(&["--device", "/dev/dri"]),
+            strings(&["--device", "/dev/dri/renderD12"]),
+        ]
+    };
+    let (base, tail) = args.split_at(args.len() - 5);
+    for extra in bad {
+        let attempt: Vec<String> = [base, &extra, tail].concat();
+        let (code, out) = wrapped_docker(root, first, checkout, &attempt);
+        assert_eq!(code, 125, "{extra:?}: {out}");
+        assert!(out.contains("refusing"), "{out}");
+    }
+}
+
 const RENDER_NODES: &str =
     "renderD128 renderD129 renderD130 renderD131 renderD132 renderD133 renderD134 renderD135";
 

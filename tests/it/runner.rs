@@ -39,6 +39,7 @@ for i, c in enumerate(cases):
         say(f"{mode}.{i}.mean", 1500.0); say(f"{mode}.{i}.err", 5.0)
 say("seed", os.environ.get("POPCORN_SEED", ""))
 say("affinity", ",".join(map(str, sorted(os.sched_getaffinity(0)))))
+say("gpus", os.environ.get("POPCORN_GPUS", "unset"))
 say("check", "fail" if behaviour == "fail" else "pass")
 sys.exit(112 if behaviour == "fail" else 0)
 "#;
@@ -688,4 +689,63 @@ out.write("check: pass\n")
     assert!(r.result.unwrap().runs["test"].run.as_ref().unwrap().passed);
     assert_eq!(alive_of(uid), Vec::<String>::new());
     assert_eq!(r.raw.unwrap()["sandbox"]["processes_killed"], 1);
+}
+
+/// A directory holding only `name`, a stub of a GPU tool that prints `output`.
+fn gpu_tool(name: &str, output: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(name);
+    std::fs::write(&path, format!("#!/bin/sh\ncat <<'EOF'\n{output}\nEOF\n")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    for d in [dir.path(), path.as_path()] {
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    dir
+}
+
+/// On a multi-GPU agent (8 GPUs of either vendor in its container) the runner reports the
+/// device count and a multi-GPU task's program is told it in `POPCORN_GPUS`; a single-GPU
+/// task is not.
+#[test]
+fn a_multi_gpu_agent_s_devices_are_counted_and_given_to_multi_gpu_tasks() {
+    let nvidia = (0..8)
+        .map(|_| "NVIDIA H100 80GB HBM3\n")
+        .collect::<String>();
+    let cards: Vec<String> = (0..8)
+        .map(|i| format!("\"card{i}\": {{\"Card Series\": \"AMD Instinct MI300X\"}}"))
+        .collect();
+    let amd = format!("{{{}}}", cards.join(", "));
+    for (tool, output, gpu, runtime) in [
+        (
+            "nvidia-smi",
+            nvidia.trim_end(),
+            "NVIDIA H100 80GB HBM3",
+            "CUDA",
+        ),
+        ("rocm-smi", amd.as_str(), "AMD Instinct MI300X", "ROCm"),
+    ] {
+        let stubs = gpu_tool(tool, output);
+        let path = format!("{}:/usr/local/bin:/usr/bin:/bin", stubs.path().display());
+        for (multi, told) in [(true, "8"), (false, "unset")] {
+            let mut config = config("pass", "test");
+            config["multi_gpu"] = json!(multi);
+            let r = run_with(&[
+                ("KERNELBOT_PAYLOAD", payload::encode(&config).unwrap()),
+                ("PATH", path.clone()),
+            ]);
+            let result = r.result.unwrap_or_else(|| panic!("{}", r.stdout));
+            assert_eq!(result.system.device_count, 8, "{tool}");
+            assert_eq!(
+                (result.system.gpu.as_str(), result.system.runtime.as_str()),
+                (gpu, runtime)
+            );
+            let test = result.runs["test"].run.as_ref().unwrap();
+            assert!(test.passed, "{test:?}");
+            assert_eq!(
+                test.value("gpus").as_deref(),
+                Some(told),
+                "{tool}, multi_gpu {multi}"
+            );
+        }
+    }
 }

@@ -213,3 +213,50 @@ async fn a_config_the_runner_would_refuse_gets_422_and_takes_no_gpu() {
         assert_eq!(app.status("bad-config").await.0, StatusCode::NOT_FOUND);
     }
 }
+
+/// A multi-GPU task goes to the queue whose agents hold several GPUs, with its queue in the
+/// build's env; on a single-GPU queue it is refused at submit (and a single-GPU task on a
+/// multi-GPU queue), on both stores.
+#[tokio::test]
+async fn multi_gpu_tasks_reach_only_multi_gpu_queues() {
+    for kind in [StoreKind::Sqlite, StoreKind::Dynamo] {
+        let queues = ("GPU_QUEUES", "H100_BK=h100,MI300x8_BK=mi300x8:8");
+        let app = TestApp::spawn_with(kind, &[queues]).await;
+        let config = |multi: bool| {
+            let mut body = submission("x");
+            body["config"]["multi_gpu"] = json!(multi);
+            body["config"].clone()
+        };
+        for (run_id, gpu, multi, says) in [
+            ("multi-on-one", "H100_BK", true, "cannot run on H100_BK"),
+            (
+                "one-on-eight",
+                "MI300x8_BK",
+                false,
+                "is for multi-GPU tasks",
+            ),
+        ] {
+            let mut body = submission(run_id);
+            body["gpu"] = json!(gpu);
+            body["config"] = config(multi);
+            let (status, err) = app.submit(&body).await;
+            assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{err}");
+            assert_eq!(
+                (&err["error"], &err["field"]),
+                (&json!("invalid_config"), &json!("config.multi_gpu"))
+            );
+            assert!(err["message"].as_str().unwrap().contains(says), "{err}");
+            assert_eq!(app.status(run_id).await.0, StatusCode::NOT_FOUND);
+        }
+        assert!(app.buildkite.builds().is_empty());
+
+        let mut body = submission("multi-on-eight");
+        body["gpu"] = json!("MI300x8_BK");
+        body["config"] = config(true);
+        let (status, answer) = app.submit(&body).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{answer}");
+        let builds = app.buildkite.builds();
+        assert_eq!(builds.len(), 1);
+        assert_eq!(builds[0].env["KERNELBOT_QUEUE"], "mi300x8");
+    }
+}
