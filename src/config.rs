@@ -65,17 +65,20 @@ impl Role {
                 "SUBMIT_API_TOKEN",
                 "DISCORD_WEBHOOK_URL",
                 "CALLBACK_SECRET",
+                "PROFILE_LINK_SECRET",
             ],
             Self::Webhook => &[
                 "BUILDKITE_API_TOKEN",
                 "BUILDKITE_WEBHOOK_SECRET",
                 "DISCORD_WEBHOOK_URL",
                 "CALLBACK_SECRET",
+                "PROFILE_LINK_SECRET",
             ],
             Self::Sweep => &[
                 "BUILDKITE_API_TOKEN",
                 "DISCORD_WEBHOOK_URL",
                 "CALLBACK_SECRET",
+                "PROFILE_LINK_SECRET",
             ],
         }
     }
@@ -122,6 +125,28 @@ impl std::fmt::Debug for CallbackConfig {
                 ),
             )
             .field("secret", &"[redacted]")
+            .finish()
+    }
+}
+
+/// Signed links to profile runs' files (`PROFILE_LINK_SECRET`).
+#[derive(Clone)]
+pub struct ProfileLinkConfig {
+    /// Signs the links (submit verifies them).
+    pub secret: SecretString,
+    /// The submit API's public URL (`PUBLIC_URL`), which the links open; without it a
+    /// function verifies links but makes none.
+    pub base_url: Option<Url>,
+    /// How long a link opens (`PROFILE_LINK_TTL_SECS`, default 7 days).
+    pub ttl: Duration,
+}
+
+impl std::fmt::Debug for ProfileLinkConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProfileLinkConfig")
+            .field("secret", &"[redacted]")
+            .field("base_url", &self.base_url.as_ref().map(Url::as_str))
+            .field("ttl", &self.ttl)
             .finish()
     }
 }
@@ -270,6 +295,8 @@ pub struct Config {
     pub timing: Timing,
     /// Signed callbacks on every state change; `None` when `CALLBACK_URL` is unset.
     pub callback: Option<CallbackConfig>,
+    /// Links to profile runs' files; `None` when `PROFILE_LINK_SECRET` is unset.
+    pub profile_links: Option<ProfileLinkConfig>,
 }
 
 struct Env<'a>(&'a dyn Fn(&str) -> Option<String>);
@@ -327,6 +354,28 @@ impl Env<'_> {
         let url = self.exact_url("CALLBACK_URL", &raw)?;
         let secret = self.required("CALLBACK_SECRET")?.into();
         Ok(Some(CallbackConfig { url, secret }))
+    }
+
+    fn profile_links(&self) -> Result<Option<ProfileLinkConfig>, ConfigError> {
+        let Some(secret) = self.get("PROFILE_LINK_SECRET") else {
+            return Ok(None);
+        };
+        let base_url = match self.get("PUBLIC_URL") {
+            Some(_) => Some(self.url("PUBLIC_URL", "")?),
+            None => None,
+        };
+        let ttl = self.secs("PROFILE_LINK_TTL_SECS", 7 * 24 * 3600)?;
+        if ttl.is_zero() {
+            return Err(ConfigError::invalid(
+                "PROFILE_LINK_TTL_SECS",
+                "must be positive",
+            ));
+        }
+        Ok(Some(ProfileLinkConfig {
+            secret: secret.into(),
+            base_url,
+            ttl,
+        }))
     }
 
     fn number(&self, name: &'static str, default: u64) -> Result<u64, ConfigError> {
@@ -410,6 +459,7 @@ impl Config {
             },
             timing: env.timing()?,
             callback: env.callback()?,
+            profile_links: env.profile_links()?,
         })
     }
 
@@ -531,6 +581,31 @@ mod tests {
             Some("https://kernelbot.example/cb/?t=receiver-token")
         );
         assert!(!format!("{cfg:?}").contains("MfKQ9r8"));
+    }
+
+    #[test]
+    fn profile_links_need_a_secret_that_is_never_shown() {
+        assert!(load(Role::Sweep, BASE).unwrap().profile_links.is_none());
+        let vars = [
+            ("PROFILE_LINK_SECRET", "link-key-123"),
+            ("PUBLIC_URL", "https://submit.example/"),
+        ];
+        let cfg = load(Role::Sweep, &[BASE, &vars].concat()).unwrap();
+        let links = cfg.profile_links.as_ref().unwrap();
+        assert_eq!(
+            links.base_url.as_ref().map(Url::as_str),
+            Some("https://submit.example/")
+        );
+        assert_eq!(links.ttl, Duration::from_secs(604_800));
+        assert!(!format!("{cfg:?}").contains("link-key-123"));
+        let zero = [BASE, &vars, &[("PROFILE_LINK_TTL_SECS", "0")]].concat();
+        assert!(matches!(
+            load(Role::Sweep, &zero),
+            Err(ConfigError::Invalid {
+                name: "PROFILE_LINK_TTL_SECS",
+                ..
+            })
+        ));
     }
 
     #[test]

@@ -21,6 +21,7 @@ pub mod flow;
 pub mod http;
 pub mod jobs;
 pub mod payload;
+mod profile_link;
 pub mod result;
 pub mod retry;
 pub mod runner;

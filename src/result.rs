@@ -80,7 +80,9 @@ pub struct RunResult {
 #[serde(default)]
 pub struct ProfileResult {
     pub profiler: String,
-    pub trace: String,
+    /// kernelbot's runners put the profiler's files here, zipped and base64-encoded; ours
+    /// leave them as a build artifact (`null` here) and `download_url` links to them.
+    pub trace: Option<String>,
     pub download_url: Option<String>,
 }
 
@@ -125,7 +127,7 @@ impl FullResult {
                 r.stderr.clear();
             }
             if let Some(p) = eval.profile.as_mut() {
-                p.trace.clear();
+                p.trace = None;
             }
         }
     }
@@ -266,7 +268,9 @@ impl EvalResult {
         }
         if let Some(p) = self.profile.as_mut() {
             cap(&mut p.profiler, caps::SHORT);
-            cap(&mut p.trace, caps::LOG);
+            if let Some(t) = p.trace.as_mut() {
+                cap(t, caps::LOG);
+            }
             if let Some(u) = p.download_url.as_mut() {
                 cap(u, caps::TEXT);
             }
@@ -545,7 +549,8 @@ mod tests {
                 .all(|v| v.as_str().is_some_and(|s| s.len() <= caps::VALUE))
         );
         assert!(eval.start.as_ref().unwrap().len() <= caps::SHORT);
-        assert!(eval.profile.as_ref().unwrap().trace.len() <= caps::LOG);
+        let trace = eval.profile.as_ref().unwrap().trace.as_ref().unwrap();
+        assert!(trace.len() <= caps::LOG);
         assert!(serde_json::to_vec(&r).unwrap().len() < 200_000);
     }
 

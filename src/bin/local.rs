@@ -165,7 +165,13 @@ async fn run_local() -> Result<(), Error> {
         ("DISCORD_API_URL", discord.api_url.clone()),
         ("SUBMIT_API_TOKEN", api_token.clone()),
     ]);
+    let mut vars = vars;
+    // Profile links, signed with a key of this run's (they open the submit API).
+    let link_secret = std::env::var("PROFILE_LINK_SECRET")
+        .unwrap_or_else(|_| uuid::Uuid::new_v4().simple().to_string());
+    vars.insert("PROFILE_LINK_SECRET", link_secret);
     let submit_url = start_function(Role::Submit, &vars, http::submit::router).await?;
+    vars.insert("PUBLIC_URL", submit_url.clone());
     let webhook_url = start_function(Role::Webhook, &vars, http::webhook::router).await?;
     // The stand-in agent runs the pipeline's step, which calls `kernelbot-runner`: this very
     // binary, which acts as the runner when called by that name.

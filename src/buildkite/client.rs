@@ -466,6 +466,27 @@ impl BuildkiteClient {
             .await
     }
 
+    /// Where an artifact can be downloaded from for a minute or so: the storage URL the API
+    /// redirects to, without following it (a user's browser does, with no token of ours).
+    pub(crate) async fn artifact_location(
+        &self,
+        build_number: u64,
+        artifact: &Artifact,
+        deadline: Deadline,
+    ) -> Result<Url, BuildkiteError> {
+        let url = self.url(&format!(
+            "builds/{build_number}/jobs/{}/artifacts/{}/download",
+            artifact.job_id, artifact.id
+        ));
+        let resp = self.run(Call::get(&url, Scope::Item), deadline).await?;
+        if !resp.status().is_redirection() {
+            return Err(BuildkiteError::protocol(
+                "artifact download without a redirect",
+            ));
+        }
+        redirect_target(&url, resp.headers())
+    }
+
     async fn download_once(
         &self,
         url: &str,
@@ -475,14 +496,7 @@ impl BuildkiteClient {
         if !resp.status().is_redirection() {
             return read_capped(resp).await;
         }
-        let location = resp
-            .headers()
-            .get(header::LOCATION)
-            .and_then(|l| l.to_str().ok())
-            .ok_or_else(|| BuildkiteError::protocol("artifact redirect without Location"))?;
-        let target = Url::parse(url)
-            .and_then(|u| u.join(location))
-            .map_err(BuildkiteError::protocol)?;
+        let target = redirect_target(url, resp.headers())?;
         self.fetch_storage(target, deadline).await
     }
 
@@ -511,6 +525,17 @@ impl BuildkiteClient {
         }
         read_capped(resp).await
     }
+}
+
+/// Where a redirect from `url` points.
+fn redirect_target(url: &str, headers: &header::HeaderMap) -> Result<Url, BuildkiteError> {
+    let location = headers
+        .get(header::LOCATION)
+        .and_then(|l| l.to_str().ok())
+        .ok_or_else(|| BuildkiteError::protocol("artifact redirect without Location"))?;
+    Url::parse(url)
+        .and_then(|u| u.join(location))
+        .map_err(BuildkiteError::protocol)
 }
 
 /// Reads a body, refusing more than [`MAX_ARTIFACT_BYTES`] (checked as it streams, since a

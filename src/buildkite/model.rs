@@ -166,6 +166,26 @@ pub(crate) fn pick_result<'a>(build: &Build, artifacts: &'a [Artifact]) -> Optio
         .map(|(_, a)| a)
 }
 
+/// The finished artifact named `name` (`profile.0.zip`) of the job that left the listing's
+/// last `result.json` (a retried step leaves one of each per job), else the last such.
+pub(crate) fn pick_beside_result<'a>(
+    artifacts: &'a [Artifact],
+    name: &str,
+) -> Option<&'a Artifact> {
+    let named = |a: &&Artifact, n: &str| {
+        a.state == "finished"
+            && (a.filename == n || a.path == n || a.path.ends_with(&format!("/{n}")))
+    };
+    let result_job = artifacts
+        .iter()
+        .rfind(|a| named(a, RESULT_FILE))
+        .map(|a| &a.job_id);
+    artifacts
+        .iter()
+        .rev()
+        .find(|a| named(a, name) && result_job.is_none_or(|job| &a.job_id == job))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -212,6 +232,29 @@ mod tests {
             state: state.into(),
             file_size: None,
         }
+    }
+
+    #[test]
+    fn a_profile_zip_comes_from_the_job_whose_result_is_read() {
+        let artifacts = vec![
+            artifact("z1", "j1", "kernelbot-out/profile.0.zip", "finished"),
+            artifact("r1", "j1", "kernelbot-out/result.json", "finished"),
+            artifact("z2", "j2", "kernelbot-out/profile.0.zip", "finished"),
+            artifact("z3", "j2", "kernelbot-out/profile.1.zip", "error"),
+            artifact("r2", "j2", "kernelbot-out/result.json", "finished"),
+        ];
+        let pick = |a: &[Artifact], n| pick_beside_result(a, n).map(|a| a.id.clone());
+        assert_eq!(pick(&artifacts, "profile.0.zip").as_deref(), Some("z2"));
+        assert_eq!(pick(&artifacts, "profile.1.zip"), None, "not finished");
+        assert_eq!(pick(&artifacts, "profile.2.zip"), None);
+        assert_eq!(
+            pick(&artifacts[..2], "profile.0.zip").as_deref(),
+            Some("z1")
+        );
+        assert_eq!(
+            pick(&artifacts[2..3], "profile.0.zip").as_deref(),
+            Some("z2")
+        );
     }
 
     #[test]

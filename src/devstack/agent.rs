@@ -25,20 +25,48 @@ pub(crate) fn step_command() -> Option<String> {
     })
 }
 
-/// Where the step leaves `result.json`, relative to the checkout: its artifact path. The
-/// container's working directory is that path's directory, mounted from the checkout.
-pub(crate) fn step_artifact() -> Option<String> {
-    let mut lines = PIPELINE
+/// The step's artifact paths, relative to the checkout (`*` matches within a name).
+fn step_artifacts() -> Vec<String> {
+    PIPELINE
         .lines()
-        .skip_while(|l| l.trim() != "artifact_paths:");
-    lines.next()?;
-    let value = lines
-        .next()?
-        .trim()
-        .strip_prefix("- ")?
-        .trim()
-        .trim_matches('"');
-    (!value.is_empty()).then(|| value.to_owned())
+        .skip_while(|l| l.trim() != "artifact_paths:")
+        .skip(1)
+        .map(str::trim)
+        .filter(|l| !l.starts_with('#'))
+        .map_while(|l| l.strip_prefix("- "))
+        .map(|v| v.trim().trim_matches('"').to_owned())
+        .filter(|v| !v.is_empty())
+        .collect()
+}
+
+/// Where the step leaves `result.json`, relative to the checkout: its first artifact path.
+/// The container's working directory is that path's directory, mounted from the checkout.
+pub(crate) fn step_artifact() -> Option<String> {
+    step_artifacts().into_iter().next()
+}
+
+/// The files under `checkout` that the step's other artifact paths name, by path.
+fn other_artifacts(checkout: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut found = Vec::new();
+    for pattern in step_artifacts().into_iter().skip(1) {
+        let (dir, name) = pattern.rsplit_once('/').unwrap_or(("", &pattern));
+        let (prefix, suffix) = name.split_once('*').unwrap_or((name, ""));
+        let Ok(entries) = std::fs::read_dir(checkout.join(dir)) else {
+            continue;
+        };
+        let mut names: Vec<String> = entries
+            .flatten()
+            .filter_map(|e| e.file_name().into_string().ok())
+            .filter(|n| n.starts_with(prefix) && n.ends_with(suffix) && n.len() >= name.len() - 1)
+            .collect();
+        names.sort();
+        for n in names {
+            if let Ok(bytes) = std::fs::read(checkout.join(dir).join(&n)) {
+                found.push((format!("{dir}/{n}"), bytes));
+            }
+        }
+    }
+    found
 }
 
 /// An agent that runs the step with `runner` standing in for the image's `kernelbot-runner`.
@@ -94,6 +122,7 @@ fn run_step(runner: &Path, env: &BTreeMap<String, String>) -> std::io::Result<St
     Ok(StepOutcome {
         passed: status.success(),
         result,
+        artifacts: other_artifacts(checkout.path()),
     })
 }
 

@@ -25,6 +25,8 @@ use crate::time::Clock;
 pub const API_TOKEN: &str = "test-submit-token";
 pub const BK_TOKEN: &str = "test-buildkite-token";
 pub const SECRET: &str = "test-webhook-secret";
+/// Signs the stack's profile links.
+pub const LINK_SECRET: &str = "test-profile-link-secret";
 pub const HOOK_URL: &str = "https://discord.com/api/webhooks/111111111111111111/hook-token_1";
 
 /// Which store the stack keeps jobs in.
@@ -117,6 +119,7 @@ impl StandIns {
             ),
             ("DISCORD_API_URL".into(), self.discord.api_url.clone()),
             ("SUBMIT_API_TOKEN".into(), API_TOKEN.into()),
+            ("PROFILE_LINK_SECRET".into(), LINK_SECRET.into()),
         ]);
         if vars.iter().any(|(k, _)| *k == "CALLBACK_SECRET") {
             env.insert("CALLBACK_URL".into(), self.receiver.url.clone());
@@ -148,9 +151,9 @@ impl Stack {
         let clock = Clock::default();
         let stand_ins = StandIns::start(&clock).await?;
         let (store, dir) = open_store(kind).await?;
-        let env = stand_ins.env(vars);
+        let mut env = stand_ins.env(vars);
         let metrics = Arc::new(Mutex::new(Vec::new()));
-        let deps = |role: Role| -> Result<Arc<Deps>, BoxError> {
+        let deps = |env: &BTreeMap<String, String>, role: Role| -> Result<Arc<Deps>, BoxError> {
             let config = Config::from_lookup(role, &|k| env.get(k).cloned())?;
             let deps = Deps::new(Arc::new(config), store.clone())?
                 .with_clock(clock.clone())
@@ -158,11 +161,15 @@ impl Stack {
                 .with_outbound(quick_retries(), timeout);
             Ok(Arc::new(deps))
         };
-        let submit_router = http::submit::router(deps(Role::Submit)?);
-        let webhook_router = http::webhook::router(deps(Role::Webhook)?);
-        let sweeper = deps(Role::Sweep)?;
+        let submit_router = http::submit::router(deps(&env, Role::Submit)?);
+        let submit_url = serve(submit_router.clone()).await?;
+        // Profile links open the submit API: the others make them.
+        env.entry("PUBLIC_URL".into())
+            .or_insert_with(|| submit_url.clone());
+        let webhook_router = http::webhook::router(deps(&env, Role::Webhook)?);
+        let sweeper = deps(&env, Role::Sweep)?;
         Ok(Self {
-            submit_url: serve(submit_router.clone()).await?,
+            submit_url,
             webhook_url: format!(
                 "{}/webhooks/buildkite",
                 serve(webhook_router.clone()).await?

@@ -10,6 +10,7 @@ use crate::buildkite::{BuildkiteClient, BuildkiteError, WebhookAuth};
 use crate::callback::{CallbackSender, SenderError};
 use crate::config::{Config, ConfigError};
 use crate::discord::{DiscordError, DiscordTarget, Notifier};
+use crate::flow::profiles::ClickCounter;
 use crate::jobs::JobStore;
 use crate::retry::{Deadline, Policy};
 use crate::telemetry::metrics::Metrics;
@@ -33,6 +34,8 @@ pub struct Deps {
     /// How long one job's sends to one receiver may take (`None`: until the deadline). A
     /// sweep pass sets it, so a hung receiver costs each job a slice, not the pass.
     pub(crate) send_slice: Option<Duration>,
+    /// Clicks on profile links per run (submit only).
+    pub(crate) profile_clicks: ClickCounter,
 }
 
 /// Why a function could not start.
@@ -90,6 +93,7 @@ impl Deps {
             clock: Clock::default(),
             metrics: Metrics::for_function("local"),
             send_slice: None,
+            profile_clicks: ClickCounter::default(),
         })
     }
 

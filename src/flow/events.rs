@@ -166,7 +166,7 @@ async fn on_build_signal(
         if progress_of(&current) != JobState::Finished {
             return Ok(EventOutcome::Ignored("build has not finished"));
         }
-        t = t.with_outcome(outcome_with(d, &current, artifacts, bk_deadline).await?);
+        t = t.with_outcome(outcome_with(d, &job.run_id, &current, artifacts, bk_deadline).await?);
     }
     advance(d, &job, t, deadline).await
 }

@@ -111,7 +111,7 @@ async fn finish(
     build: &Build,
     deadline: Deadline,
 ) -> Result<EventOutcome, DispatchError> {
-    let outcome = match outcome_of(d, build, d.buildkite_deadline(deadline)).await {
+    let outcome = match outcome_of(d, &job.run_id, build, d.buildkite_deadline(deadline)).await {
         Ok(outcome) => outcome,
         Err(DispatchError::Buildkite(e @ BuildkiteError::Unavailable(_)))
             if overdue_now(d, job.timeline()) == Some(Overdue::Expired) =>

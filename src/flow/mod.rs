@@ -23,6 +23,7 @@ pub mod events;
 mod follow;
 mod outcome;
 pub mod present;
+pub mod profiles;
 pub mod queues;
 pub mod rules;
 pub mod submission;

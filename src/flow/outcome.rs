@@ -3,8 +3,10 @@
 
 use tracing::info;
 
+use super::profiles;
 use super::{Deps, DispatchError};
 use crate::buildkite::{Artifact, Build, BuildkiteError, pick_result};
+use crate::jobs::RunId;
 use crate::result::{FullResult, Outcome};
 use crate::retry::Deadline;
 
@@ -49,17 +51,19 @@ impl FetchError {
 /// or unreadable result is part of the outcome.
 pub(crate) async fn outcome_of(
     d: &Deps,
+    run_id: &RunId,
     build: &Build,
     deadline: Deadline,
 ) -> Result<Outcome, DispatchError> {
     let artifacts = d.buildkite.list_artifacts(build.number, deadline).await;
-    outcome_with(d, build, artifacts, deadline).await
+    outcome_with(d, run_id, build, artifacts, deadline).await
 }
 
 /// [`outcome_of`], with the build's artifacts already listed (a caller that reads the build
 /// and lists its artifacts side by side saves a round trip).
 pub(crate) async fn outcome_with(
     d: &Deps,
+    run_id: &RunId,
     build: &Build,
     artifacts: Result<Vec<Artifact>, BuildkiteError>,
     deadline: Deadline,
@@ -76,7 +80,9 @@ pub(crate) async fn outcome_with(
             (None, Some(e.public()))
         }
     };
-    Ok(Outcome::judge(&state, result, error).with_timings(build.timings()))
+    let outcome = Outcome::judge(&state, result, error).with_timings(build.timings());
+    let links = d.config.profile_links.as_ref();
+    Ok(profiles::attach(links, run_id, d.clock.now(), outcome))
 }
 
 async fn fetch_result(

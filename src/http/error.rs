@@ -8,6 +8,7 @@ use axum::response::{IntoResponse, Response};
 use super::views::ErrorBody;
 use crate::flow::DispatchError;
 use crate::flow::events::WebhookError;
+use crate::flow::profiles::ProfileError;
 use crate::flow::queues::QueueError;
 use crate::flow::submission::Invalid;
 
@@ -19,6 +20,9 @@ pub enum ApiError {
     /// 401: never says which part was wrong.
     #[error("unauthorized")]
     Unauthorized,
+    /// 403: a link that is not ours, or no longer open.
+    #[error("{0}")]
+    Forbidden(String),
     /// 404
     #[error("{0}")]
     NotFound(String),
@@ -34,6 +38,9 @@ pub enum ApiError {
     /// 422 `invalid_config`: names the field (`config.<path>`).
     #[error("{message}")]
     InvalidConfig { field: String, message: String },
+    /// 429
+    #[error("{0}")]
+    TooManyRequests(String),
     /// 502: Buildkite refused or failed; the message is Buildkite's own words.
     #[error("{0}")]
     BadGateway(String),
@@ -78,6 +85,24 @@ impl From<DispatchError> for ApiError {
                 Self::BadGateway(format!("Buildkite did not create the build: {source}"))
             }
             other => Self::Unavailable(other.to_string()),
+        }
+    }
+}
+
+impl From<ProfileError> for ApiError {
+    fn from(e: ProfileError) -> Self {
+        match e {
+            ProfileError::Refused(_) => Self::Forbidden(e.to_string()),
+            ProfileError::NotFound => Self::NotFound(e.to_string()),
+            ProfileError::TooMany => Self::TooManyRequests(e.to_string()),
+            ProfileError::Dispatch(DispatchError::Buildkite(source)) => {
+                tracing::warn!(error = %source, "a profile's download was not found");
+                Self::BadGateway(format!(
+                    "Buildkite could not give the profile's download: {}",
+                    source.public()
+                ))
+            }
+            ProfileError::Dispatch(other) => other.into(),
         }
     }
 }
@@ -127,11 +152,13 @@ impl ApiError {
         match self {
             Self::BadRequest { code, .. } => (StatusCode::BAD_REQUEST, *code),
             Self::Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized"),
+            Self::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
             Self::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
             Self::Conflict { code, .. } => (StatusCode::CONFLICT, *code),
             Self::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "too_large"),
             Self::Unprocessable { code, .. } => (StatusCode::UNPROCESSABLE_ENTITY, *code),
             Self::InvalidConfig { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_config"),
+            Self::TooManyRequests(_) => (StatusCode::TOO_MANY_REQUESTS, "rate_limited"),
             Self::BadGateway(_) => (StatusCode::BAD_GATEWAY, "buildkite_error"),
             Self::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
         }

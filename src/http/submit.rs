@@ -1,11 +1,12 @@
 //! The submit function's routes: `POST /submissions`, `GET /submissions/{run_id}`,
-//! `POST /submissions/{run_id}/cancel` and `GET /queues/{gpu}`.
+//! `POST /submissions/{run_id}/cancel`, `GET /submissions/{run_id}/profiles/{index}` (a
+//! signed link, no token) and `GET /queues/{gpu}`.
 
 use std::sync::Arc;
 
-use axum::extract::{DefaultBodyLimit, Path, State};
-use axum::http::StatusCode;
-use axum::response::IntoResponse;
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 
@@ -14,7 +15,7 @@ use super::views::{CanceledView, JobView, QueueView, SubmittedView};
 use super::{ApiError, MAX_BODY, healthz, in_span};
 use crate::flow::cancel::Canceled;
 use crate::flow::submit::Submitted;
-use crate::flow::{Deps, cancel, queues, submission, submit};
+use crate::flow::{Deps, cancel, profiles, queues, submission, submit};
 use crate::jobs::RunId;
 
 pub fn router(deps: Arc<Deps>) -> Router {
@@ -22,6 +23,7 @@ pub fn router(deps: Arc<Deps>) -> Router {
         .route("/submissions", post(create))
         .route("/submissions/{run_id}", get(show))
         .route("/submissions/{run_id}/cancel", post(cancel))
+        .route("/submissions/{run_id}/profiles/{index}", get(profile))
         .route("/queues/{gpu}", get(queue))
         .route("/healthz", get(healthz))
         .layer(DefaultBodyLimit::max(MAX_BODY))
@@ -84,6 +86,39 @@ async fn cancel(
         }),
         Canceled::Unknown => Err(not_found(&raw)),
     }
+}
+
+/// A profile link's query: the link's expiry and signature.
+#[derive(serde::Deserialize)]
+struct LinkQuery {
+    expires: Option<String>,
+    signature: Option<String>,
+}
+
+/// `GET /submissions/{run_id}/profiles/{index}?expires=..&signature=..`: no token (the
+/// link's signature is its credential); 302 to the profile's zip, for a minute or so.
+async fn profile(
+    State(d): State<Arc<Deps>>,
+    Invocation(deadline): Invocation,
+    Path((raw, index)): Path<(String, String)>,
+    Query(link): Query<LinkQuery>,
+) -> Result<Response, ApiError> {
+    let forged = || ApiError::Forbidden("not a valid profile link".into());
+    let run_id: RunId = raw.parse().map_err(|_| forged())?;
+    let index: usize = index.parse().map_err(|_| forged())?;
+    let expires: i64 = link
+        .expires
+        .and_then(|e| e.parse().ok())
+        .ok_or_else(forged)?;
+    let signature = link.signature.ok_or_else(forged)?;
+    let url = profiles::download(&d, &run_id, index, (expires, &signature), deadline).await?;
+    let headers = [
+        (header::LOCATION, url),
+        // The storage URL expires within minutes: never cached, never passed on.
+        (header::CACHE_CONTROL, "no-store".to_owned()),
+        (header::REFERRER_POLICY, "no-referrer".to_owned()),
+    ];
+    Ok((StatusCode::FOUND, headers).into_response())
 }
 
 /// `GET /queues/{gpu}`: the queue's agents and open jobs.

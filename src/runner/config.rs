@@ -275,6 +275,15 @@ impl EvalConfig {
 
     /// The cases file for one evaluation mode and its timeout, as kernelbot's
     /// `run_single_evaluation` chooses them.
+    /// Profile mode's runs: one per benchmark, each its own cases file, with the benchmark
+    /// timeout (as kernelbot profiles).
+    pub(crate) fn profile_cases(&self) -> Vec<(String, u64)> {
+        build_test_string(&self.benchmarks)
+            .split_inclusive('\n')
+            .map(|line| (line.to_owned(), self.benchmark_timeout))
+            .collect()
+    }
+
     pub(crate) fn cases_for(&self, mode: &str) -> (String, u64) {
         match mode {
             "test" => (build_test_string(&self.tests), self.test_timeout),

@@ -3,14 +3,18 @@
 //! mode's cases and timeout, and gate each mode on the previous one passing.
 
 use std::collections::BTreeMap;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
 use super::config::{COMPILE_TIMEOUT_SECS, EvalConfig, safe_name};
 use super::process::run_program;
+use super::profile::{self, Profiler};
 use super::sandbox::{Sandbox, Scratch};
 use super::system::{self, python_command};
-use crate::result::{CompileResult, EvalResult, FullResult, RunResult};
+use crate::result::{CompileResult, EvalResult, FullResult, ProfileResult, RunResult};
 
 /// Kernelbot's `CUDA_FLAGS` (`consts.py`), the same on every runner, so a kernel's numbers
 /// here compare with the same kernel's on Modal or GitHub. A config's own `compile_flags`
@@ -32,21 +36,29 @@ pub(super) const CUDA_FLAGS: &[&str] = &[
 /// Interpreters tried, in order, for Python submissions: the first the sandboxed user can run.
 const PYTHONS: &[&str] = &["python", "python3", "/usr/bin/python3"];
 
-/// What every program of one evaluation shares: the sandbox, the time left, the interpreter.
+/// Where a profile run's profiler writes, in its work directory.
+const PROFILE_DIR: &str = "profile_data";
+/// How long `ncu --import` may take to print a report's tables.
+const TABLES_TIMEOUT_SECS: u64 = 120;
+
+/// What every program of one evaluation shares: the sandbox, the time left, the interpreter,
+/// and where `result.json` (and a profile run's zip) goes.
 pub(super) struct Evaluation<'a> {
     pub sandbox: &'a Sandbox,
     /// When the whole evaluation's budget runs out.
     pub until: Instant,
     python: String,
+    out_dir: PathBuf,
 }
 
 impl<'a> Evaluation<'a> {
-    pub(super) fn new(sandbox: &'a Sandbox, budget: Duration) -> Self {
+    pub(super) fn new(sandbox: &'a Sandbox, budget: Duration, out_dir: &Path) -> Self {
         let until = Instant::now() + budget;
         let mut e = Self {
             sandbox,
             until,
             python: python_command(),
+            out_dir: out_dir.to_owned(),
         };
         e.python = e.find_python();
         e
@@ -133,15 +145,71 @@ pub(super) fn run_config(config: &EvalConfig, eval: &Evaluation) -> FullResult {
         }
     }
     let device_count = system.device_count;
-    let runs = run_evaluation(&config.mode, |mode| {
-        evaluate(eval, config, mode, device_count)
-    });
+    let runs = if config.mode == "profile" {
+        let Some(profiler) = Profiler::for_runtime(&system.runtime) else {
+            return FullResult {
+                success: false,
+                error: "profile mode needs a CUDA GPU (Nsight Compute) or a ROCm one \
+                        (rocprofv3); this machine has neither"
+                    .into(),
+                system,
+                ..Default::default()
+            };
+        };
+        profile_runs(eval, config, profiler, device_count)
+    } else {
+        run_evaluation(&config.mode, |mode| {
+            let (cases, timeout) = config.cases_for(mode);
+            let step = Step {
+                mode,
+                cases,
+                timeout,
+                profile: None,
+            };
+            evaluate(eval, config, step, device_count)
+        })
+    };
     FullResult {
         success: true,
         error: String::new(),
         system,
         runs,
     }
+}
+
+/// Profile mode: each benchmark once under `profiler`, as `profile.<i>`.
+fn profile_runs(
+    eval: &Evaluation,
+    config: &EvalConfig,
+    profiler: Profiler,
+    device_count: i64,
+) -> BTreeMap<String, EvalResult> {
+    let cases = config.profile_cases();
+    cases
+        .into_iter()
+        .enumerate()
+        .map(|(i, (cases, timeout))| {
+            let step = Step {
+                mode: "profile",
+                cases,
+                timeout,
+                profile: Some((profiler, i)),
+            };
+            (
+                format!("profile.{i}"),
+                evaluate(eval, config, step, device_count),
+            )
+        })
+        .collect()
+}
+
+/// One run of the harness: its mode, its cases and timeout, and the profiler it runs under
+/// with the run's index.
+struct Step<'a> {
+    mode: &'a str,
+    cases: String,
+    timeout: u64,
+    profile: Option<(Profiler, usize)>,
 }
 
 /// Which modes run, in order, each gated on the previous one passing.
@@ -189,16 +257,20 @@ fn prepare(
     eval: &Evaluation,
     scratch: &Scratch,
     config: &EvalConfig,
-    cases: &str,
+    step: &Step,
 ) -> Result<PathBuf, String> {
     let work = scratch.work.as_path();
     write_files(work, &config.sources)?;
     write_files(work, &config.headers)?;
+    if step.profile.is_some() {
+        std::fs::create_dir(work.join(PROFILE_DIR))
+            .map_err(|e| format!("cannot create the profiler's directory: {e}"))?;
+    }
     eval.sandbox
         .hand_over(work)
         .map_err(|e| format!("cannot hand the work directory over: {e}"))?;
     scratch
-        .read_only_file("cases.txt", cases)
+        .read_only_file("cases.txt", &step.cases)
         .map_err(|e| format!("cannot write the cases file: {e}"))
 }
 
@@ -240,15 +312,14 @@ fn build_program(
 }
 
 /// One evaluation of one mode in a fresh scratch directory.
-fn evaluate(eval: &Evaluation, config: &EvalConfig, mode: &str, device_count: i64) -> EvalResult {
+fn evaluate(eval: &Evaluation, config: &EvalConfig, step: Step, device_count: i64) -> EvalResult {
     let start = now_iso();
     let scratch = match eval.sandbox.scratch() {
         Ok(s) => s,
         Err(e) => return infra_failure(start, format!("cannot create a work directory: {e}")),
     };
     let work = scratch.work.as_path();
-    let (cases, timeout) = config.cases_for(mode);
-    let cases_path = match prepare(eval, &scratch, config, &cases) {
+    let cases_path = match prepare(eval, &scratch, config, &step) {
         Ok(p) => p,
         Err(e) => return infra_failure(start, e),
     };
@@ -264,16 +335,69 @@ fn evaluate(eval: &Evaluation, config: &EvalConfig, mode: &str, device_count: i6
             };
         }
     };
-    args.push(mode.to_owned());
+    args.push(step.mode.to_owned());
     args.push(cases_path.to_string_lossy().into_owned());
-    let env = harness_env(config, device_count);
-    let run = eval.run(&args, work, &env, Duration::from_secs(timeout));
+    let mut env = harness_env(config, device_count);
+    let out = work.join(PROFILE_DIR);
+    if let Some((profiler, _)) = step.profile {
+        env.push(profiler.env());
+        args = profiler.wrap(&out, &args);
+    }
+    let mut run = eval.run(&args, work, &env, Duration::from_secs(step.timeout));
+    let profile = step
+        .profile
+        .and_then(|(profiler, i)| eval.keep_profile(profiler, i, work, &mut run));
     EvalResult {
         start: Some(start),
         end: Some(now_iso()),
         compilation,
         run: Some(run),
-        profile: None,
+        profile,
+    }
+}
+
+impl Evaluation<'_> {
+    /// After a profile run: Nsight's tables in the run's `benchmark.0.report` (base64, as
+    /// kernelbot puts them), and, if the run succeeded, the profiler's files zipped beside
+    /// `result.json` as `profile.<index>.zip`. A zip refused is said in the run's stderr.
+    fn keep_profile(
+        &self,
+        profiler: Profiler,
+        index: usize,
+        work: &Path,
+        run: &mut RunResult,
+    ) -> Option<ProfileResult> {
+        let out = work.join(PROFILE_DIR);
+        if let Some(command) = profiler.tables_command(&out) {
+            // The report was written by the program: it is read inside the sandbox too.
+            let tables = self.run(
+                &command,
+                work,
+                &[],
+                Duration::from_secs(TABLES_TIMEOUT_SECS),
+            );
+            if tables.exit_code == 0 {
+                let report = STANDARD.encode(profile::filter_ncu_report(&tables.stdout));
+                run.result
+                    .insert("benchmark.0.report".into(), report.into());
+            }
+        }
+        if !run.success {
+            return None;
+        }
+        let zip = self.out_dir.join(format!("profile.{index}.zip"));
+        match profile::zip_dir(&out, self.sandbox.program_uid(), &zip) {
+            Ok(_) => Some(ProfileResult {
+                profiler: profiler.name().into(),
+                trace: None,
+                download_url: None,
+            }),
+            Err(e) => {
+                run.stderr
+                    .push_str(&format!("\n{e}: they are not kept for download."));
+                None
+            }
+        }
     }
 }
 

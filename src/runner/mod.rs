@@ -10,6 +10,7 @@ mod affinity;
 mod config;
 mod eval;
 mod process;
+mod profile;
 mod sandbox;
 mod system;
 
@@ -91,7 +92,7 @@ pub fn run(lookup: &dyn Fn(&str) -> Option<String>, out_dir: &Path) -> i32 {
     let (result, code) = match read_config(&encoded) {
         Ok(config) => {
             println!("Evaluating: lang={} mode={}", config.lang, config.mode);
-            let evaluation = eval::Evaluation::new(&sandbox, EVALUATION_BUDGET);
+            let evaluation = eval::Evaluation::new(&sandbox, EVALUATION_BUDGET, out_dir);
             (eval::run_config(&config, &evaluation), exit::OK)
         }
         Err(e) => {

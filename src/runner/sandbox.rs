@@ -175,6 +175,14 @@ impl Sandbox {
             .unwrap_or_else(|e| e.into_inner().clone())
     }
 
+    /// The uid programs run as: the sandbox's, else the runner's own.
+    pub(super) fn program_uid(&self) -> u32 {
+        // SAFETY: plain syscall.
+        self.identity
+            .as_ref()
+            .map_or_else(|| unsafe { libc::geteuid() }, |id| id.uid)
+    }
+
     /// A fresh scratch directory: the working directory belongs to the program's uid.
     pub(super) fn scratch(&self) -> io::Result<Scratch> {
         let parent = tempfile::Builder::new().prefix("kernelbot-").tempdir()?;

@@ -956,6 +956,11 @@ fn the_pipeline_runs_the_runner_on_the_submitted_queue() {
         "the agent uploads what the runner wrote"
     );
     assert_eq!(
+        step["artifact_paths"][1].as_str(),
+        Some(format!("{host_dir}/profile.*.zip").as_str()),
+        "and the profile runs' zips beside it"
+    );
+    assert_eq!(
         cfg["workdir"].as_str(),
         Some(container_dir.as_str()),
         "the runner writes result.json to its working directory"

@@ -269,3 +269,123 @@ fn serve_takes_the_token_from_the_environment_and_answers_only_to_localhost() {
     assert!(known.starts_with("HTTP/1.1 404"), "{known}");
     assert!(wrong.starts_with("HTTP/1.1 401"), "{wrong}");
 }
+
+/// A harness for profile mode: reports each benchmark as kernelbot's does.
+const PROFILE_HARNESS: &str = r#"
+import os, sys
+mode, cases = sys.argv[1], open(sys.argv[2]).read().splitlines()
+out = os.fdopen(int(os.environ["POPCORN_FD"]), "w")
+out.write(f"benchmark-count: {len(cases)}\n")
+for i, c in enumerate(cases):
+    out.write(f"benchmark.{i}.spec: {c}\nbenchmark.{i}.status: pass\n")
+out.write("check: pass\n")
+"#;
+
+/// The README's local stack (`local --serve`) with each vendor's stand-in profiler on its
+/// PATH: a profile submission runs under the profiler, its zip is uploaded, the finished
+/// job links it, and the link answers 302 to the stand-in's storage, which serves the zip.
+#[tokio::test]
+async fn a_profile_submission_through_the_local_stack_links_its_download() {
+    for (vendor, in_zip) in [
+        ("gpu-nvidia", "profile.ncu-rep"),
+        ("gpu-amd", "_kernel_trace.csv"),
+    ] {
+        let stand_ins = crate::runner::gpu_stand_ins(vendor);
+        let dir = tempfile::tempdir().unwrap();
+        let path = format!(
+            "{}:{}",
+            stand_ins.path().display(),
+            std::env::var("PATH").unwrap()
+        );
+        let mut child = Command::new(env!("CARGO_BIN_EXE_local"))
+            .arg("--serve")
+            .env("KERNELBOT_DATA_DIR", dir.path())
+            .env("PATH", path)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("local starts");
+        // Read to the end (the stack prints as it runs), the submit URL passed on.
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if let Some(url) = line
+                    .strip_prefix("submit   ")
+                    .and_then(|r| r.split_whitespace().next())
+                {
+                    let _ = tx.send(url.to_owned());
+                }
+            }
+        });
+        let submit = rx
+            .recv_timeout(std::time::Duration::from_secs(120))
+            .expect("the submit URL was printed");
+        let token = std::fs::read_to_string(dir.path().join("submit-token")).unwrap();
+        let link = profile_link(&submit, token.trim(), vendor).await;
+        let client = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap();
+        let answer = client.get(&link).send().await.unwrap();
+        assert_eq!(answer.status(), reqwest::StatusCode::FOUND, "{vendor}");
+        let storage = answer.headers()[reqwest::header::LOCATION]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        let zip = reqwest::get(&storage).await.unwrap().bytes().await.unwrap();
+        let _ = child.kill();
+        let _ = child.wait();
+        let archive = zip::ZipArchive::new(std::io::Cursor::new(zip.to_vec())).unwrap();
+        let names: Vec<String> = archive
+            .file_names()
+            .map(|n| n.unwrap().into_owned())
+            .collect();
+        assert!(
+            names.iter().any(|n| n.ends_with(in_zip)),
+            "{vendor}: {names:?}"
+        );
+    }
+}
+
+/// Submits a profile run to `submit` and waits for it to finish: its profile link.
+async fn profile_link(submit: &str, token: &str, vendor: &str) -> String {
+    let client = reqwest::Client::new();
+    let body = serde_json::json!({
+        "run_id": format!("prof-{vendor}"), "gpu": "H100_BK",
+        "config": {"lang": "py", "mode": "profile", "main": "eval.py",
+            "sources": {"eval.py": PROFILE_HARNESS}, "benchmarks": [{"size": 1024}]}});
+    let resp = client
+        .post(format!("{submit}/submissions"))
+        .bearer_auth(token)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), reqwest::StatusCode::ACCEPTED);
+    let status_url = format!("{submit}/submissions/prof-{vendor}");
+    for _ in 0..600 {
+        let view: serde_json::Value = client
+            .get(&status_url)
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if view["state"] == "finished" {
+            let run = &view["result"]["result"]["runs"]["profile.0"];
+            assert_eq!(view["verdict"], "passed", "{view}");
+            return run["profile"]["download_url"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{view}"))
+                .to_owned();
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    panic!("the profile run did not finish");
+}

@@ -35,6 +35,7 @@ mod lambda_events;
 mod lambda_watch;
 mod local_run;
 mod packaging;
+mod profiles;
 mod properties;
 mod queues;
 mod runner;

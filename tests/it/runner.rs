@@ -1,6 +1,7 @@
 //! The runner as the pipeline step runs it: a real process, real Python subprocesses, a
 //! payload in the environment and `result.json` in the working directory.
 
+use std::collections::BTreeMap;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -28,6 +29,10 @@ if behaviour == "escape":
     print("child-pid:", child.pid, flush=True)
 if behaviour == "crash":
     raise RuntimeError("kernel exploded")
+if behaviour == "leak" and mode == "profile":
+    # What a hostile program could leave for the profile's zip: links out of its directory.
+    os.symlink("/etc/passwd", "profile_data/passwd")
+    os.symlink("/", "profile_data/root")
 if behaviour == "huge":
     for i in range(200000): print("line", i, "x" * 50)
 say("mode", mode)
@@ -748,4 +753,142 @@ fn a_multi_gpu_agent_s_devices_are_counted_and_given_to_multi_gpu_tasks() {
             );
         }
     }
+}
+
+/// A copy of a GPU stand-in directory in `tests/fixtures/` that any user can reach (the
+/// sandboxed program runs the profiler).
+pub(crate) fn gpu_stand_ins(vendor: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let from = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(vendor);
+    for entry in std::fs::read_dir(from).unwrap() {
+        let path = entry.unwrap().path();
+        let to = dir.path().join(path.file_name().unwrap());
+        std::fs::copy(&path, &to).unwrap();
+        std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    dir
+}
+
+/// The entries of a zip the runner left, by name.
+fn zip_entries(path: &Path) -> BTreeMap<String, Vec<u8>> {
+    let mut archive = zip::ZipArchive::new(std::fs::File::open(path).unwrap()).unwrap();
+    (0..archive.len())
+        .map(|i| {
+            let mut file = archive.by_index(i).unwrap();
+            let mut bytes = Vec::new();
+            std::io::Read::read_to_end(&mut file, &mut bytes).unwrap();
+            (file.name().unwrap().into_owned(), bytes)
+        })
+        .collect()
+}
+
+/// Profile mode on each vendor's stand-in profiler: one run per benchmark, each under the
+/// profiler with kernelbot's variable set; Nsight's tables (kernelbot's three, nothing else)
+/// in the run's `benchmark.0.report`; the profiler's files zipped beside `result.json`, with
+/// nothing a link in them pointed at; and nothing of them in `result.json`.
+#[test]
+fn profile_mode_runs_each_benchmark_under_the_profiler_and_zips_its_files() {
+    use base64::Engine;
+    for (vendor, profiler, file_says) in [
+        ("gpu-nvidia", "Nsight-Compute", "POPCORN_NCU=1"),
+        ("gpu-amd", "rocPROF", "GPU_DUMP_CODE_OBJECT=1"),
+    ] {
+        let stand_ins = gpu_stand_ins(vendor);
+        let dir = checkout();
+        let path = format!(
+            "{}:/usr/local/bin:/usr/bin:/bin",
+            stand_ins.path().display()
+        );
+        let r = run_in(
+            dir.path(),
+            &[
+                (
+                    "KERNELBOT_PAYLOAD",
+                    payload::encode(&config("leak", "profile")).unwrap(),
+                ),
+                ("PATH", path),
+            ],
+            None,
+        );
+        let raw = r.raw.unwrap_or_else(|| panic!("{}", r.stdout));
+        let result = r.result.unwrap();
+        assert!(result.success, "{}", result.error);
+        assert_eq!(
+            result.runs.keys().collect::<Vec<_>>(),
+            ["profile.0", "profile.1"]
+        );
+        for (i, size) in [(0, "8192"), (1, "16384")] {
+            let eval = &result.runs[&format!("profile.{i}")];
+            let run = eval.run.as_ref().unwrap();
+            assert!(run.success && run.passed, "{vendor}: {run:?}");
+            assert_eq!(
+                run.value("profile.0.spec").as_deref(),
+                Some(&*format!("size: {size}"))
+            );
+            let profile = eval.profile.as_ref().unwrap();
+            assert_eq!(profile.profiler, profiler);
+            let shown = &raw["runs"][format!("profile.{i}")]["profile"];
+            assert_eq!(
+                shown["trace"],
+                Value::Null,
+                "the files are not in result.json"
+            );
+            let report = run.value("benchmark.0.report");
+            if vendor == "gpu-nvidia" {
+                let bytes = base64::engine::general_purpose::STANDARD
+                    .decode(report.unwrap())
+                    .unwrap();
+                let tables = String::from_utf8(bytes).unwrap();
+                assert!(
+                    tables.starts_with("  custom_kernel(float const*"),
+                    "{tables}"
+                );
+                for kept in ["Memory Throughput", "FMA", "Stall Long Scoreboard"] {
+                    assert!(tables.contains(kept), "{kept}: {tables}");
+                }
+                assert!(!tables.contains("L1/TEX Hit Rate"), "{tables}");
+            } else {
+                assert_eq!(report, None, "rocprofv3 has no tables");
+            }
+            let entries = zip_entries(&dir.path().join(format!("profile.{i}.zip")));
+            assert!(!entries.is_empty(), "{vendor}");
+            assert!(
+                entries
+                    .values()
+                    .any(|b| String::from_utf8_lossy(b).contains(file_says)),
+                "{vendor}: {:?}",
+                entries.keys()
+            );
+            assert!(
+                entries
+                    .keys()
+                    .all(|n| !n.contains("passwd") && !n.starts_with("root")),
+                "no link is followed: {:?}",
+                entries.keys()
+            );
+        }
+    }
+}
+
+/// Profile mode where no profiler can run (no GPU tools on PATH): a clear failure, no runs.
+#[test]
+fn profile_mode_without_a_gpu_runtime_says_so() {
+    let r = run_with(&[
+        (
+            "KERNELBOT_PAYLOAD",
+            payload::encode(&config("pass", "profile")).unwrap(),
+        ),
+        ("PATH", "/usr/local/bin:/usr/bin:/bin".into()),
+    ]);
+    let result = r.result.unwrap();
+    assert!(!result.success);
+    assert!(
+        result.error.contains("profile mode needs a CUDA GPU"),
+        "{}",
+        result.error
+    );
+    assert!(result.runs.is_empty());
 }

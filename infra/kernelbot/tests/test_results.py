@@ -54,3 +54,17 @@ def test_an_empty_object_is_a_failed_result_with_no_runs():
     result = full_result_from_json({})
     assert (result.success, result.error, result.runs) == (False, "", {})
     assert dataclasses.asdict(result.system) == dataclasses.asdict(SystemInfo())
+
+
+def test_a_profile_run_s_download_becomes_kernelbots_trace_convention():
+    data = copy.deepcopy(FULL_RESULT)
+    link = "https://submit.example/submissions/kb-1/profiles/0?expires=1&signature=ab"
+    data["runs"]["profile.0"] = {
+        "run": data["runs"]["test"]["run"],
+        "profile": {"profiler": "Nsight-Compute", "trace": None, "download_url": link},
+    }
+    profile = full_result_from_json(data).runs["profile.0"].profile
+    # kernelbot's report shows a profile's tables and link only when trace is a string.
+    assert (profile.profiler, profile.trace, profile.download_url) == ("Nsight-Compute", "", link)
+    data["runs"]["profile.0"]["profile"] = None
+    assert full_result_from_json(data).runs["profile.0"].profile is None

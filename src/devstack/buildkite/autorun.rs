@@ -59,6 +59,9 @@ pub(super) async fn play_agent(inner: Shared, run: AutoRun, number: u64) {
         // Canceled while it ran: the agent stops; the cancel sent build.finished.
         return;
     }
+    for (path, bytes) in outcome.artifacts {
+        bk.upload(number, &path, bytes, "finished", false);
+    }
     if let Some(bytes) = outcome.result {
         bk.upload(number, "result.json", bytes, "finished", false);
     }

@@ -27,6 +27,8 @@ use state::{AutoRun, Inner, Shared, lock};
 pub struct StepOutcome {
     pub passed: bool,
     pub result: Option<Vec<u8>>,
+    /// The step's other artifacts (profile zips), by path.
+    pub artifacts: Vec<(String, Vec<u8>)>,
 }
 
 impl StepOutcome {
@@ -35,6 +37,7 @@ impl StepOutcome {
         Self {
             passed: true,
             result: Some(result),
+            artifacts: Vec::new(),
         }
     }
 }

@@ -128,6 +128,7 @@ fn final_report(job: &Job, head: &str, outcome: &Outcome) -> (String, Vec<Embed>
     let mut fields = Vec::new();
     if let Some(result) = &outcome.result {
         lines.extend(short_report(result));
+        fields.extend(super::profile::fields(result));
         if let Some(system) = system_lines(result) {
             fields.push(Field {
                 name: "Running on".into(),

@@ -4,6 +4,7 @@
 
 pub(crate) mod callback;
 pub mod discord;
+mod profile;
 mod report;
 pub mod summary;
 

@@ -144,6 +144,16 @@ def _timestamp(value: Any) -> datetime.datetime | None:
         return None
 
 
+def _profile(value: Any) -> Any:
+    """kernelbot's ``ProfileResult``. The service leaves the profiler's files as a download
+    (``trace: null``, ``download_url`` its link); kernelbot's report shows a profile's
+    tables and link only when ``trace`` is a string, and ``""`` is its own convention for
+    "the files are at ``download_url``"."""
+    if not isinstance(value, Mapping):
+        return None
+    return _build(ProfileResult, {**value, "trace": value.get("trace") or ""})
+
+
 def _eval_result(value: Any) -> Any:
     return _build(
         EvalResult,
@@ -152,7 +162,7 @@ def _eval_result(value: Any) -> Any:
         end=_timestamp,
         compilation=_optional(CompileResult),
         run=_optional(RunResult),
-        profile=_optional(ProfileResult),
+        profile=_profile,
     )
 
 

@@ -1,0 +1,102 @@
+//! Signed links to a profile run's files: `/submissions/{run_id}/profiles/{i}?expires=<unix
+//! seconds>&signature=<hex HMAC-SHA256 of "{path}\n{expires}">`. Anyone holding one may open
+//! it until it expires, without the submit token (Discord users click it); another path
+//! (another run or profile), another expiry or another signature is refused.
+
+use hmac::{Hmac, KeyInit, Mac};
+use sha2::Sha256;
+
+/// Why a link is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum Refused {
+    #[error("the link's signature does not match it")]
+    Signature,
+    #[error("the link has expired")]
+    Expired,
+}
+
+/// The path a link opens.
+pub(crate) fn path(run_id: &str, index: usize) -> String {
+    format!("/submissions/{run_id}/profiles/{index}")
+}
+
+fn mac(key: &[u8], path: &str, expires: i64) -> Hmac<Sha256> {
+    // HMAC takes a key of any length: `new_from_slice` cannot fail for it.
+    let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(key).unwrap_or_else(|_| unreachable!());
+    mac.update(format!("{path}\n{expires}").as_bytes());
+    mac
+}
+
+/// The signature of `path` until `expires`.
+pub(crate) fn sign(key: &[u8], path: &str, expires: i64) -> String {
+    hex::encode(mac(key, path, expires).finalize().into_bytes())
+}
+
+/// The query of a link to `path` valid until `expires`.
+pub(crate) fn query(key: &[u8], path: &str, expires: i64) -> String {
+    format!("expires={expires}&signature={}", sign(key, path, expires))
+}
+
+/// Whether `signature` signs `path` until `expires`, and that is not before `now` (unix
+/// seconds). The signature is checked first, in constant time: an expired link with a
+/// forged expiry says so no differently than any other forgery.
+pub(crate) fn verify(
+    key: &[u8],
+    path: &str,
+    expires: i64,
+    signature: &str,
+    now: i64,
+) -> Result<(), Refused> {
+    let presented = hex::decode(signature).map_err(|_| Refused::Signature)?;
+    mac(key, path, expires)
+        .verify_slice(&presented)
+        .map_err(|_| Refused::Signature)?;
+    if expires < now {
+        return Err(Refused::Expired);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KEY: &[u8] = b"profile-link-key";
+
+    #[test]
+    fn a_link_opens_its_own_path_until_it_expires() {
+        let p = path("kb-1", 0);
+        assert_eq!(p, "/submissions/kb-1/profiles/0");
+        let sig = sign(KEY, &p, 1_000);
+        assert_eq!(sig.len(), 64);
+        assert_eq!(verify(KEY, &p, 1_000, &sig, 999), Ok(()));
+        assert_eq!(verify(KEY, &p, 1_000, &sig, 1_000), Ok(()));
+        assert_eq!(verify(KEY, &p, 1_000, &sig, 1_001), Err(Refused::Expired));
+        assert!(query(KEY, &p, 1_000).starts_with("expires=1000&signature="));
+    }
+
+    #[test]
+    fn any_change_to_a_link_is_refused() {
+        let p = path("kb-1", 0);
+        let sig = sign(KEY, &p, 1_000);
+        let mut flipped = sig.clone().into_bytes();
+        flipped[10] = if flipped[10] == b'a' { b'b' } else { b'a' };
+        let flipped = String::from_utf8(flipped).unwrap();
+        for (path, expires, sig, key) in [
+            (path("kb-2", 0), 1_000, sig.as_str(), KEY),
+            (path("kb-1", 1), 1_000, &sig, KEY),
+            (p.clone(), 2_000, &sig, KEY),
+            (p.clone(), 1_000, &flipped, KEY),
+            (p.clone(), 1_000, &sig[..62], KEY),
+            (p.clone(), 1_000, "not hex", KEY),
+            (p.clone(), 1_000, "", KEY),
+            (p.clone(), 1_000, &sig, b"another-key"),
+        ] {
+            assert_eq!(
+                verify(key, &path, expires, sig, 0),
+                Err(Refused::Signature),
+                "{path} {expires} {sig}"
+            );
+        }
+    }
+}

@@ -1,0 +1,200 @@
+//! Profile runs through the service, on both stores: a finished profile build's report and
+//! status link each profile's zip with a signed link of ours; the link answers 302 to the
+//! zip's storage, without our token; a tampered, expired or borrowed link gets 403.
+
+use std::time::Duration;
+
+use hmac::{Hmac, KeyInit, Mac};
+use kernelbot_dispatch::devstack::stack::LINK_SECRET;
+use reqwest::StatusCode;
+use reqwest::header::{AUTHORIZATION, LOCATION};
+use serde_json::{Value, json};
+use sha2::Sha256;
+
+use crate::support::{StoreKind, TestApp, submission};
+
+/// A profile run's `result.json`: two benchmarks profiled, the first with its files kept
+/// (and a link of the program's own, which must not survive), the second without.
+fn profile_result() -> Vec<u8> {
+    let run = |i: usize| {
+        json!({"success": true, "passed": true, "exit_code": 0, "duration": 1.0,
+            "command": "ncu ... python3 eval.py profile cases.txt", "stdout": "", "stderr": "",
+            "result": {"benchmark.0.spec": format!("size: {}", 1024 << i),
+                "benchmark.0.report": "ICBjdXN0b21fa2VybmVsKCkKICAgIE1lbW9yeSBUaHJvdWdocHV0ICUgNzEuOTMK"}})
+    };
+    json!({"success": true, "error": "", "system": {"gpu": "NVIDIA H100 80GB HBM3", "runtime": "CUDA"},
+        "runs": {
+            "profile.0": {"run": run(0), "profile": {"profiler": "Nsight-Compute", "trace": null,
+                "download_url": "https://phishing.example/steal"}},
+            "profile.1": {"run": run(1), "profile": null},
+        }})
+    .to_string()
+    .into_bytes()
+}
+
+/// A link of ours to `run_id`'s profile `index`, signed to expire at `expires`.
+fn signed(base: &str, run_id: &str, index: usize, expires: i64) -> String {
+    let path = format!("/submissions/{run_id}/profiles/{index}");
+    let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(LINK_SECRET.as_bytes()).unwrap();
+    mac.update(format!("{path}\n{expires}").as_bytes());
+    let signature = hex::encode(mac.finalize().into_bytes());
+    format!("{base}{path}?expires={expires}&signature={signature}")
+}
+
+/// What a click on `url` gets, redirects not followed: status, `Location`, JSON body.
+async fn click(url: &str) -> (StatusCode, Option<String>, Value) {
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let resp = client.get(url).send().await.expect("the API answers");
+    let status = resp.status();
+    let location = resp
+        .headers()
+        .get(LOCATION)
+        .map(|l| l.to_str().unwrap().to_owned());
+    let body = resp.json().await.unwrap_or(Value::Null);
+    (status, location, body)
+}
+
+async fn a_profile_s_link_opens_its_zip_and_nothing_else(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    let mut body = submission("prof-1");
+    body["config"]["mode"] = json!("profile");
+    body["config"]["benchmarks"] = json!([{"size": 1024}, {"size": 2048}]);
+    assert_eq!(app.submit(&body).await.0, StatusCode::ACCEPTED);
+    let number = app.buildkite.builds()[0].number;
+    let zip = b"PK\x03\x04 the profiler's files".to_vec();
+    app.buildkite.upload(
+        number,
+        "kernelbot-out/profile.0.zip",
+        zip.clone(),
+        "finished",
+        false,
+    );
+    assert_eq!(
+        app.finish(number, "passed", Some(profile_result())).await,
+        StatusCode::OK
+    );
+
+    let (_, view) = app.status("prof-1").await;
+    let runs = &view["result"]["result"]["runs"];
+    let link = runs["profile.0"]["profile"]["download_url"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let prefix = format!("{}/submissions/prof-1/profiles/0?expires=", app.submit_url);
+    assert!(link.starts_with(&prefix), "{link}");
+    assert_eq!(runs["profile.1"]["profile"], Value::Null);
+    // The final report links it, and shows the tables' headline.
+    let messages = serde_json::to_string(&app.discord.messages()).unwrap();
+    assert!(messages.contains(&format!("(<{link}>)")), "{messages}");
+    assert!(messages.contains("Memory Throughput % 71.93"), "{messages}");
+    assert!(!messages.contains("phishing.example"), "{messages}");
+
+    // The link: 302 to the storage, which serves the zip to a request without our token.
+    let (status, location, _) = click(&link).await;
+    assert_eq!(status, StatusCode::FOUND);
+    let location = location.expect("a Location");
+    assert!(location.contains("/storage/"), "{location}");
+    let download = reqwest::get(&location).await.unwrap();
+    assert_eq!(download.status(), StatusCode::OK);
+    assert_eq!(download.bytes().await.unwrap().as_ref(), zip.as_slice());
+
+    let expires: i64 = link
+        .split("expires=")
+        .nth(1)
+        .unwrap()
+        .split('&')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let mut tampered = link.clone().into_bytes();
+    let last = tampered.len() - 1;
+    tampered[last] = if tampered[last] == b'0' { b'1' } else { b'0' };
+    let now = expires - 7 * 24 * 3600;
+    for (url, says) in [
+        (String::from_utf8(tampered).unwrap(), "signature"),
+        (link.replace("/prof-1/", "/prof-2/"), "signature"),
+        (link.replace("/profiles/0?", "/profiles/1?"), "signature"),
+        (
+            link.replace(
+                &format!("expires={expires}"),
+                &format!("expires={}", expires + 1),
+            ),
+            "signature",
+        ),
+        (signed(&app.submit_url, "prof-1", 0, now - 1), "expired"),
+        (
+            link.split('?').next().unwrap().to_owned(),
+            "not a valid profile link",
+        ),
+    ] {
+        let (status, location, body) = click(&url).await;
+        assert_eq!((status, location), (StatusCode::FORBIDDEN, None), "{url}");
+        assert_eq!(body["error"], "forbidden");
+        assert!(
+            body["message"].as_str().unwrap().contains(says),
+            "{url}: {body}"
+        );
+    }
+    // Signed, but no such profile: the second run kept no files.
+    let (status, _, _) = click(&signed(&app.submit_url, "prof-1", 1, expires)).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    // Seven days on, the link has expired.
+    app.advance_clock(Duration::from_secs(7 * 24 * 3600 + 60));
+    let (status, _, body) = click(&link).await;
+    assert_eq!(
+        (status, body["message"].as_str()),
+        (StatusCode::FORBIDDEN, Some("the link has expired"))
+    );
+}
+
+/// Clicks on one run's links are limited; the API's token is never what opens them.
+async fn a_run_s_links_are_rate_limited(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    let mut body = submission("prof-2");
+    body["config"]["mode"] = json!("profile");
+    assert_eq!(app.submit(&body).await.0, StatusCode::ACCEPTED);
+    let number = app.buildkite.builds()[0].number;
+    app.buildkite.upload(
+        number,
+        "kernelbot-out/profile.0.zip",
+        b"PK".to_vec(),
+        "finished",
+        false,
+    );
+    app.finish(number, "passed", Some(profile_result())).await;
+    let (_, view) = app.status("prof-2").await;
+    let link = view["result"]["result"]["runs"]["profile.0"]["profile"]["download_url"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let mut statuses = Vec::new();
+    for _ in 0..31 {
+        statuses.push(click(&link).await.0);
+    }
+    assert!(
+        statuses[..30].iter().all(|s| *s == StatusCode::FOUND),
+        "{statuses:?}"
+    );
+    assert_eq!(statuses[30], StatusCode::TOO_MANY_REQUESTS);
+    // The submit token opens nothing without a signature.
+    let bare = link.split('?').next().unwrap();
+    let resp = reqwest::Client::new()
+        .get(bare)
+        .header(
+            AUTHORIZATION,
+            format!("Bearer {}", crate::support::API_TOKEN),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::FORBIDDEN);
+}
+
+on_both_stores!(
+    a_profile_s_link_opens_its_zip_and_nothing_else,
+    a_run_s_links_are_rate_limited
+);
