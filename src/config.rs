@@ -186,6 +186,11 @@ impl StoreConfig {
     }
 }
 
+/// A profile link's key is as long as a SHA-256 block's worth of guessing needs.
+const MIN_LINK_SECRET_BYTES: usize = 32;
+/// Profile links open for at most this long (Buildkite keeps artifacts about six months).
+const MAX_LINK_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
+
 /// The most GPUs one agent may hold (`GPU=queue:N`).
 const MAX_GPUS_PER_AGENT: u32 = 64;
 
@@ -364,11 +369,17 @@ impl Env<'_> {
             Some(_) => Some(self.url("PUBLIC_URL", "")?),
             None => None,
         };
+        if secret.len() < MIN_LINK_SECRET_BYTES {
+            return Err(ConfigError::invalid(
+                "PROFILE_LINK_SECRET",
+                format!("must be at least {MIN_LINK_SECRET_BYTES} bytes"),
+            ));
+        }
         let ttl = self.secs("PROFILE_LINK_TTL_SECS", 7 * 24 * 3600)?;
-        if ttl.is_zero() {
+        if ttl.is_zero() || ttl > MAX_LINK_TTL {
             return Err(ConfigError::invalid(
                 "PROFILE_LINK_TTL_SECS",
-                "must be positive",
+                "must be from 1 second to 30 days",
             ));
         }
         Ok(Some(ProfileLinkConfig {
@@ -587,7 +598,10 @@ mod tests {
     fn profile_links_need_a_secret_that_is_never_shown() {
         assert!(load(Role::Sweep, BASE).unwrap().profile_links.is_none());
         let vars = [
-            ("PROFILE_LINK_SECRET", "link-key-123"),
+            (
+                "PROFILE_LINK_SECRET",
+                "link-key-123-and-more-to-be-32-bytes",
+            ),
             ("PUBLIC_URL", "https://submit.example/"),
         ];
         let cfg = load(Role::Sweep, &[BASE, &vars].concat()).unwrap();
@@ -598,14 +612,25 @@ mod tests {
         );
         assert_eq!(links.ttl, Duration::from_secs(604_800));
         assert!(!format!("{cfg:?}").contains("link-key-123"));
-        let zero = [BASE, &vars, &[("PROFILE_LINK_TTL_SECS", "0")]].concat();
+        let short = [BASE, &[("PROFILE_LINK_SECRET", "short")]].concat();
         assert!(matches!(
-            load(Role::Sweep, &zero),
+            load(Role::Sweep, &short),
             Err(ConfigError::Invalid {
-                name: "PROFILE_LINK_TTL_SECS",
+                name: "PROFILE_LINK_SECRET",
                 ..
             })
         ));
+        for ttl in ["0", "2592001", "99999999999999999"] {
+            let bad = [BASE, &vars, &[("PROFILE_LINK_TTL_SECS", ttl)]].concat();
+            let refused = matches!(
+                load(Role::Sweep, &bad),
+                Err(ConfigError::Invalid {
+                    name: "PROFILE_LINK_TTL_SECS",
+                    ..
+                })
+            );
+            assert!(refused, "{ttl}");
+        }
     }
 
     #[test]

@@ -365,6 +365,17 @@ pub struct Outcome {
     /// Queued and ran for, from the build's timestamps (absent in records from before).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timings: Option<Timings>,
+    /// Each profile run's zip (`profile.<i>` → its artifact), found when the build finished
+    /// beside the `result.json` read, so a click on its link costs one Buildkite call.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub profile_zips: BTreeMap<String, ArtifactRef>,
+}
+
+/// A build artifact, by its job and id.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArtifactRef {
+    pub job_id: String,
+    pub artifact_id: String,
 }
 
 impl Outcome {
@@ -396,6 +407,7 @@ impl Outcome {
             error,
             result,
             timings: None,
+            profile_zips: BTreeMap::new(),
         }
     }
 
@@ -413,6 +425,7 @@ impl Outcome {
             error: Some(reason.into()),
             result: None,
             timings: None,
+            profile_zips: BTreeMap::new(),
         }
     }
 
@@ -428,6 +441,7 @@ impl Outcome {
             }),
             result: None,
             timings: self.timings,
+            profile_zips: BTreeMap::new(),
         }
     }
 }

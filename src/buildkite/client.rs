@@ -468,17 +468,19 @@ impl BuildkiteClient {
 
     /// Where an artifact can be downloaded from for a minute or so: the storage URL the API
     /// redirects to, without following it (a user's browser does, with no token of ours).
+    /// One try: a click waits for no retry, and its user can click again.
     pub(crate) async fn artifact_location(
         &self,
         build_number: u64,
-        artifact: &Artifact,
+        (job_id, artifact_id): (&str, &str),
         deadline: Deadline,
     ) -> Result<Url, BuildkiteError> {
         let url = self.url(&format!(
-            "builds/{build_number}/jobs/{}/artifacts/{}/download",
-            artifact.job_id, artifact.id
+            "builds/{build_number}/jobs/{job_id}/artifacts/{artifact_id}/download"
         ));
-        let resp = self.run(Call::get(&url, Scope::Item), deadline).await?;
+        let resp = self
+            .attempt(&Call::get(&url, Scope::Item), deadline)
+            .await?;
         if !resp.status().is_redirection() {
             return Err(BuildkiteError::protocol(
                 "artifact download without a redirect",

@@ -10,7 +10,7 @@ mod webhook;
 pub(crate) use budget::CallBudget;
 pub use client::BuildkiteClient;
 pub use error::BuildkiteError;
-pub(crate) use model::{Agent, Artifact, NewBuild, pick_beside_result, pick_result};
+pub(crate) use model::{Agent, Artifact, NewBuild, beside, pick_result};
 pub use model::{Build, BuildJob, TERMINAL_STATES};
 pub(crate) use webhook::{EVENT_HEADER, SIGNATURE_HEADER, TOKEN_HEADER};
 pub use webhook::{PipelineRef, VerifyError, WebhookAuth, WebhookEvent, sign};

@@ -166,24 +166,21 @@ pub(crate) fn pick_result<'a>(build: &Build, artifacts: &'a [Artifact]) -> Optio
         .map(|(_, a)| a)
 }
 
-/// The finished artifact named `name` (`profile.0.zip`) of the job that left the listing's
-/// last `result.json` (a retried step leaves one of each per job), else the last such.
-pub(crate) fn pick_beside_result<'a>(
+/// The finished artifacts beside `result` (the `result.json` read, so of the same job)
+/// whose file name `wanted` accepts, by that name.
+pub(crate) fn beside<'a>(
+    result: &Artifact,
     artifacts: &'a [Artifact],
-    name: &str,
-) -> Option<&'a Artifact> {
-    let named = |a: &&Artifact, n: &str| {
-        a.state == "finished"
-            && (a.filename == n || a.path == n || a.path.ends_with(&format!("/{n}")))
-    };
-    let result_job = artifacts
-        .iter()
-        .rfind(|a| named(a, RESULT_FILE))
-        .map(|a| &a.job_id);
+    wanted: impl Fn(&str) -> bool,
+) -> Vec<(&'a str, &'a Artifact)> {
     artifacts
         .iter()
-        .rev()
-        .find(|a| named(a, name) && result_job.is_none_or(|job| &a.job_id == job))
+        .filter(|a| a.state == "finished" && a.job_id == result.job_id)
+        .filter_map(|a| {
+            let name = a.path.rsplit('/').next().unwrap_or(&a.path);
+            wanted(name).then_some((name, a))
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -241,20 +238,25 @@ mod tests {
             artifact("r1", "j1", "kernelbot-out/result.json", "finished"),
             artifact("z2", "j2", "kernelbot-out/profile.0.zip", "finished"),
             artifact("z3", "j2", "kernelbot-out/profile.1.zip", "error"),
+            artifact("z4", "j2", "kernelbot-out/profile.2.zip", "finished"),
             artifact("r2", "j2", "kernelbot-out/result.json", "finished"),
         ];
-        let pick = |a: &[Artifact], n| pick_beside_result(a, n).map(|a| a.id.clone());
-        assert_eq!(pick(&artifacts, "profile.0.zip").as_deref(), Some("z2"));
-        assert_eq!(pick(&artifacts, "profile.1.zip"), None, "not finished");
-        assert_eq!(pick(&artifacts, "profile.2.zip"), None);
+        let zips = |result: &Artifact| -> Vec<(String, String)> {
+            beside(result, &artifacts, |n| n.starts_with("profile."))
+                .into_iter()
+                .map(|(n, a)| (n.to_owned(), a.id.clone()))
+                .collect()
+        };
+        let of = |v: &[(&str, &str)]| -> Vec<(String, String)> {
+            v.iter()
+                .map(|(a, b)| ((*a).to_owned(), (*b).to_owned()))
+                .collect()
+        };
         assert_eq!(
-            pick(&artifacts[..2], "profile.0.zip").as_deref(),
-            Some("z1")
+            zips(&artifacts[5]),
+            of(&[("profile.0.zip", "z2"), ("profile.2.zip", "z4")])
         );
-        assert_eq!(
-            pick(&artifacts[2..3], "profile.0.zip").as_deref(),
-            Some("z2")
-        );
+        assert_eq!(zips(&artifacts[1]), of(&[("profile.0.zip", "z1")]));
     }
 
     #[test]

@@ -26,7 +26,7 @@ pub const API_TOKEN: &str = "test-submit-token";
 pub const BK_TOKEN: &str = "test-buildkite-token";
 pub const SECRET: &str = "test-webhook-secret";
 /// Signs the stack's profile links.
-pub const LINK_SECRET: &str = "test-profile-link-secret";
+pub const LINK_SECRET: &str = "test-profile-link-secret-of-32-bytes-or-more";
 pub const HOOK_URL: &str = "https://discord.com/api/webhooks/111111111111111111/hook-token_1";
 
 /// Which store the stack keeps jobs in.

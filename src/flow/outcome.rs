@@ -1,13 +1,15 @@
 //! A finished build's outcome: its final state, and the `result.json` it left, read through
 //! the API's 302 to artifact storage.
 
+use std::collections::BTreeMap;
+
 use tracing::info;
 
 use super::profiles;
 use super::{Deps, DispatchError};
-use crate::buildkite::{Artifact, Build, BuildkiteError, pick_result};
+use crate::buildkite::{Artifact, Build, BuildkiteError, beside, pick_result};
 use crate::jobs::RunId;
-use crate::result::{FullResult, Outcome};
+use crate::result::{ArtifactRef, FullResult, Outcome};
 use crate::retry::Deadline;
 
 #[derive(Debug, thiserror::Error)]
@@ -69,6 +71,10 @@ pub(crate) async fn outcome_with(
     deadline: Deadline,
 ) -> Result<Outcome, DispatchError> {
     let state = build.final_state().to_owned();
+    let zips = artifacts
+        .as_ref()
+        .map(|a| profile_zips(build, a))
+        .unwrap_or_default();
     let (result, error) = match fetch_result(d, build, artifacts, deadline)
         .await
         .map_err(FetchError::passing)
@@ -80,9 +86,35 @@ pub(crate) async fn outcome_with(
             (None, Some(e.public()))
         }
     };
-    let outcome = Outcome::judge(&state, result, error).with_timings(build.timings());
+    let mut outcome = Outcome::judge(&state, result, error).with_timings(build.timings());
+    outcome.profile_zips = zips;
     let links = d.config.profile_links.as_ref();
     Ok(profiles::attach(links, run_id, d.clock.now(), outcome))
+}
+
+/// The profile zips the job that left the build's `result.json` uploaded, by run name.
+fn profile_zips(build: &Build, artifacts: &[Artifact]) -> BTreeMap<String, ArtifactRef> {
+    let Some(result) = pick_result(build, artifacts) else {
+        return BTreeMap::new();
+    };
+    let zip = |name: &str| {
+        let index = name.strip_prefix("profile.")?.strip_suffix(".zip")?;
+        index
+            .parse::<usize>()
+            .ok()
+            .filter(|i| i.to_string() == index)
+    };
+    beside(result, artifacts, |name| zip(name).is_some())
+        .into_iter()
+        .filter_map(|(name, a)| {
+            let run = format!("profile.{}", zip(name)?);
+            let at = ArtifactRef {
+                job_id: a.job_id.clone(),
+                artifact_id: a.id.clone(),
+            };
+            Some((run, at))
+        })
+        .collect()
 }
 
 async fn fetch_result(

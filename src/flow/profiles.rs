@@ -8,7 +8,6 @@ use std::sync::{Arc, Mutex};
 use secrecy::ExposeSecret;
 
 use super::{Deps, DispatchError};
-use crate::buildkite::pick_beside_result;
 use crate::config::ProfileLinkConfig;
 use crate::jobs::RunId;
 use crate::profile_link::{self, Refused};
@@ -19,6 +18,9 @@ use crate::time::Millis;
 /// Clicks one run's links may take in a [`WINDOW`], per function instance.
 const CLICKS_PER_WINDOW: u32 = 30;
 const WINDOW: Millis = 60_000;
+/// Clicks on all links one function instance answers in a [`WINDOW`]: each costs a call
+/// against the Buildkite rate limit the whole service shares.
+const INSTANCE_CLICKS_PER_WINDOW: u32 = 60;
 /// Runs the click counter remembers before it forgets the quiet ones.
 const MAX_COUNTED_RUNS: usize = 10_000;
 
@@ -46,7 +48,12 @@ pub(crate) fn attach(
     now: Millis,
     mut outcome: Outcome,
 ) -> Outcome {
-    let Some(result) = outcome.result.as_mut() else {
+    let Outcome {
+        result,
+        profile_zips: zips,
+        ..
+    } = &mut outcome;
+    let Some(result) = result.as_mut() else {
         return outcome;
     };
     for (name, eval) in &mut result.runs {
@@ -54,7 +61,9 @@ pub(crate) fn attach(
             continue;
         };
         profile.trace = None;
+        // Only a run whose files were uploaded gets a link.
         let index = name.strip_prefix("profile.").and_then(|i| i.parse().ok());
+        let index = index.filter(|_| zips.contains_key(name));
         profile.download_url = index.and_then(|i| link(links?, run_id, i, now));
     }
     outcome
@@ -63,7 +72,7 @@ pub(crate) fn attach(
 /// The link to run `run_id`'s profile `index`, if this function makes links.
 fn link(links: &ProfileLinkConfig, run_id: &RunId, index: usize, now: Millis) -> Option<String> {
     let base = links.base_url.as_ref()?;
-    let expires = now / 1000 + i64::try_from(links.ttl.as_secs()).ok()?;
+    let expires = (now / 1000).checked_add(i64::try_from(links.ttl.as_secs()).ok()?)?;
     let path = profile_link::path(run_id.as_str(), index);
     let query = profile_link::query(links.secret.expose_secret().as_bytes(), &path, expires);
     Some(format!(
@@ -95,63 +104,64 @@ pub(crate) async fn download(
     }
     let job = d.store.get(run_id).await.map_err(DispatchError::from)?;
     let job = job.ok_or(ProfileError::NotFound)?;
-    let has_profile = job
+    let zip = job
         .outcome
         .as_ref()
-        .and_then(|o| o.result.as_ref())
-        .and_then(|r| r.runs.get(&format!("profile.{index}")))
-        .is_some_and(|run| run.profile.is_some());
-    let build = job
-        .build
-        .as_ref()
-        .filter(|_| has_profile)
-        .ok_or(ProfileError::NotFound)?;
+        .and_then(|o| o.profile_zips.get(&format!("profile.{index}")));
+    let (Some(zip), Some(build)) = (zip, job.build.as_ref()) else {
+        return Err(ProfileError::NotFound);
+    };
+    let at = (zip.job_id.as_str(), zip.artifact_id.as_str());
     let bk_deadline = d.buildkite_deadline(deadline);
-    let artifacts = d.buildkite.list_artifacts(build.number, bk_deadline).await;
-    let artifacts = artifacts.map_err(DispatchError::from)?;
-    let zip = pick_beside_result(&artifacts, &format!("profile.{index}.zip"));
-    let zip = zip.ok_or(ProfileError::NotFound)?;
     let url = d
         .buildkite
-        .artifact_location(build.number, zip, bk_deadline)
+        .artifact_location(build.number, at, bk_deadline)
         .await;
     Ok(url.map_err(DispatchError::from)?.to_string())
 }
 
-/// Clicks per run in the current window, shared by one function instance's requests.
+/// Clicks per run, and in all, in the current window, shared by one function instance's
+/// requests.
 #[derive(Clone, Default)]
-pub(crate) struct ClickCounter(Arc<Mutex<HashMap<String, Window>>>);
+pub(crate) struct ClickCounter(Arc<Mutex<Clicks>>);
 
-/// One run's clicks since `start`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Default)]
+struct Clicks {
+    runs: HashMap<String, Window>,
+    all: Window,
+}
+
+/// Clicks since `start`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct Window {
     start: Millis,
     clicks: u32,
 }
 
-/// Counts a click at `now` in `window`: whether it is allowed.
-fn count(window: &mut Window, now: Millis) -> bool {
+/// Counts a click at `now` in `window`: whether it is within `limit`.
+fn count(window: &mut Window, now: Millis, limit: u32) -> bool {
     if now - window.start >= WINDOW || now < window.start {
         *window = Window {
             start: now,
             clicks: 0,
         };
     }
-    window.clicks += 1;
-    window.clicks <= CLICKS_PER_WINDOW
+    window.clicks = window.clicks.saturating_add(1);
+    window.clicks <= limit
 }
 
 impl ClickCounter {
     fn allow(&self, run_id: &str, now: Millis) -> bool {
-        let mut runs = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if runs.len() >= MAX_COUNTED_RUNS {
-            runs.retain(|_, w| now - w.start < WINDOW);
+        let mut clicks = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if clicks.runs.len() >= MAX_COUNTED_RUNS {
+            clicks.runs.retain(|_, w| now - w.start < WINDOW);
         }
-        let window = runs.entry(run_id.to_owned()).or_insert(Window {
+        let run = clicks.runs.entry(run_id.to_owned()).or_insert(Window {
             start: now,
             clicks: 0,
         });
-        count(window, now)
+        count(run, now, CLICKS_PER_WINDOW)
+            && count(&mut clicks.all, now, INSTANCE_CLICKS_PER_WINDOW)
     }
 }
 
@@ -182,8 +192,16 @@ mod tests {
             .insert("profile.1".into(), EvalResult::default());
         result
             .runs
+            .insert("profile.2".into(), profiled("https://evil.example/c"));
+        result
+            .runs
             .insert("benchmark".into(), profiled("https://evil.example/b"));
-        Outcome::judge("passed", Some(result), None)
+        let mut outcome = Outcome::judge("passed", Some(result), None);
+        // Only profile.0's files were uploaded.
+        outcome
+            .profile_zips
+            .insert("profile.0".into(), Default::default());
+        outcome
     }
 
     fn links(base: Option<&str>) -> ProfileLinkConfig {
@@ -209,6 +227,8 @@ mod tests {
         );
         assert_eq!(profile.trace, None);
         assert!(runs["profile.1"].profile.is_none());
+        let unzipped = runs["profile.2"].profile.as_ref().unwrap();
+        assert_eq!(unzipped.download_url, None, "no files uploaded, no link");
         let other = runs["benchmark"].profile.as_ref().unwrap();
         assert_eq!(
             (other.download_url.as_deref(), other.trace.as_deref()),
@@ -236,18 +256,26 @@ mod tests {
             (60_000, true, 1),
             (59_000, true, 1),
         ] {
-            assert_eq!(count(&mut w, now), allowed, "{now}");
+            assert_eq!(count(&mut w, now, CLICKS_PER_WINDOW), allowed, "{now}");
             assert_eq!(w.clicks, clicks, "{now}");
         }
         let mut full = Window {
             start: 0,
             clicks: CLICKS_PER_WINDOW,
         };
-        assert!(!count(&mut full, 1_000));
-        assert!(count(&mut full, 61_000));
+        assert!(!count(&mut full, 1_000, CLICKS_PER_WINDOW));
+        assert!(count(&mut full, 61_000, CLICKS_PER_WINDOW));
         let counter = ClickCounter::default();
         let allowed = (0..40).filter(|_| counter.allow("kb-1", 10)).count();
         assert_eq!(allowed, CLICKS_PER_WINDOW as usize);
         assert!(counter.allow("kb-2", 10), "another run has its own count");
+        // The instance answers so many in all, whatever the runs.
+        let all = (0..100)
+            .filter(|i| counter.allow(&format!("kb-x{i}"), 20))
+            .count();
+        assert_eq!(
+            all,
+            (INSTANCE_CLICKS_PER_WINDOW - CLICKS_PER_WINDOW - 1) as usize
+        );
     }
 }

@@ -6,6 +6,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
 use super::views::ErrorBody;
+use crate::buildkite::BuildkiteError;
 use crate::flow::DispatchError;
 use crate::flow::events::WebhookError;
 use crate::flow::profiles::ProfileError;
@@ -95,8 +96,18 @@ impl From<ProfileError> for ApiError {
             ProfileError::Refused(_) => Self::Forbidden(e.to_string()),
             ProfileError::NotFound => Self::NotFound(e.to_string()),
             ProfileError::TooMany => Self::TooManyRequests(e.to_string()),
+            // Buildkite busy or unreachable: a click may be tried again in a moment.
+            ProfileError::Dispatch(DispatchError::Buildkite(
+                source @ (BuildkiteError::Unavailable(_)
+                | BuildkiteError::RateLimited { .. }
+                | BuildkiteError::OverBudget),
+            )) => Self::Unavailable(source.to_string()),
+            ProfileError::Dispatch(DispatchError::Buildkite(BuildkiteError::Rejected {
+                status: 404 | 410,
+                ..
+            })) => Self::NotFound("the profile's files are no longer kept".into()),
             ProfileError::Dispatch(DispatchError::Buildkite(source)) => {
-                tracing::warn!(error = %source, "a profile's download was not found");
+                tracing::warn!(error = %source, "a profile's download was refused");
                 Self::BadGateway(format!(
                     "Buildkite could not give the profile's download: {}",
                     source.public()

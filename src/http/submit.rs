@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::extract::{DefaultBodyLimit, Path, RawQuery, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -88,29 +88,29 @@ async fn cancel(
     }
 }
 
-/// A profile link's query: the link's expiry and signature.
-#[derive(serde::Deserialize)]
-struct LinkQuery {
-    expires: Option<String>,
-    signature: Option<String>,
-}
-
 /// `GET /submissions/{run_id}/profiles/{index}?expires=..&signature=..`: no token (the
 /// link's signature is its credential); 302 to the profile's zip, for a minute or so.
 async fn profile(
     State(d): State<Arc<Deps>>,
     Invocation(deadline): Invocation,
     Path((raw, index)): Path<(String, String)>,
-    Query(link): Query<LinkQuery>,
+    RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let forged = || ApiError::Forbidden("not a valid profile link".into());
     let run_id: RunId = raw.parse().map_err(|_| forged())?;
     let index: usize = index.parse().map_err(|_| forged())?;
-    let expires: i64 = link
-        .expires
+    // Read by hand: any query at all gets our JSON answer, never an extractor's.
+    let value = |key: &str| {
+        let pairs = url::form_urlencoded::parse(query.as_deref().unwrap_or_default().as_bytes());
+        pairs
+            .into_iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.into_owned())
+    };
+    let expires: i64 = value("expires")
         .and_then(|e| e.parse().ok())
         .ok_or_else(forged)?;
-    let signature = link.signature.ok_or_else(forged)?;
+    let signature = value("signature").ok_or_else(forged)?;
     let url = profiles::download(&d, &run_id, index, (expires, &signature), deadline).await?;
     let headers = [
         (header::LOCATION, url),

@@ -166,6 +166,10 @@ pub(crate) enum ZipError {
     TooLarge,
     #[error("the profiler left more than {MAX_FILES} files")]
     TooManyFiles,
+    #[error("the profiler left no files")]
+    Empty,
+    #[error("the profiler's directory is not the one it was given")]
+    NotItsDirectory,
     #[error("the profiler's files could not be zipped: {0}")]
     Io(#[from] io::Error),
     #[error("the profiler's files could not be zipped: {0}")]
@@ -175,20 +179,28 @@ pub(crate) enum ZipError {
 /// Zips the regular files under `dir` that `owner` owns into `to` (removed again on any
 /// error): the profiler's output, written by the program's uid.
 pub(super) fn zip_dir(dir: &Path, owner: u32, to: &Path) -> Result<u64, ZipError> {
+    // The program owned the directory it sat in: it may have put a link in its place.
+    let meta = std::fs::symlink_metadata(dir)?;
+    if !meta.is_dir() || meta.uid() != owner {
+        return Err(ZipError::NotItsDirectory);
+    }
+    let files = files_of(dir, owner)?;
+    if files.is_empty() {
+        return Err(ZipError::Empty);
+    }
     let out = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o644)
         .open(to)?;
-    let written = write_zip(dir, owner, out);
+    let written = write_zip(files, owner, out);
     if written.is_err() {
         let _ = std::fs::remove_file(to);
     }
     written
 }
 
-fn write_zip(dir: &Path, owner: u32, out: File) -> Result<u64, ZipError> {
-    let files = files_of(dir, owner)?;
+fn write_zip(files: Vec<(String, PathBuf)>, owner: u32, out: File) -> Result<u64, ZipError> {
     let mut zip = zip::ZipWriter::new(Capped {
         file: out,
         max: MAX_ZIP_BYTES,
@@ -223,13 +235,19 @@ fn too_large(e: zip::result::ZipError) -> ZipError {
     }
 }
 
-/// Every entry under `dir` that is a regular file (symlinks and anything else skipped), by
-/// its name inside `dir`, in order.
+/// Every entry under `dir` that is a regular file of `owner`'s (symlinks and anything else
+/// skipped), by its name inside `dir`, in order; names that are not plain (`[A-Za-z0-9._-]`
+/// parts) are left out, so the zip unpacks where it is opened, on any system.
 fn files_of(dir: &Path, owner: u32) -> Result<Vec<(String, PathBuf)>, ZipError> {
     let mut files = Vec::new();
     let mut dirs = vec![dir.to_path_buf()];
+    let mut seen = 0;
     while let Some(d) = dirs.pop() {
         for entry in std::fs::read_dir(&d)? {
+            seen += 1;
+            if seen > MAX_FILES {
+                return Err(ZipError::TooManyFiles);
+            }
             let path = entry?.path();
             let meta = std::fs::symlink_metadata(&path)?;
             if meta.uid() != owner {
@@ -238,20 +256,27 @@ fn files_of(dir: &Path, owner: u32) -> Result<Vec<(String, PathBuf)>, ZipError> 
             if meta.is_dir() {
                 dirs.push(path);
             } else if meta.is_file() {
-                let name = path
-                    .strip_prefix(dir)
-                    .unwrap_or(&path)
-                    .to_string_lossy()
-                    .into_owned();
-                files.push((name, path));
-            }
-            if files.len() + dirs.len() > MAX_FILES {
-                return Err(ZipError::TooManyFiles);
+                let name = path.strip_prefix(dir).ok().and_then(plain_name);
+                files.extend(name.map(|n| (n, path)));
             }
         }
     }
     files.sort();
     Ok(files)
+}
+
+/// `relative` as a zip entry's name, if each of its parts is plain.
+fn plain_name(relative: &Path) -> Option<String> {
+    let name = relative.to_str()?;
+    let plain = |part: &str| {
+        !part.is_empty()
+            && part != "."
+            && part != ".."
+            && part
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+    };
+    name.split('/').all(plain).then(|| name.to_owned())
 }
 
 /// `path` opened without following a link, if it is still a regular file of `owner`'s.
@@ -412,11 +437,46 @@ mod tests {
             .read_to_string(&mut text)
             .unwrap();
         assert_eq!(text, "a,b\n");
-        // Another owner's files are not taken; an existing target is not overwritten.
-        let other = zip_dir(&data, owner + 1, &dir.path().join("none.zip")).unwrap();
-        assert!(other > 0);
+        // Another owner's directory, or a link in place of the directory, is not read.
+        let other = zip_dir(&data, owner + 1, &dir.path().join("none.zip"));
+        assert!(matches!(other, Err(ZipError::NotItsDirectory)), "{other:?}");
+        let swapped = dir.path().join("swapped");
+        std::os::unix::fs::symlink(&data, &swapped).unwrap();
+        let linked = zip_dir(&swapped, owner, &dir.path().join("linked.zip"));
+        assert!(
+            matches!(linked, Err(ZipError::NotItsDirectory)),
+            "{linked:?}"
+        );
+        // An existing target is not overwritten.
         assert!(zip_dir(&data, owner, &to).is_err());
         assert!(to.exists(), "the zip already there stays");
+    }
+
+    #[test]
+    fn names_that_would_unpack_elsewhere_are_left_out_and_nothing_is_no_zip() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("d");
+        std::fs::create_dir(&data).unwrap();
+        let owner = std::fs::metadata(&data).unwrap().uid();
+        let empty = zip_dir(&data, owner, &dir.path().join("e.zip"));
+        assert!(matches!(empty, Err(ZipError::Empty)), "{empty:?}");
+        assert!(!dir.path().join("e.zip").exists());
+        for name in ["ok.csv", "..\\..\\x.bat", "a b.txt", "über.txt"] {
+            std::fs::write(data.join(name), b"x").unwrap();
+        }
+        let to = dir.path().join("n.zip");
+        zip_dir(&data, owner, &to).unwrap();
+        let archive = zip::ZipArchive::new(File::open(&to).unwrap()).unwrap();
+        let names: Vec<String> = archive
+            .file_names()
+            .map(|n| n.unwrap().into_owned())
+            .collect();
+        assert_eq!(names, ["ok.csv"]);
+        assert_eq!(
+            plain_name(Path::new("sub/trace.csv")).as_deref(),
+            Some("sub/trace.csv")
+        );
+        assert_eq!(plain_name(Path::new("../x")), None);
     }
 
     #[test]

@@ -58,7 +58,8 @@ async fn click(url: &str) -> (StatusCode, Option<String>, Value) {
 }
 
 async fn a_profile_s_link_opens_its_zip_and_nothing_else(kind: StoreKind) {
-    let app = TestApp::spawn(kind).await;
+    let key = ("CALLBACK_SECRET", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw");
+    let app = TestApp::spawn_with(kind, &[key]).await;
     let mut body = submission("prof-1");
     body["config"]["mode"] = json!("profile");
     body["config"]["benchmarks"] = json!([{"size": 1024}, {"size": 2048}]);
@@ -91,6 +92,16 @@ async fn a_profile_s_link_opens_its_zip_and_nothing_else(kind: StoreKind) {
     assert!(messages.contains(&format!("(<{link}>)")), "{messages}");
     assert!(messages.contains("Memory Throughput % 71.93"), "{messages}");
     assert!(!messages.contains("phishing.example"), "{messages}");
+    // kernelbot's callback carries it too.
+    let finished = app.receiver.received();
+    let finished = finished
+        .iter()
+        .find(|r| r.id == "msg_finished_prof-1")
+        .expect("called back");
+    let called: Value = serde_json::from_slice(&finished.body).unwrap();
+    let profile = &called["data"]["result"]["runs"]["profile.0"]["profile"];
+    assert_eq!(profile["download_url"].as_str(), Some(link.as_str()));
+    assert_eq!(profile["trace"], Value::Null);
 
     // The link: 302 to the storage, which serves the zip to a request without our token.
     let (status, location, _) = click(&link).await;
@@ -194,7 +205,34 @@ async fn a_run_s_links_are_rate_limited(kind: StoreKind) {
     assert_eq!(resp.status(), StatusCode::FORBIDDEN);
 }
 
+/// A private run's Discord message shows neither the tables nor the link.
+async fn a_private_profile_shows_no_link_in_discord(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    let mut body = submission("prof-3");
+    body["config"]["mode"] = json!("private");
+    assert_eq!(app.submit(&body).await.0, StatusCode::ACCEPTED);
+    let number = app.buildkite.builds()[0].number;
+    app.buildkite.upload(
+        number,
+        "kernelbot-out/profile.0.zip",
+        b"PK".to_vec(),
+        "finished",
+        false,
+    );
+    app.finish(number, "passed", Some(profile_result())).await;
+    let (_, view) = app.status("prof-3").await;
+    let runs = &view["result"]["result"]["runs"];
+    assert!(
+        runs["profile.0"]["profile"]["download_url"].is_string(),
+        "{view}"
+    );
+    let messages = serde_json::to_string(&app.discord.messages()).unwrap();
+    assert!(!messages.contains("/profiles/"), "{messages}");
+    assert!(!messages.contains("71.93"), "{messages}");
+}
+
 on_both_stores!(
     a_profile_s_link_opens_its_zip_and_nothing_else,
-    a_run_s_links_are_rate_limited
+    a_run_s_links_are_rate_limited,
+    a_private_profile_shows_no_link_in_discord
 );

@@ -12,6 +12,8 @@ use crate::text::{code, plain};
 const MAX_SHOWN: usize = 5;
 /// Lines of a profile's tables a field shows.
 const HEADLINE_LINES: usize = 3;
+/// Characters of a line a field shows (a templated kernel's name can run to thousands).
+const LINE_CHARS: usize = 150;
 
 /// A field for each profile run, in order: its benchmark, its tables' headline, its link.
 pub(super) fn fields(result: &FullResult) -> Vec<Field> {
@@ -24,22 +26,22 @@ pub(super) fn fields(result: &FullResult) -> Vec<Field> {
     runs.into_iter()
         .take(MAX_SHOWN)
         .filter_map(|(i, eval)| {
+            let profile = eval.profile.as_ref()?;
+            // The link first: whatever follows may be cut to fit.
+            let mut lines = vec![match &profile.download_url {
+                // Our own link (a program's is never kept): shown as it is.
+                Some(url) => format!(
+                    "[Download the {} files](<{url}>)",
+                    plain(&short(&profile.profiler))
+                ),
+                None => "No download for this run.".into(),
+            }];
             let run = eval.run.as_ref();
-            let mut lines = Vec::new();
             if let Some(spec) = run.and_then(|r| r.value("benchmark.0.spec")) {
-                lines.push(format!("`{}`", code(&spec)));
+                lines.push(format!("`{}`", code(&short(&spec))));
             }
             let report = run.and_then(|r| r.value("benchmark.0.report"));
             lines.extend(report.as_deref().map(headline).unwrap_or_default());
-            let profile = eval.profile.as_ref()?;
-            match &profile.download_url {
-                // Our own link (a program's is never kept): shown as it is.
-                Some(url) => lines.push(format!(
-                    "[Download the {} files](<{url}>)",
-                    plain(&profile.profiler)
-                )),
-                None => lines.push("No download for this run.".into()),
-            }
             Some(Field {
                 name: format!("Profile {i}"),
                 value: lines.join("\n"),
@@ -65,8 +67,16 @@ fn headline(encoded: &str) -> Vec<String> {
                 && !l.starts_with("Metric Name")
         })
         .take(HEADLINE_LINES)
-        .map(|l| format!("`{}`", code(l)))
+        .map(|l| format!("`{}`", code(&short(l))))
         .collect()
+}
+
+/// `line`, cut to [`LINE_CHARS`] characters.
+fn short(line: &str) -> String {
+    match line.char_indices().nth(LINE_CHARS) {
+        Some((at, _)) => format!("{}…", &line[..at]),
+        None => line.to_owned(),
+    }
 }
 
 #[cfg(test)]
@@ -131,6 +141,21 @@ mod tests {
             "{shown}"
         );
         assert!(fields[1].value.contains("No download"));
+    }
+
+    #[test]
+    fn long_lines_are_cut_so_the_link_always_shows() {
+        let kernel = format!("  kernel<{}>()", "float, ".repeat(500));
+        let mut result = FullResult::default();
+        let mut eval = profiled(&kernel, Some("https://s.example/l"));
+        if let Some(run) = eval.run.as_mut() {
+            run.result
+                .insert("benchmark.0.spec".into(), "x".repeat(2048).into());
+        }
+        result.runs.insert("profile.0".into(), eval);
+        let value = &fields(&result)[0].value;
+        assert!(value.starts_with("[Download the Nsight-Compute files](<https://s.example/l>)"));
+        assert!(value.len() < 1024, "{}", value.len());
     }
 
     #[test]
