@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use secrecy::SecretString;
+use secrecy::{ExposeSecret, SecretString};
 use url::Url;
 
 pub(crate) const DEFAULT_BUILDKITE_API_URL: &str = "https://api.buildkite.com/v2";
@@ -132,13 +132,29 @@ impl std::fmt::Debug for CallbackConfig {
 /// Signed links to profile runs' files (`PROFILE_LINK_SECRET`).
 #[derive(Clone)]
 pub struct ProfileLinkConfig {
-    /// Signs the links (submit verifies them).
+    /// The keys: the last signs new links, any verifies one (space-separated while a key
+    /// is rotated, so links already sent keep opening).
     pub secret: SecretString,
     /// The submit API's public URL (`PUBLIC_URL`), which the links open; without it a
     /// function verifies links but makes none.
     pub base_url: Option<Url>,
     /// How long a link opens (`PROFILE_LINK_TTL_SECS`, default 7 days).
     pub ttl: Duration,
+}
+
+impl ProfileLinkConfig {
+    /// Every key a link may be signed with.
+    pub(crate) fn keys(&self) -> impl Iterator<Item = &[u8]> {
+        self.secret
+            .expose_secret()
+            .split_whitespace()
+            .map(str::as_bytes)
+    }
+
+    /// The key new links are signed with: the newest.
+    pub(crate) fn signing_key(&self) -> &[u8] {
+        self.keys().last().unwrap_or_default()
+    }
 }
 
 impl std::fmt::Debug for ProfileLinkConfig {
@@ -369,10 +385,13 @@ impl Env<'_> {
             Some(_) => Some(self.url("PUBLIC_URL", "")?),
             None => None,
         };
-        if secret.len() < MIN_LINK_SECRET_BYTES {
+        if secret
+            .split_whitespace()
+            .any(|key| key.len() < MIN_LINK_SECRET_BYTES)
+        {
             return Err(ConfigError::invalid(
                 "PROFILE_LINK_SECRET",
-                format!("must be at least {MIN_LINK_SECRET_BYTES} bytes"),
+                format!("each key must be at least {MIN_LINK_SECRET_BYTES} bytes"),
             ));
         }
         let ttl = self.secs("PROFILE_LINK_TTL_SECS", 7 * 24 * 3600)?;
@@ -612,6 +631,18 @@ mod tests {
         );
         assert_eq!(links.ttl, Duration::from_secs(604_800));
         assert!(!format!("{cfg:?}").contains("link-key-123"));
+        let two = format!("{} {}", "a".repeat(32), "b".repeat(40));
+        let rotating = load(
+            Role::Sweep,
+            &[BASE, &[("PROFILE_LINK_SECRET", two.as_str())]].concat(),
+        );
+        let rotating = rotating.unwrap().profile_links.unwrap();
+        assert_eq!(rotating.keys().count(), 2);
+        assert_eq!(
+            rotating.signing_key(),
+            "b".repeat(40).as_bytes(),
+            "the newest signs"
+        );
         let short = [BASE, &[("PROFILE_LINK_SECRET", "short")]].concat();
         assert!(matches!(
             load(Role::Sweep, &short),

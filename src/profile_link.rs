@@ -57,6 +57,26 @@ pub(crate) fn verify(
     Ok(())
 }
 
+/// [`verify`] with each of `keys` (several while one is rotated): a link any of them signed
+/// is ours, and then refused only if it has expired.
+pub(crate) fn verify_any<'k>(
+    keys: impl IntoIterator<Item = &'k [u8]>,
+    path: &str,
+    expires: i64,
+    signature: &str,
+    now: i64,
+) -> Result<(), Refused> {
+    let mut refused = Refused::Signature;
+    for key in keys {
+        match verify(key, path, expires, signature, now) {
+            Ok(()) => return Ok(()),
+            Err(Refused::Expired) => refused = Refused::Expired,
+            Err(Refused::Signature) => {}
+        }
+    }
+    Err(refused)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -73,6 +93,28 @@ mod tests {
         assert_eq!(verify(KEY, &p, 1_000, &sig, 1_000), Ok(()));
         assert_eq!(verify(KEY, &p, 1_000, &sig, 1_001), Err(Refused::Expired));
         assert!(query(KEY, &p, 1_000).starts_with("expires=1000&signature="));
+    }
+
+    #[test]
+    fn while_a_key_is_rotated_links_of_either_open() {
+        let (old, new) = (&b"old-key"[..], &b"new-key"[..]);
+        let p = path("kb-1", 0);
+        for signer in [old, new] {
+            let sig = sign(signer, &p, 1_000);
+            assert_eq!(verify_any([old, new], &p, 1_000, &sig, 0), Ok(()));
+            assert_eq!(
+                verify_any([old, new], &p, 1_000, &sig, 2_000),
+                Err(Refused::Expired)
+            );
+            assert_eq!(
+                verify_any([b"other".as_slice()], &p, 1_000, &sig, 0),
+                Err(Refused::Signature)
+            );
+        }
+        assert_eq!(
+            verify_any([new], &p, 1_000, &sign(old, &p, 1_000), 0),
+            Err(Refused::Signature)
+        );
     }
 
     #[test]

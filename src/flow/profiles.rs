@@ -5,8 +5,6 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use secrecy::ExposeSecret;
-
 use super::{Deps, DispatchError};
 use crate::config::ProfileLinkConfig;
 use crate::jobs::RunId;
@@ -74,7 +72,7 @@ fn link(links: &ProfileLinkConfig, run_id: &RunId, index: usize, now: Millis) ->
     let base = links.base_url.as_ref()?;
     let expires = (now / 1000).checked_add(i64::try_from(links.ttl.as_secs()).ok()?)?;
     let path = profile_link::path(run_id.as_str(), index);
-    let query = profile_link::query(links.secret.expose_secret().as_bytes(), &path, expires);
+    let query = profile_link::query(links.signing_key(), &path, expires);
     Some(format!(
         "{}{path}?{query}",
         base.as_str().trim_end_matches('/')
@@ -95,9 +93,8 @@ pub(crate) async fn download(
         .as_ref()
         .ok_or(ProfileError::NotFound)?;
     let path = profile_link::path(run_id.as_str(), index);
-    let key = links.secret.expose_secret().as_bytes();
     let now = d.clock.now();
-    profile_link::verify(key, &path, expires, signature, now / 1000)
+    profile_link::verify_any(links.keys(), &path, expires, signature, now / 1000)
         .map_err(ProfileError::Refused)?;
     if !d.profile_clicks.allow(run_id.as_str(), now) {
         return Err(ProfileError::TooMany);
