@@ -357,6 +357,22 @@ fn evaluate(eval: &Evaluation, config: &EvalConfig, step: Step, device_count: i6
 }
 
 impl Evaluation<'_> {
+    /// Moves what the profiler left beside the program (rocprofv3's code objects) into its
+    /// directory, as kernelbot does, so the zip holds them too.
+    fn gather(&self, profiler: Profiler, work: &Path, out: &Path) {
+        // `work` itself cannot be swapped (its parent is root's): listing it is safe.
+        let Ok(entries) = std::fs::read_dir(work) else {
+            return;
+        };
+        let moves: Vec<(PathBuf, PathBuf)> = entries
+            .flatten()
+            .filter_map(|e| e.file_name().into_string().ok())
+            .filter(|name| profiler.keeps(name))
+            .map(|name| (work.join(&name), out.join(&name)))
+            .collect();
+        self.sandbox.move_files(&moves);
+    }
+
     /// After a profile run: Nsight's tables in the run's `benchmark.0.report` (base64, as
     /// kernelbot puts them), and, if the run succeeded, the profiler's files zipped beside
     /// `result.json` as `profile.<index>.zip`. A zip refused is said in the run's stderr.
@@ -385,6 +401,7 @@ impl Evaluation<'_> {
         if !run.success {
             return None;
         }
+        self.gather(profiler, work, &out);
         let zip = self.out_dir.join(format!("profile.{index}.zip"));
         match profile::zip_dir(&out, self.sandbox.program_uid(), &zip) {
             Ok(_) => Some(ProfileResult {

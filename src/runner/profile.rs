@@ -104,6 +104,16 @@ impl Profiler {
         args
     }
 
+    /// Whether a file the program left in its working directory belongs with the profile:
+    /// the code objects `GPU_DUMP_CODE_OBJECT` dumps there (kernelbot zips them too).
+    pub(super) fn keeps(self, name: &str) -> bool {
+        self == Self::RocProf
+            && !name.contains('/')
+            && name.starts_with("_code_object")
+            && name.ends_with(".o")
+            && plain_name(Path::new(name)).is_some()
+    }
+
     /// The command that prints the tables of the report in `out` (Nsight Compute only).
     pub(super) fn tables_command(self, out: &Path) -> Option<Vec<String>> {
         (self == Self::NsightCompute).then(|| {
@@ -408,6 +418,11 @@ mod tests {
         );
         assert_eq!(Profiler::for_runtime(""), None);
         assert_eq!(Profiler::RocProf.tables_command(Path::new("/w")), None);
+        assert!(Profiler::RocProf.keeps("_code_object0001.o"));
+        for other in ["_code_object0001.so", "eval.py", "_code_object../x.o"] {
+            assert!(!Profiler::RocProf.keeps(other), "{other}");
+        }
+        assert!(!Profiler::NsightCompute.keeps("_code_object0001.o"));
     }
 
     #[test]

@@ -244,6 +244,35 @@ impl Sandbox {
         });
     }
 
+    /// Moves each `(from, to)` the program left, as the program's uid: with its own rights,
+    /// whatever links it made along either path (so never as root).
+    pub(super) fn move_files(&self, moves: &[(PathBuf, PathBuf)]) {
+        let c = |p: &Path| CString::new(p.as_os_str().as_bytes()).ok();
+        let pairs: Vec<(CString, CString)> = moves
+            .iter()
+            .filter_map(|(from, to)| Some((c(from)?, c(to)?)))
+            .collect();
+        let Some(id) = &self.identity else {
+            for (from, to) in moves {
+                let _ = std::fs::rename(from, to);
+            }
+            return;
+        };
+        let uid = id.uid;
+        let _ = fork_wait(|| {
+            // SAFETY (all of this closure): raw syscalls only, in the forked child.
+            unsafe {
+                if libc::syscall(libc::SYS_setresuid, uid, uid, uid) != 0 {
+                    return 1;
+                }
+                for (from, to) in &pairs {
+                    libc::rename(from.as_ptr(), to.as_ptr());
+                }
+            }
+            0
+        });
+    }
+
     /// A command for `program` in `dir`, with the sandbox applied when it starts.
     pub(super) fn command(&self, program: &str, dir: &Path) -> Command {
         let mut cmd = Command::new(program);

@@ -862,6 +862,11 @@ fn profile_mode_runs_each_benchmark_under_the_profiler_and_zips_its_files() {
                 "{vendor}: {:?}",
                 entries.keys()
             );
+            if vendor == "gpu-amd" {
+                // The code objects the runtime dumped beside the program, as kernelbot keeps.
+                let objects = entries.contains_key("_code_object0001.o");
+                assert!(objects, "{:?}", entries.keys());
+            }
             assert!(
                 entries
                     .keys()
