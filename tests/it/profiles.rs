@@ -57,33 +57,31 @@ async fn click(url: &str) -> (StatusCode, Option<String>, Value) {
     (status, location, body)
 }
 
-async fn a_profile_s_link_opens_its_zip_and_nothing_else(kind: StoreKind) {
-    let key = ("CALLBACK_SECRET", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw");
-    let app = TestApp::spawn_with(kind, &[key]).await;
-    let mut body = submission("prof-1");
-    body["config"]["mode"] = json!("profile");
+/// Runs `run_id` (in `mode`) to a finished profile build whose first profile left `zip`:
+/// the link its status then shows.
+async fn finished_with_zip(app: &TestApp, run_id: &str, mode: &str, zip: &[u8]) -> String {
+    let mut body = submission(run_id);
+    body["config"]["mode"] = json!(mode);
     body["config"]["benchmarks"] = json!([{"size": 1024}, {"size": 2048}]);
     assert_eq!(app.submit(&body).await.0, StatusCode::ACCEPTED);
     let number = app.buildkite.builds()[0].number;
-    let zip = b"PK\x03\x04 the profiler's files".to_vec();
-    app.buildkite.upload(
-        number,
-        "kernelbot-out/profile.0.zip",
-        zip.clone(),
-        "finished",
-        false,
-    );
-    assert_eq!(
-        app.finish(number, "passed", Some(profile_result())).await,
-        StatusCode::OK
-    );
+    let path = "kernelbot-out/profile.0.zip";
+    app.buildkite
+        .upload(number, path, zip.to_vec(), "finished", false);
+    let finished = app.finish(number, "passed", Some(profile_result())).await;
+    assert_eq!(finished, StatusCode::OK);
+    let (_, view) = app.status(run_id).await;
+    let link = &view["result"]["result"]["runs"]["profile.0"]["profile"]["download_url"];
+    link.as_str().unwrap_or_else(|| panic!("{view}")).to_owned()
+}
 
+async fn a_profile_s_link_opens_its_zip_and_nothing_else(kind: StoreKind) {
+    let key = ("CALLBACK_SECRET", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw");
+    let app = TestApp::spawn_with(kind, &[key]).await;
+    let zip = b"PK\x03\x04 the profiler's files".to_vec();
+    let link = finished_with_zip(&app, "prof-1", "profile", &zip).await;
     let (_, view) = app.status("prof-1").await;
     let runs = &view["result"]["result"]["runs"];
-    let link = runs["profile.0"]["profile"]["download_url"]
-        .as_str()
-        .unwrap()
-        .to_owned();
     let prefix = format!("{}/submissions/prof-1/profiles/0?expires=", app.submit_url);
     assert!(link.starts_with(&prefix), "{link}");
     assert_eq!(runs["profile.1"]["profile"], Value::Null);
@@ -165,23 +163,7 @@ async fn a_profile_s_link_opens_its_zip_and_nothing_else(kind: StoreKind) {
 /// Clicks on one run's links are limited; the API's token is never what opens them.
 async fn a_run_s_links_are_rate_limited(kind: StoreKind) {
     let app = TestApp::spawn(kind).await;
-    let mut body = submission("prof-2");
-    body["config"]["mode"] = json!("profile");
-    assert_eq!(app.submit(&body).await.0, StatusCode::ACCEPTED);
-    let number = app.buildkite.builds()[0].number;
-    app.buildkite.upload(
-        number,
-        "kernelbot-out/profile.0.zip",
-        b"PK".to_vec(),
-        "finished",
-        false,
-    );
-    app.finish(number, "passed", Some(profile_result())).await;
-    let (_, view) = app.status("prof-2").await;
-    let link = view["result"]["result"]["runs"]["profile.0"]["profile"]["download_url"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let link = finished_with_zip(&app, "prof-2", "profile", b"PK").await;
     let mut statuses = Vec::new();
     for _ in 0..31 {
         statuses.push(click(&link).await.0);
@@ -208,30 +190,59 @@ async fn a_run_s_links_are_rate_limited(kind: StoreKind) {
 /// A private run's Discord message shows neither the tables nor the link.
 async fn a_private_profile_shows_no_link_in_discord(kind: StoreKind) {
     let app = TestApp::spawn(kind).await;
-    let mut body = submission("prof-3");
-    body["config"]["mode"] = json!("private");
-    assert_eq!(app.submit(&body).await.0, StatusCode::ACCEPTED);
-    let number = app.buildkite.builds()[0].number;
-    app.buildkite.upload(
-        number,
-        "kernelbot-out/profile.0.zip",
-        b"PK".to_vec(),
-        "finished",
-        false,
-    );
-    app.finish(number, "passed", Some(profile_result())).await;
-    let (_, view) = app.status("prof-3").await;
-    let runs = &view["result"]["result"]["runs"];
-    assert!(
-        runs["profile.0"]["profile"]["download_url"].is_string(),
-        "{view}"
-    );
+    let link = finished_with_zip(&app, "prof-3", "private", b"PK").await;
+    assert!(link.contains("/profiles/0?"), "the status keeps it: {link}");
     let messages = serde_json::to_string(&app.discord.messages()).unwrap();
     assert!(!messages.contains("/profiles/"), "{messages}");
     assert!(!messages.contains("71.93"), "{messages}");
 }
 
+/// A click while Buildkite fails gets an answer that says so (503 while it is down, busy
+/// or slow, 404 once the artifact is gone, 502 for an answer that is not a redirect), the
+/// next click works again, and the job, its report and its link are as they were.
+async fn a_click_while_buildkite_fails_changes_nothing(kind: StoreKind) {
+    let app = TestApp::spawn_tuned(kind, &[], Duration::from_secs(1)).await;
+    let link = finished_with_zip(&app, "prof-4", "profile", b"PK").await;
+    let report = app.discord.messages();
+    for (status, answer) in [
+        (500, StatusCode::SERVICE_UNAVAILABLE),
+        (502, StatusCode::SERVICE_UNAVAILABLE),
+        (429, StatusCode::SERVICE_UNAVAILABLE),
+        (404, StatusCode::NOT_FOUND),
+        (200, StatusCode::BAD_GATEWAY),
+    ] {
+        app.buildkite
+            .fail_download_page(status, "<html>oops</html>");
+        let (got, location, body) = click(&link).await;
+        assert_eq!(
+            (got, location),
+            (answer, None),
+            "Buildkite {status}: {body}"
+        );
+        assert!(
+            !body.to_string().contains(crate::support::BK_TOKEN),
+            "{body}"
+        );
+    }
+    app.buildkite.clear_download_failure();
+    app.buildkite.set_delay(Some(Duration::from_secs(3)));
+    assert_eq!(
+        click(&link).await.0,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "a slow Buildkite"
+    );
+    app.buildkite.set_delay(None);
+    assert_eq!(click(&link).await.0, StatusCode::FOUND, "and then it works");
+    let (_, view) = app.status("prof-4").await;
+    assert_eq!(
+        (view["state"].as_str(), view["verdict"].as_str()),
+        (Some("finished"), Some("passed"))
+    );
+    assert_eq!(app.discord.messages(), report, "the report is untouched");
+}
+
 on_both_stores!(
+    a_click_while_buildkite_fails_changes_nothing,
     a_profile_s_link_opens_its_zip_and_nothing_else,
     a_run_s_links_are_rate_limited,
     a_private_profile_shows_no_link_in_discord

@@ -86,6 +86,11 @@ impl BuildkiteStandin {
     pub fn fail_download_page(&self, status: u16, body: &str) {
         self.lock().download_failure = Some((status, body.to_owned()));
     }
+
+    /// The artifact download endpoint answers its 302 again.
+    pub fn clear_download_failure(&self) {
+        self.lock().download_failure = None;
+    }
 }
 
 /// Buildkite's rate-limit headers on every API answer, once a test has set a remaining count.
