@@ -44,6 +44,14 @@ async fn timed_event(app: &Stack, event: &str, number: u64) -> Duration {
     started.elapsed()
 }
 
+/// Build `number` ends as the agent leaves it: `result.json` uploaded, the build passed.
+fn passed_with_result(app: &Stack, number: u64) {
+    let result = sample_result(false);
+    app.buildkite
+        .upload(number, "result.json", result, "finished", false);
+    app.buildkite.set_state(number, "passed");
+}
+
 /// A job submitted and its build created, undelayed; its build's number.
 async fn submitted(app: &Stack, run_id: &str) -> u64 {
     app.buildkite.set_delay(None);
@@ -76,28 +84,14 @@ async fn main() {
         let number = submitted(&app, &format!("rt-{i}")).await;
         app.buildkite.start_eval(number);
         started.push(timed_event(&app, "job.started", number).await);
-        app.buildkite.upload(
-            number,
-            "result.json",
-            sample_result(false),
-            "finished",
-            false,
-        );
-        app.buildkite.set_state(number, "passed");
+        passed_with_result(&app, number);
         finished.push(timed_event(&app, "build.finished", number).await);
 
         // A build whose `build.finished` never came: the next sweep pass finishes it.
         let number = submitted(&app, &format!("rt-lost-{i}")).await;
         app.buildkite.start_eval(number);
         assert_eq!(app.event("job.started", number).await, Some(StatusCode::OK));
-        app.buildkite.upload(
-            number,
-            "result.json",
-            sample_result(false),
-            "finished",
-            false,
-        );
-        app.buildkite.set_state(number, "passed");
+        passed_with_result(&app, number);
         let pass = Instant::now();
         let report = app.sweep().await.expect("sweep pass");
         assert_eq!(report.finished, 1, "{report}");

@@ -381,10 +381,10 @@ impl Env<'_> {
         let Some(secret) = self.get("PROFILE_LINK_SECRET") else {
             return Ok(None);
         };
-        let base_url = match self.get("PUBLIC_URL") {
-            Some(_) => Some(self.url("PUBLIC_URL", "")?),
-            None => None,
-        };
+        let base_url = self
+            .get("PUBLIC_URL")
+            .map(|raw| self.exact_url("PUBLIC_URL", raw.trim_end_matches('/')));
+        let base_url = base_url.transpose()?;
         if secret
             .split_whitespace()
             .any(|key| key.len() < MIN_LINK_SECRET_BYTES)
