@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the whole test suite. First installs what the tests use: the Python tools in
-# scripts/requirements.txt (moto server, cfn-lint, cargo-lambda) and the kernelbot launcher
+# scripts/requirements.txt (moto server, cfn-lint, aws-sam-cli, cargo-lambda) and the kernelbot launcher
 # package (infra/kernelbot) into .venv, again whenever either changes, and Debian's
 # ShellCheck if it is missing.
 set -euo pipefail
@@ -20,8 +20,10 @@ if ! command -v shellcheck >/dev/null 2>&1; then
 fi
 
 cfn-lint template.yaml
+# SAM's own checks of the transformed template (offline, no credentials).
+sam validate --lint --region us-east-1 --template-file template.yaml >/dev/null
 shellcheck -x infra/buildkite/*.sh scripts/test.sh scripts/bench.sh scripts/tools.sh
-cargo test --locked "$@" -- --include-ignored
+cargo test --locked --workspace "$@" -- --include-ignored
 # The kernelbot launcher's suite, against the installed package, its round trips through the
 # real local stack included.
 cargo build --locked --quiet --bin local

@@ -58,31 +58,28 @@ impl Role {
     }
 
     /// The secrets this function uses: the only ones it keeps from the secrets extension.
-    pub fn secret_keys(self) -> &'static [&'static str] {
-        match self {
-            Self::Submit => &[
-                "BUILDKITE_API_TOKEN",
-                "SUBMIT_API_TOKEN",
-                "DISCORD_WEBHOOK_URL",
-                "CALLBACK_SECRET",
-                "PROFILE_LINK_SECRET",
-            ],
-            Self::Webhook => &[
-                "BUILDKITE_API_TOKEN",
-                "BUILDKITE_WEBHOOK_SECRET",
-                "DISCORD_WEBHOOK_URL",
-                "CALLBACK_SECRET",
-                "PROFILE_LINK_SECRET",
-            ],
-            Self::Sweep => &[
-                "BUILDKITE_API_TOKEN",
-                "DISCORD_WEBHOOK_URL",
-                "CALLBACK_SECRET",
-                "PROFILE_LINK_SECRET",
-            ],
-        }
+    pub fn secret_keys(self) -> Vec<&'static str> {
+        SECRET_KEYS
+            .iter()
+            .filter(|(_, used_by)| used_by.contains(&self))
+            .map(|(key, _)| *key)
+            .collect()
     }
 }
+
+const ALL_ROLES: &[Role] = &[Role::Submit, Role::Webhook, Role::Sweep];
+
+/// Every key the deployment's secret may hold, with the functions that keep it: the one list
+/// of secrets. The public webhook function never keeps the submission API's token. A test
+/// checks that `template.yaml` and `docs/configuration.md` name exactly these.
+pub const SECRET_KEYS: &[(&str, &[Role])] = &[
+    ("BUILDKITE_API_TOKEN", ALL_ROLES),
+    ("BUILDKITE_WEBHOOK_SECRET", &[Role::Webhook]),
+    ("SUBMIT_API_TOKEN", &[Role::Submit]),
+    ("DISCORD_WEBHOOK_URL", ALL_ROLES),
+    ("CALLBACK_SECRET", ALL_ROLES),
+    ("PROFILE_LINK_SECRET", ALL_ROLES),
+];
 
 #[derive(Debug, Clone)]
 pub struct BuildkiteConfig {

@@ -20,11 +20,8 @@ pub mod error;
 pub mod flow;
 pub mod http;
 pub mod jobs;
-pub mod payload;
 mod profile_link;
-pub mod result;
 pub mod retry;
-pub mod runner;
 pub mod secrets;
 pub mod server;
 pub mod telemetry;
@@ -32,3 +29,8 @@ mod text;
 pub mod time;
 mod tls;
 mod token;
+
+// The GPU-node side and the formats both sides share live in their own crate
+// (infra/runner), which the runner image builds alone.
+pub use kernelbot_runner as runner;
+pub use kernelbot_runner::{payload, result};

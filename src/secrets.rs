@@ -3,7 +3,7 @@
 //! plain text in the functions' configuration.
 //!
 //! `KERNELBOT_SECRET_ID` names one secret whose `SecretString` is a JSON object holding any
-//! of [`KEYS`]. A key that is also set in the environment keeps the environment's value
+//! of the keys in [`crate::config::SECRET_KEYS`]. A key that is also set in the environment keeps the environment's value
 //! (local runs and tests). The extension answers only during an invocation, so the functions
 //! read it on their first one and keep what they read.
 
@@ -13,20 +13,17 @@ use std::time::Duration;
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 
+use crate::config::SECRET_KEYS;
 use crate::retry::{Again, Deadline, Policy, Transient};
 
 /// The variable naming the secret (its name or ARN).
 pub(crate) const SECRET_ID_VAR: &str = "KERNELBOT_SECRET_ID";
 /// The extension's documented default port.
 pub(crate) const DEFAULT_PORT: u16 = 2773;
-/// What the secret may hold; anything else in it is ignored.
-pub const KEYS: &[&str] = &[
-    "BUILDKITE_API_TOKEN",
-    "BUILDKITE_WEBHOOK_SECRET",
-    "SUBMIT_API_TOKEN",
-    "DISCORD_WEBHOOK_URL",
-    "CALLBACK_SECRET",
-];
+/// What the secret may hold (the one list, [`SECRET_KEYS`]); anything else in it is ignored.
+pub fn keys() -> Vec<&'static str> {
+    SECRET_KEYS.iter().map(|(key, _)| *key).collect()
+}
 /// The extension runs beside us: a slow answer is a stuck one.
 const CALL_TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -125,7 +122,10 @@ pub async fn load(
         serde_json::from_str(&value.secret_string.ok_or_else(malformed)?)
             .map_err(|_| malformed())?;
     let mut secrets = BTreeMap::new();
-    for key in keys.iter().filter(|k| KEYS.contains(k)) {
+    for key in keys
+        .iter()
+        .filter(|k| SECRET_KEYS.iter().any(|(known, _)| known == *k))
+    {
         match fields.get(*key) {
             None => {}
             Some(serde_json::Value::String(v)) => {

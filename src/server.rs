@@ -71,9 +71,7 @@ impl Startup {
     async fn build(&self) -> Result<Arc<Deps>, Error> {
         let started = Instant::now();
         let env = self.env.as_ref();
-        let secrets = crate::secrets::load(env, self.role.secret_keys()).await?;
-        let lookup = crate::secrets::overlay(env, secrets);
-        let config = Arc::new(Config::from_lookup(self.role, &lookup)?);
+        let config = Arc::new(configure(self.role, env).await?);
         let metrics = crate::telemetry::metrics::Metrics::for_function(self.role.name());
         let deps = Deps::new(config, self.store.clone())?.with_metrics(metrics);
         tracing::info!(
@@ -82,6 +80,17 @@ impl Startup {
         );
         Ok(Arc::new(deps))
     }
+}
+
+/// A function's configuration: the environment first, then the secrets the extension holds
+/// (when `KERNELBOT_SECRET_ID` names one) for what the environment lacks.
+pub async fn configure(
+    role: Role,
+    env: &(dyn Fn(&str) -> Option<String> + Sync),
+) -> Result<Config, Error> {
+    let secrets = crate::secrets::load(env, &role.secret_keys()).await?;
+    let lookup = crate::secrets::overlay(env, secrets);
+    Ok(Config::from_lookup(role, &lookup)?)
 }
 
 async fn open_store(

@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use super::buildkite::{BuildkiteStandin, deliver, unix_now};
 use super::discord::{DiscordCall, DiscordStandin};
 use super::receiver::ReceiverStandin;
-use crate::config::{Config, Role};
+use crate::config::Role;
 use crate::error::BoxError;
 use crate::flow::{Deps, sweep};
 use crate::http;
@@ -121,11 +121,37 @@ impl StandIns {
             ("SUBMIT_API_TOKEN".into(), API_TOKEN.into()),
             ("PROFILE_LINK_SECRET".into(), LINK_SECRET.into()),
         ]);
-        if vars.iter().any(|(k, _)| *k == "CALLBACK_SECRET") {
+        let named = |key: &str| vars.iter().any(|(k, _)| *k == key);
+        // A stack reading its secrets through the extension holds none in its environment.
+        if named(crate::secrets::SECRET_ID_VAR) {
+            env.retain(|k, _| !crate::secrets::keys().contains(&k.as_str()));
+        }
+        if named("CALLBACK_SECRET") || named(crate::secrets::SECRET_ID_VAR) {
             env.insert("CALLBACK_URL".into(), self.receiver.url.clone());
         }
         env.extend(vars.iter().map(|(k, v)| ((*k).into(), (*v).into())));
         env
+    }
+}
+
+/// What the stack's functions share: one store, one clock, one metrics sink.
+struct Wiring {
+    store: Arc<dyn JobStore>,
+    clock: Clock,
+    metrics: Arc<Mutex<Vec<Value>>>,
+    timeout: Duration,
+}
+
+impl Wiring {
+    /// One function's dependencies, configured as a deployed function's are
+    /// ([`crate::server::configure`]: its environment, then the secrets extension).
+    async fn deps(&self, env: BTreeMap<String, String>, role: Role) -> Result<Arc<Deps>, BoxError> {
+        let config = crate::server::configure(role, &move |k: &str| env.get(k).cloned()).await?;
+        let deps = Deps::new(Arc::new(config), self.store.clone())?
+            .with_clock(self.clock.clone())
+            .with_metrics(Metrics::shared(role.name(), self.metrics.clone()))
+            .with_outbound(quick_retries(), self.timeout);
+        Ok(Arc::new(deps))
     }
 }
 
@@ -153,21 +179,20 @@ impl Stack {
         let (store, dir) = open_store(kind).await?;
         let mut env = stand_ins.env(vars);
         let metrics = Arc::new(Mutex::new(Vec::new()));
-        let deps = |env: &BTreeMap<String, String>, role: Role| -> Result<Arc<Deps>, BoxError> {
-            let config = Config::from_lookup(role, &|k| env.get(k).cloned())?;
-            let deps = Deps::new(Arc::new(config), store.clone())?
-                .with_clock(clock.clone())
-                .with_metrics(Metrics::shared(role.name(), metrics.clone()))
-                .with_outbound(quick_retries(), timeout);
-            Ok(Arc::new(deps))
+        let wiring = Wiring {
+            store: store.clone(),
+            clock: clock.clone(),
+            metrics: metrics.clone(),
+            timeout,
         };
-        let submit_router = http::submit::router(deps(&env, Role::Submit)?);
+        let deps = |env: &BTreeMap<String, String>, role| wiring.deps(env.clone(), role);
+        let submit_router = http::submit::router(deps(&env, Role::Submit).await?);
         let submit_url = serve(submit_router.clone()).await?;
         // Profile links open the submit API: the others make them.
         env.entry("PUBLIC_URL".into())
             .or_insert_with(|| submit_url.clone());
-        let webhook_router = http::webhook::router(deps(&env, Role::Webhook)?);
-        let sweeper = deps(&env, Role::Sweep)?;
+        let webhook_router = http::webhook::router(deps(&env, Role::Webhook).await?);
+        let sweeper = deps(&env, Role::Sweep).await?;
         Ok(Self {
             submit_url,
             webhook_url: format!(

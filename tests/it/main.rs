@@ -28,8 +28,10 @@ macro_rules! on_both_stores {
 mod backlog;
 mod callbacks;
 mod chaos;
+mod docs;
 mod end_to_end;
 mod faults;
+mod image;
 mod infra;
 mod lambda_events;
 mod lambda_watch;

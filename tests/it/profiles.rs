@@ -42,7 +42,7 @@ fn signed(base: &str, run_id: &str, index: usize, expires: i64) -> String {
 }
 
 /// What a click on `url` gets, redirects not followed: status, `Location`, JSON body.
-async fn click(url: &str) -> (StatusCode, Option<String>, Value) {
+pub(crate) async fn click(url: &str) -> (StatusCode, Option<String>, Value) {
     let client = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .build()
@@ -59,7 +59,12 @@ async fn click(url: &str) -> (StatusCode, Option<String>, Value) {
 
 /// Runs `run_id` (in `mode`) to a finished profile build whose first profile left `zip`:
 /// the link its status then shows.
-async fn finished_with_zip(app: &TestApp, run_id: &str, mode: &str, zip: &[u8]) -> String {
+pub(crate) async fn finished_with_zip(
+    app: &TestApp,
+    run_id: &str,
+    mode: &str,
+    zip: &[u8],
+) -> String {
     let mut body = submission(run_id);
     body["config"]["mode"] = json!(mode);
     body["config"]["benchmarks"] = json!([{"size": 1024}, {"size": 2048}]);

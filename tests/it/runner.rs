@@ -49,7 +49,7 @@ say("check", "fail" if behaviour == "fail" else "pass")
 sys.exit(112 if behaviour == "fail" else 0)
 "#;
 
-fn config(behaviour: &str, mode: &str) -> Value {
+pub(crate) fn config(behaviour: &str, mode: &str) -> Value {
     json!({
         "lang": "py", "mode": mode, "main": "eval.py",
         "sources": {"eval.py": HARNESS.replace("BEHAVIOUR", &format!("{behaviour:?}")), "submission.py": "def kernel(x):\n    return x\n"},
@@ -59,11 +59,11 @@ fn config(behaviour: &str, mode: &str) -> Value {
     })
 }
 
-struct Run {
-    code: i32,
-    stdout: String,
-    result: Option<FullResult>,
-    raw: Option<Value>,
+pub(crate) struct Run {
+    pub(crate) code: i32,
+    pub(crate) stdout: String,
+    pub(crate) result: Option<FullResult>,
+    pub(crate) raw: Option<Value>,
 }
 
 fn is_root() -> bool {
@@ -82,7 +82,7 @@ fn sandbox_uid() -> u32 {
 
 /// A checkout as the agent leaves it: world-readable, `.git/` with hooks and a config, owned
 /// by the agent (here: whoever runs the tests).
-fn checkout() -> tempfile::TempDir {
+pub(crate) fn checkout() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(dir.path().join(".git/hooks")).unwrap();
     std::fs::write(dir.path().join(".git/config"), GIT_CONFIG).unwrap();
@@ -102,10 +102,19 @@ const GIT_CONFIG: &str = "[core]\n\trepositoryformatversion = 0\n";
 fn run_in(dir: &Path, vars: &[(&str, String)], user: Option<u32>) -> Run {
     // Another user may not reach the build directory: that run gets a copy it can.
     let copy = user.map(|_| runner_copy());
-    let binary = copy.as_ref().map_or_else(
-        || PathBuf::from(env!("CARGO_BIN_EXE_runner")),
-        |(_, bin)| bin.clone(),
-    );
+    let binary = copy
+        .as_ref()
+        .map_or_else(|| runner_link().to_owned(), |(_, bin)| bin.clone());
+    run_binary(&binary, dir, vars, user)
+}
+
+/// Runs `binary` as the pipeline step runs the runner, in `dir`.
+pub(crate) fn run_binary(
+    binary: &Path,
+    dir: &Path,
+    vars: &[(&str, String)],
+    user: Option<u32>,
+) -> Run {
     let mut cmd = Command::new(binary);
     cmd.current_dir(dir)
         .env_remove("KERNELBOT_PAYLOAD")
@@ -129,12 +138,26 @@ fn run_in(dir: &Path, vars: &[(&str, String)], user: Option<u32>) -> Run {
     }
 }
 
+/// The runner as the local stack runs it: the `local` binary acts as the runner when called
+/// `kernelbot-runner` (the runner crate's own binary is built and run by the image's test, in
+/// tests/it/infra.rs). One link for the whole test process.
+fn runner_link() -> &'static Path {
+    static LINK: std::sync::OnceLock<(tempfile::TempDir, PathBuf)> = std::sync::OnceLock::new();
+    let (_, link) = LINK.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let link = dir.path().join("kernelbot-runner");
+        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_local"), &link).unwrap();
+        (dir, link)
+    });
+    link
+}
+
 /// The runner binary, copied where any user may run it; gone with the directory.
 fn runner_copy() -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let bin = dir.path().join("kernelbot-runner");
-    std::fs::copy(env!("CARGO_BIN_EXE_runner"), &bin).unwrap();
+    std::fs::copy(env!("CARGO_BIN_EXE_local"), &bin).unwrap();
     (dir, bin)
 }
 

@@ -10,9 +10,13 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use kernelbot_dispatch::config::{Config, Role};
-use kernelbot_dispatch::secrets::{KEYS, SecretsError, load, overlay};
+use kernelbot_dispatch::devstack::stack::{API_TOKEN, BK_TOKEN, HOOK_URL, LINK_SECRET, SECRET};
+use kernelbot_dispatch::secrets::{SecretsError, keys, load, overlay};
 use secrecy::ExposeSecret;
 use serde_json::json;
+
+use crate::profiles::{click, finished_with_zip};
+use crate::support::{StoreKind, TestApp};
 
 const SESSION_TOKEN: &str = "session-token-of-this-sandbox";
 
@@ -84,7 +88,7 @@ fn env(pairs: Vec<(&'static str, String)>) -> impl Fn(&str) -> Option<String> + 
 async fn load_all(
     vars: &(dyn Fn(&str) -> Option<String> + Sync),
 ) -> Result<BTreeMap<String, secrecy::SecretString>, SecretsError> {
-    load(vars, KEYS).await
+    load(vars, &keys()).await
 }
 
 fn stored() -> String {
@@ -113,7 +117,7 @@ async fn secrets_come_from_the_extension_and_the_environment_wins() {
         // Set in the environment: kept over the extension's value.
         ("BUILDKITE_API_TOKEN", "bk-from-env".into()),
     ]);
-    let secrets = load(&vars, Role::Submit.secret_keys())
+    let secrets = load(&vars, &Role::Submit.secret_keys())
         .await
         .expect("read through the extension");
     assert_eq!(ext.lock().unwrap().calls, 1);
@@ -121,7 +125,7 @@ async fn secrets_come_from_the_extension_and_the_environment_wins() {
     // The submit function keeps no webhook secret, nor the webhook function the submission
     // API's token.
     assert!(!secrets.contains_key("BUILDKITE_WEBHOOK_SECRET"));
-    let for_webhook = load(&vars, Role::Webhook.secret_keys()).await.unwrap();
+    let for_webhook = load(&vars, &Role::Webhook.secret_keys()).await.unwrap();
     assert!(!for_webhook.contains_key("SUBMIT_API_TOKEN"));
     assert!(for_webhook.contains_key("BUILDKITE_WEBHOOK_SECRET"));
     let lookup = overlay(vars.clone(), secrets);
@@ -144,7 +148,7 @@ async fn without_a_secret_id_nothing_is_asked() {
         ("AWS_SESSION_TOKEN", SESSION_TOKEN.into()),
         ("PARAMETERS_SECRETS_EXTENSION_HTTP_PORT", port.to_string()),
     ]);
-    assert!(load(&vars, KEYS).await.unwrap().is_empty());
+    assert!(load(&vars, &keys()).await.unwrap().is_empty());
     assert_eq!(ext.lock().unwrap().calls, 0);
 }
 
@@ -167,7 +171,7 @@ async fn a_starting_extension_is_waited_for() {
         ("AWS_SESSION_TOKEN", SESSION_TOKEN.into()),
         ("PARAMETERS_SECRETS_EXTENSION_HTTP_PORT", port.to_string()),
     ]);
-    let secrets = load(&vars, KEYS).await.unwrap();
+    let secrets = load(&vars, &keys()).await.unwrap();
     assert_eq!(
         secrets["BUILDKITE_WEBHOOK_SECRET"].expose_secret(),
         "webhook-from-extension"
@@ -228,7 +232,7 @@ async fn failures_are_clear_and_never_show_a_secret() {
         ("AWS_SESSION_TOKEN", SESSION_TOKEN.into()),
         ("PARAMETERS_SECRETS_EXTENSION_HTTP_PORT", "1".into()),
     ]);
-    let err = load(&down, KEYS).await.unwrap_err();
+    let err = load(&down, &keys()).await.unwrap_err();
     assert!(matches!(err, SecretsError::Unreachable(_)), "{err}");
     let bad_port = env(vec![
         ("KERNELBOT_SECRET_ID", "s".into()),
@@ -236,7 +240,7 @@ async fn failures_are_clear_and_never_show_a_secret() {
         ("PARAMETERS_SECRETS_EXTENSION_HTTP_PORT", "http".into()),
     ]);
     assert!(matches!(
-        load(&bad_port, KEYS).await.unwrap_err(),
+        load(&bad_port, &keys()).await.unwrap_err(),
         SecretsError::BadPort(_)
     ));
 }
@@ -260,14 +264,14 @@ fn the_template_reads_secrets_through_the_extension() {
             .as_sequence()
             .is_some_and(|l| l.len() == 1)
     );
-    for key in kernelbot_dispatch::secrets::KEYS {
+    for key in keys() {
         assert!(vars.get(key).is_none(), "{key} in plain text");
     }
     for function in ["SubmitFunction", "WebhookFunction", "SweepFunction"] {
         let props = &t["Resources"][function]["Properties"];
         if let Some(own) = props["Environment"]["Variables"].as_mapping() {
-            for key in kernelbot_dispatch::secrets::KEYS {
-                assert!(own.get(*key).is_none(), "{function}: {key} in plain text");
+            for key in keys() {
+                assert!(own.get(key).is_none(), "{function}: {key} in plain text");
             }
         }
         let policies = serde_yaml_ng::to_string(&props["Policies"]).unwrap();
@@ -280,6 +284,7 @@ fn the_template_reads_secrets_through_the_extension() {
     for (function, parameter) in [
         ("SubmitFunction", "SubmitReservedConcurrency"),
         ("WebhookFunction", "WebhookReservedConcurrency"),
+        ("SweepFunction", "SweepReservedConcurrency"),
     ] {
         let reserved = serde_yaml_ng::to_string(
             &t["Resources"][function]["Properties"]["ReservedConcurrentExecutions"],
@@ -357,3 +362,75 @@ async fn start_up_defers_only_what_needs_the_extension() {
     startup.prebuild().await;
     assert!(startup.ready().is_some(), "all of it built at init");
 }
+
+/// A deployment as the docs set it up: every secret in the deployment's secret, none in the
+/// environment. Submit, webhook and sweep read theirs through the extension, and a profile run
+/// goes end to end: the submission is accepted, the signed webhook finishes it, the report and
+/// the callback go out, the profile's link is made, opens with 302, and a tampered one is 403.
+async fn every_secret_from_the_secret_and_none_from_the_environment(kind: StoreKind) {
+    let values = BTreeMap::from([
+        ("BUILDKITE_API_TOKEN", BK_TOKEN.to_owned()),
+        ("BUILDKITE_WEBHOOK_SECRET", SECRET.to_owned()),
+        ("SUBMIT_API_TOKEN", API_TOKEN.to_owned()),
+        ("DISCORD_WEBHOOK_URL", HOOK_URL.to_owned()),
+        (
+            "CALLBACK_SECRET",
+            "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".to_owned(),
+        ),
+        ("PROFILE_LINK_SECRET", LINK_SECRET.to_owned()),
+    ]);
+    // The secret holds every key the docs list, and nothing else.
+    assert_eq!(
+        values.keys().map(|k| (*k).to_owned()).collect::<Vec<_>>(),
+        crate::docs::documented_secret_keys()
+    );
+    let secret = serde_json::to_string(&values).unwrap();
+    let ext = Extension {
+        secrets: BTreeMap::from([("kernelbot-dispatch".to_owned(), secret)]),
+        ..Extension::default()
+    };
+    let (port, ext) = start(ext).await;
+    let port = port.to_string();
+    let app = TestApp::spawn_with(
+        kind,
+        &[
+            ("KERNELBOT_SECRET_ID", "kernelbot-dispatch"),
+            ("AWS_SESSION_TOKEN", SESSION_TOKEN),
+            ("PARAMETERS_SECRETS_EXTENSION_HTTP_PORT", &port),
+        ],
+    )
+    .await;
+    assert_eq!(
+        ext.lock().unwrap().calls,
+        3,
+        "each function read the secret"
+    );
+
+    let zip = b"PK\x03\x04 the profiler's files".to_vec();
+    let link = finished_with_zip(&app, "secret-only", "profile", &zip).await;
+    assert!(
+        link.starts_with(&format!(
+            "{}/submissions/secret-only/profiles/0?",
+            app.submit_url
+        )),
+        "{link}"
+    );
+    let (status, location, _) = click(&link).await;
+    assert_eq!(status, StatusCode::FOUND);
+    assert!(location.is_some_and(|l| l.contains("/storage/")));
+    let mut tampered = link.into_bytes();
+    let last = tampered.len() - 1;
+    tampered[last] = if tampered[last] == b'0' { b'1' } else { b'0' };
+    let (status, _, _) = click(&String::from_utf8(tampered).unwrap()).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    // The report went to the deployment's Discord webhook, and the callback was signed.
+    let messages = serde_json::to_string(&app.discord.messages()).unwrap();
+    assert!(
+        messages.contains("/submissions/secret-only/profiles/0?"),
+        "{messages}"
+    );
+    let received = app.receiver.received();
+    assert!(received.iter().any(|r| r.id == "msg_finished_secret-only"));
+}
+
+on_both_stores!(every_secret_from_the_secret_and_none_from_the_environment);

@@ -8,15 +8,15 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 /// Largest captured stdout/stderr we keep per run, as kernelbot's `_limit_length` does.
-pub(crate) const MAX_LOG_CHARS: usize = 16 * 1024;
+pub const MAX_LOG_CHARS: usize = 16 * 1024;
 
 /// Kernelbot's exit codes for evaluation runs.
 pub mod exit_code {
-    pub(crate) const CUDA_FAIL: i64 = 110;
+    pub const CUDA_FAIL: i64 = 110;
     pub const PIPE_FAILED: i64 = 111;
-    pub(crate) const VALIDATE_FAIL: i64 = 112;
+    pub const VALIDATE_FAIL: i64 = 112;
     pub const TEST_SPEC: i64 = 113;
-    pub(crate) const TIMEOUT_EXPIRED: i64 = 114;
+    pub const TIMEOUT_EXPIRED: i64 = 114;
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -115,7 +115,7 @@ impl FullResult {
     }
 
     /// Drops what is bulky but not needed to report: captured logs and profiler traces.
-    pub(crate) fn drop_logs(&mut self) {
+    pub fn drop_logs(&mut self) {
         const DROPPED: &str = "[dropped: too large to store]";
         for eval in self.runs.values_mut() {
             if let Some(c) = eval.compilation.as_mut() {
@@ -133,7 +133,7 @@ impl FullResult {
     }
 
     /// Runs in the order kernelbot performs them, then any others by name.
-    pub(crate) fn ordered_runs(&self) -> Vec<(&str, &EvalResult)> {
+    pub fn ordered_runs(&self) -> Vec<(&str, &EvalResult)> {
         let rank = |name: &str| match name {
             "test" => 0,
             "benchmark" => 1,
@@ -147,7 +147,7 @@ impl FullResult {
     }
 
     /// True when every run compiled, ran and passed.
-    pub(crate) fn all_passed(&self) -> bool {
+    pub fn all_passed(&self) -> bool {
         !self.runs.is_empty()
             && self.runs.values().all(|e| {
                 e.compilation.as_ref().is_none_or(|c| c.success)
@@ -203,7 +203,7 @@ impl RunResult {
     }
 
     /// Kernelbot's `_short_fail_reason`.
-    pub(crate) fn fail_reason(&self) -> String {
+    pub fn fail_reason(&self) -> String {
         match self.exit_code {
             exit_code::TIMEOUT_EXPIRED => " (timeout)".into(),
             exit_code::CUDA_FAIL => " (cuda api error)".into(),
@@ -216,19 +216,19 @@ impl RunResult {
 /// Limits on what a `result.json` may hold, per field (characters of text, entries of maps).
 pub mod caps {
     /// Captured stdout/stderr, as kernelbot's `_limit_length` does.
-    pub(crate) const LOG: usize = super::MAX_LOG_CHARS;
+    pub const LOG: usize = super::MAX_LOG_CHARS;
     /// Commands, error texts, traces' neighbours.
-    pub(crate) const TEXT: usize = 4 * 1024;
+    pub const TEXT: usize = 4 * 1024;
     /// Short descriptive strings (GPU name, versions, timestamps).
-    pub(crate) const SHORT: usize = 256;
+    pub const SHORT: usize = 256;
     /// Run names and `result` keys.
-    pub(crate) const NAME: usize = 128;
+    pub const NAME: usize = 128;
     /// One `result` value (a test's message can be long; kernelbot's are a few lines).
-    pub(crate) const VALUE: usize = 2 * 1024;
+    pub const VALUE: usize = 2 * 1024;
     /// Entries of one run's `result` map.
-    pub(crate) const ENTRIES: usize = 512;
+    pub const ENTRIES: usize = 512;
     /// Runs in one result.
-    pub(crate) const RUNS: usize = 32;
+    pub const RUNS: usize = 32;
 }
 
 impl SystemInfo {
@@ -412,7 +412,7 @@ impl Outcome {
     }
 
     /// The same ending with the build's timings.
-    pub(crate) fn with_timings(mut self, timings: Timings) -> Self {
+    pub fn with_timings(mut self, timings: Timings) -> Self {
         self.timings = (timings != Timings::default()).then_some(timings);
         self
     }
@@ -431,7 +431,7 @@ impl Outcome {
 
     /// The same ending without its result, for when the result cannot be stored: the verdict,
     /// drawn from the whole result, is kept.
-    pub(crate) fn without_result(&self, reason: &str) -> Self {
+    pub fn without_result(&self, reason: &str) -> Self {
         Self {
             build_state: self.build_state.clone(),
             verdict: self.verdict,

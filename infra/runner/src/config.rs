@@ -238,7 +238,7 @@ fn defines(v: Option<&Value>) -> Result<BTreeMap<String, Option<String>>, Invali
 }
 
 impl EvalConfig {
-    pub(crate) fn from_json(value: &Value) -> Result<Self, InvalidConfig> {
+    pub fn from_json(value: &Value) -> Result<Self, InvalidConfig> {
         let Value::Object(obj) = value else {
             return Err(bad("", "config must be a JSON object"));
         };

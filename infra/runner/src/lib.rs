@@ -5,12 +5,17 @@
 //! Exit codes (see [`exit`]): 0 whenever the evaluation ran, whatever its verdict (the
 //! verdict is in `result.json`), and when there is no payload at all (a push build); non-zero
 //! only when the infrastructure failed, so a failed build means "look at the node".
+//!
+//! A crate of its own, so the runner image builds it without the service's dependencies.
+//! [`payload`] and [`result`] are the formats both sides share: the service re-exports them.
 
 mod affinity;
 mod config;
 mod eval;
+pub mod payload;
 mod process;
 mod profile;
+pub mod result;
 mod sandbox;
 mod system;
 
@@ -18,7 +23,7 @@ use std::io::Write;
 use std::path::Path;
 use std::time::Duration;
 
-use crate::payload::{self, PayloadError};
+use crate::payload::PayloadError;
 use crate::result::FullResult;
 
 pub use config::{EvalConfig, InvalidConfig};

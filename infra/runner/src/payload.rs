@@ -12,17 +12,17 @@ use flate2::read::ZlibDecoder;
 use flate2::write::ZlibEncoder;
 
 /// The environment variable the payload travels in.
-pub(crate) const PAYLOAD_VAR: &str = "KERNELBOT_PAYLOAD";
+pub const PAYLOAD_VAR: &str = "KERNELBOT_PAYLOAD";
 
 /// Linux limits one `NAME=value` environment string to `MAX_ARG_STRLEN` (128 KiB, including
 /// the terminating NUL). A longer payload would make every exec on the agent fail with E2BIG.
-pub(crate) const MAX_ENV_STRING: usize = 128 * 1024;
+pub const MAX_ENV_STRING: usize = 128 * 1024;
 
 /// The longest encoded payload that still fits in `KERNELBOT_PAYLOAD=<payload>\0`.
-pub(crate) const MAX_ENCODED_LEN: usize = MAX_ENV_STRING - PAYLOAD_VAR.len() - 2;
+pub const MAX_ENCODED_LEN: usize = MAX_ENV_STRING - PAYLOAD_VAR.len() - 2;
 
 /// Upper bound for a decoded payload, so a small zlib bomb cannot exhaust memory.
-pub(crate) const MAX_DECODED_LEN: u64 = 64 * 1024 * 1024;
+pub const MAX_DECODED_LEN: u64 = 64 * 1024 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PayloadError {
@@ -39,7 +39,7 @@ pub enum PayloadError {
 }
 
 /// zlib, then standard base64: the packing of the payload, and of large stored results.
-pub(crate) fn pack(bytes: &[u8]) -> String {
+pub fn pack(bytes: &[u8]) -> String {
     let mut encoder = ZlibEncoder::new(Vec::new(), Compression::default());
     // Writing into a Vec cannot fail.
     let _ = encoder.write_all(bytes);
@@ -52,7 +52,7 @@ pub fn unpack(encoded: &str) -> Result<Vec<u8>, PayloadError> {
 }
 
 /// Undoes [`pack`], refusing more than `max` bytes of output (it stops reading there).
-pub(crate) fn unpack_within(encoded: &str, max: u64) -> Result<Vec<u8>, PayloadError> {
+pub fn unpack_within(encoded: &str, max: u64) -> Result<Vec<u8>, PayloadError> {
     let compressed = STANDARD.decode(encoded.trim())?;
     let mut out = Vec::new();
     ZlibDecoder::new(compressed.as_slice())
@@ -67,7 +67,7 @@ pub(crate) fn unpack_within(encoded: &str, max: u64) -> Result<Vec<u8>, PayloadE
 
 /// A reader of what [`pack`] packed that refuses to yield more than `max` bytes: a large
 /// value can be parsed as it is inflated, never held whole.
-pub(crate) fn unpacking(encoded: &str, max: u64) -> Result<impl Read, PayloadError> {
+pub fn unpacking(encoded: &str, max: u64) -> Result<impl Read, PayloadError> {
     let compressed = STANDARD.decode(encoded.trim())?;
     Ok(AtMost {
         inner: ZlibDecoder::new(std::io::Cursor::new(compressed)),
@@ -96,7 +96,7 @@ impl<R: Read> Read for AtMost<R> {
 }
 
 /// What a [`Packer`] made of what was written to it.
-pub(crate) enum Packed {
+pub enum Packed {
     /// All of it, as written: it was short.
     Plain(Vec<u8>),
     /// Packed as [`pack`] packs.
@@ -105,7 +105,7 @@ pub(crate) enum Packed {
 
 /// A writer that keeps what is written while it is at most `keep` bytes, then packs it as it
 /// is written (so a large value is never held whole); a write past `max` bytes fails.
-pub(crate) struct Packer {
+pub struct Packer {
     plain: Vec<u8>,
     /// Made only once the value outgrows `keep`: a short one is never compressed.
     zlib: Option<ZlibEncoder<Vec<u8>>>,
@@ -115,7 +115,7 @@ pub(crate) struct Packer {
 }
 
 impl Packer {
-    pub(crate) fn new(keep: usize, max: usize) -> Self {
+    pub fn new(keep: usize, max: usize) -> Self {
         Self {
             plain: Vec::new(),
             zlib: None,
@@ -125,7 +125,7 @@ impl Packer {
         }
     }
 
-    pub(crate) fn finish(self) -> std::io::Result<Packed> {
+    pub fn finish(self) -> std::io::Result<Packed> {
         match self.zlib {
             None => Ok(Packed::Plain(self.plain)),
             Some(zlib) => Ok(Packed::Zlib(STANDARD.encode(zlib.finish()?))),
