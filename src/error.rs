@@ -8,7 +8,7 @@ pub(crate) type BoxError = Box<dyn Error + Send + Sync>;
 
 /// `error` and each of its sources, `: `-separated: the whole story in one log line. A
 /// source whose text its parent already ends with is not repeated.
-pub(crate) fn chain(error: &(dyn Error + 'static)) -> String {
+pub fn chain(error: &(dyn Error + 'static)) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(e) = source {

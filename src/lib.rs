@@ -6,7 +6,7 @@
 //! (each module uses only those below it) and names the module of each arrow of the flow:
 //!
 //! ```text
-//! bin → {server, http} → flow → {buildkite, discord, callback, jobs, runner, secrets}
+//! bin → {server, http, ops} → flow → {buildkite, discord, callback, jobs, runner, secrets}
 //!     → {retry, telemetry, tls} → {config, time, text, token, error, payload, result}
 //! ```
 
@@ -20,6 +20,7 @@ pub mod error;
 pub mod flow;
 pub mod http;
 pub mod jobs;
+pub mod ops;
 mod profile_link;
 pub mod retry;
 pub mod secrets;

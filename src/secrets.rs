@@ -22,7 +22,11 @@ pub(crate) const SECRET_ID_VAR: &str = "KERNELBOT_SECRET_ID";
 pub(crate) const DEFAULT_PORT: u16 = 2773;
 /// What the secret may hold (the one list, [`SECRET_KEYS`]); anything else in it is ignored.
 pub fn keys() -> Vec<&'static str> {
-    SECRET_KEYS.iter().map(|(key, _)| *key).collect()
+    keys_known().collect()
+}
+
+fn keys_known() -> impl Iterator<Item = &'static str> {
+    SECRET_KEYS.iter().map(|(key, _)| *key)
 }
 /// The extension runs beside us: a slow answer is a stuck one.
 const CALL_TIMEOUT: Duration = Duration::from_secs(3);
@@ -93,9 +97,11 @@ pub async fn load(
         None => DEFAULT_PORT,
         Some(p) => p.trim().parse().map_err(|_| SecretsError::BadPort(p))?,
     };
-    let mut url = url::Url::parse(&format!("http://127.0.0.1:{port}/secretsmanager/get"))
-        .map_err(|_| SecretsError::BadPort(port.to_string()))?;
-    url.query_pairs_mut().append_pair("secretId", &secret_id);
+    let url = url::Url::parse_with_params(
+        &format!("http://127.0.0.1:{port}/secretsmanager/get"),
+        [("secretId", &secret_id)],
+    )
+    .map_err(|_| SecretsError::BadPort(port.to_string()))?;
     // Never through a proxy from the environment: the session token and the secret stay local.
     let client = crate::tls::client_builder()
         .no_proxy()
@@ -114,18 +120,31 @@ pub async fn load(
             || fetch(&client, &url, &session_token, &secret_id),
         )
         .await?;
+    let secrets = keep(&body, keys, &secret_id)?;
+    tracing::info!(
+        secret = %secret_id,
+        keys = ?secrets.keys().collect::<Vec<_>>(),
+        "read secrets through the extension"
+    );
+    Ok(secrets)
+}
+
+/// The `keys` the extension's answer holds (of those the secret may hold at all).
+fn keep(
+    body: &[u8],
+    keys: &[&str],
+    secret_id: &str,
+) -> Result<BTreeMap<String, SecretString>, SecretsError> {
     let malformed = || SecretsError::Malformed {
-        secret_id: secret_id.clone(),
+        secret_id: secret_id.to_owned(),
     };
-    let value: SecretValue = serde_json::from_slice(&body).map_err(|_| malformed())?;
+    let value: SecretValue = serde_json::from_slice(body).map_err(|_| malformed())?;
     let fields: BTreeMap<String, serde_json::Value> =
         serde_json::from_str(&value.secret_string.ok_or_else(malformed)?)
             .map_err(|_| malformed())?;
+    let known: Vec<&str> = keys_known().collect();
     let mut secrets = BTreeMap::new();
-    for key in keys
-        .iter()
-        .filter(|k| SECRET_KEYS.iter().any(|(known, _)| known == *k))
-    {
+    for key in keys.iter().filter(|k| known.contains(k)) {
         match fields.get(*key) {
             None => {}
             Some(serde_json::Value::String(v)) => {
@@ -134,11 +153,6 @@ pub async fn load(
             Some(_) => return Err(malformed()),
         }
     }
-    tracing::info!(
-        secret = %secret_id,
-        keys = ?secrets.keys().collect::<Vec<_>>(),
-        "read secrets through the extension"
-    );
     Ok(secrets)
 }
 

@@ -1,6 +1,7 @@
 //! The sweep function: sends pending reports, creates deferred builds, finishes jobs whose
-//! webhooks never came. Under Lambda it runs on an EventBridge schedule; elsewhere it makes one
-//! pass (or, with `--run-id <id>`, re-drives one run), prints a one-line summary and exits,
+//! webhooks never came. Under Lambda it runs on an EventBridge schedule (and an invocation
+//! with `{"run_id": "…"}` re-drives that run); elsewhere it makes one pass (or, with
+//! `--run-id <id>`, re-drives one run), prints a one-line summary and exits,
 //! non-zero on a pipeline- or store-level error.
 
 use std::sync::Arc;
@@ -37,7 +38,11 @@ async fn main() -> Result<(), server::Error> {
                 // Kept back: the time to log the summary and answer the runtime.
                 let deadline = Deadline::at_unix_millis(event.context.deadline)
                     .less(std::time::Duration::from_secs(2));
-                let report = sweep::sweep(&deps, deadline).await?;
+                // `aws lambda invoke --payload '{"run_id": "…"}'` re-drives one run.
+                let report = match sweep::requested_run(&event.payload)? {
+                    Some(id) => sweep::sweep_run(&deps, &id, deadline).await?,
+                    None => sweep::sweep(&deps, deadline).await?,
+                };
                 tracing::info!(%report, "sweep done");
                 Ok::<_, server::Error>(report)
             }

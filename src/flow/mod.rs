@@ -7,6 +7,7 @@
 //! - [`follow`]: the sweep reads a build the webhooks said nothing about;
 //! - [`sweep`]: one pass that finishes whatever the others left undone;
 //! - [`cancel`]: a user no longer wants a run;
+//! - [`resend`]: an operator sends an ended job's report and callback again;
 //! - [`queues`]: who can run a queue's jobs and how many wait.
 //!
 //! Moving a job forward is [`advance`]; reading a finished build's result is [`outcome`].
@@ -25,6 +26,7 @@ mod outcome;
 pub mod present;
 pub mod profiles;
 pub mod queues;
+pub mod resend;
 pub mod rules;
 pub mod submission;
 pub mod submit;

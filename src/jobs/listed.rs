@@ -13,6 +13,7 @@ use crate::time::Millis;
 pub struct Listed {
     pub run_id: RunId,
     pub state: JobState,
+    pub queue: String,
     pub build: Option<BuildRef>,
     pub discord: Option<DiscordOutbox>,
     pub callback: Option<CallbackOutbox>,
@@ -94,6 +95,7 @@ impl From<&Job> for Listed {
         Self {
             run_id: job.run_id.clone(),
             state: job.state,
+            queue: job.queue.clone(),
             build: job.build.clone(),
             discord: job.discord.clone(),
             callback: job.callback.clone(),

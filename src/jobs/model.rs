@@ -8,7 +8,9 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::id::RunId;
-use super::outbox::{CallbackOutbox, Channel, Delivery, DiscordOutbox, Target, delivery, owes};
+use super::outbox::{
+    CallbackOutbox, Channel, Delivery, DeliveryStatus, DiscordOutbox, Target, delivery, owes,
+};
 use super::state::JobState;
 use crate::result::Outcome;
 use crate::time::Millis;
@@ -141,6 +143,14 @@ impl Job {
     /// Whether either outbox still owes something for the job as it is now.
     pub(crate) fn owes_delivery(&self) -> bool {
         Channel::ALL.into_iter().any(|c| self.owes(c))
+    }
+
+    /// Whether a final message of the job was given up.
+    pub fn given_up(&self) -> bool {
+        Channel::ALL.into_iter().any(|c| {
+            self.delivery(c)
+                .is_some_and(|d| d.status == DeliveryStatus::GivenUp)
+        })
     }
 
     /// The job after `t`, or `None` when `t` would not move it forward (a duplicate or a

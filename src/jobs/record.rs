@@ -107,7 +107,8 @@ pub struct JobRecord {
     /// Sparse-index key of the queue index: the job's queue while it is unfinished.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) open_queue: Option<String>,
-    /// Sparse-index key: [`Shard::Open`] while unfinished, [`Shard::Outbox`] while a report is owed.
+    /// Sparse-index key: [`Shard::Open`] while unfinished, [`Shard::Outbox`] while a report is
+    /// owed, [`Shard::GivenUp`] once a final message was given up.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) sweep_shard: Option<String>,
     /// Optimistic-concurrency counter (absent, i.e. 0, on records from before it).
@@ -190,6 +191,8 @@ fn shard(job: &Job) -> Option<String> {
         Some(Shard::Open.key().to_owned())
     } else if job.owes_delivery() {
         Some(Shard::Outbox.key().to_owned())
+    } else if job.given_up() {
+        Some(Shard::GivenUp.key().to_owned())
     } else {
         None
     }
@@ -368,6 +371,7 @@ impl JobRecord {
         Ok(Listed {
             run_id: self.run_id.parse().map_err(StoreError::corrupt)?,
             state,
+            queue: std::mem::take(&mut self.queue),
             build: self.build(),
             discord: self.discord(state)?,
             callback: self.callback()?,
@@ -454,6 +458,12 @@ mod tests {
         outbox.target = None;
         let record = JobRecord::from_job(&done, "w");
         assert_eq!(record.sweep_shard, None);
+        let mut given_up = done.clone();
+        given_up.discord.as_mut().unwrap().delivery.status = DeliveryStatus::GivenUp;
+        assert_eq!(
+            JobRecord::from_job(&given_up, "w").sweep_shard.as_deref(),
+            Some("given_up")
+        );
         assert_eq!(record.discord_token, None);
         assert_eq!(record.clone().into_job().unwrap(), done);
         assert_eq!(JobRecord::from_job(&owing, "w").into_job().unwrap(), owing);

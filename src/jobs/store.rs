@@ -38,6 +38,9 @@ pub enum Shard {
     Open,
     /// Finished jobs whose final report is still owed.
     Outbox,
+    /// Finished jobs whose final report or callback was given up: what an operator may
+    /// replay (`kernelbot-dispatch replay --given-up`). The sweep never lists them.
+    GivenUp,
 }
 
 impl Shard {
@@ -46,6 +49,7 @@ impl Shard {
         match self {
             Self::Open => "open",
             Self::Outbox => "outbox",
+            Self::GivenUp => "given_up",
         }
     }
 }

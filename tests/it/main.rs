@@ -36,6 +36,7 @@ mod infra;
 mod lambda_events;
 mod lambda_watch;
 mod local_run;
+mod operator;
 mod packaging;
 mod profiles;
 mod properties;

@@ -4,7 +4,7 @@
 //! Only the state owed now counts: a failure of a state the job has since left does not
 //! count against the new one. A final message failing for a day is given up.
 
-use crate::jobs::{Channel, Delivery, DeliveryStatus, DiscordOutbox, Job, JobState, Lease};
+use crate::jobs::{Channel, Delivery, DeliveryStatus, DiscordOutbox, Job, JobState, Lease, Target};
 use crate::time::Millis;
 
 /// A final message the receiver has not accepted for this long is given up.
@@ -117,9 +117,45 @@ fn settle_discord(o: &mut DiscordOutbox, sent: JobState, answer: &Answer) {
         Answer::Refused(_) => o.refused = Some(sent.rank()),
         _ => {}
     }
-    if o.delivery.status != DeliveryStatus::Active {
+    // A webhook a submission named carries its token: not kept once nothing more will be
+    // sent. The deployment's default is a reference, kept so an operator can resend.
+    if o.delivery.status != DeliveryStatus::Active && matches!(o.target, Some(Target::Webhook(_))) {
         o.target = None;
     }
+}
+
+/// Why a job's final message to a receiver cannot be sent again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NotReopened {
+    /// The job has not ended: its messages are still on their way.
+    NotEnded,
+    /// The job reports to no such receiver.
+    NoReceiver,
+    /// The webhook the submission named is no longer kept (its token is dropped once
+    /// nothing more is owed).
+    WebhookForgotten,
+}
+
+/// Owes the ended job's final message to `channel` again, whatever came of it (delivered,
+/// refused, given up): an operator's resend or replay. It starts afresh, with its own tries
+/// and its own day; the Discord message is the same one, edited. A receiver that is gone
+/// (a deleted webhook) is tried again too: the operator says it is back.
+pub(crate) fn reopen(job: &Job, channel: Channel) -> Result<Job, NotReopened> {
+    if !job.state.is_terminal() {
+        return Err(NotReopened::NotEnded);
+    }
+    let mut next = job.clone();
+    if let (Channel::Discord, Some(o)) = (channel, next.discord.as_mut()) {
+        if o.target.is_none() {
+            return Err(NotReopened::WebhookForgotten);
+        }
+        o.refused = None;
+    }
+    let d = next.delivery_mut(channel).ok_or(NotReopened::NoReceiver)?;
+    d.status = DeliveryStatus::Active;
+    d.accepted = None;
+    d.restart();
+    Ok(next)
 }
 
 /// Gives up the job's owed message to `channel` when its receiver is no longer configured
@@ -139,7 +175,7 @@ pub(crate) fn abandon(job: &Job, channel: Channel, reason: &str) -> Option<Job> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::jobs::{CallbackOutbox, Target, Transition, WebhookAddress};
+    use crate::jobs::{CallbackOutbox, Transition, WebhookAddress};
 
     const DISCORD: Channel = Channel::Discord;
     const CALLBACK: Channel = Channel::Callback;
@@ -438,5 +474,92 @@ mod tests {
         assert_eq!(abandon(&submitted, CALLBACK, "unset"), None);
         let abandoned = abandon(&with_callback(JobState::Finished), CALLBACK, "unset").unwrap();
         assert_eq!(callback(&abandoned).status, DeliveryStatus::GivenUp);
+    }
+
+    #[test]
+    fn an_ended_job_s_message_is_owed_again_whatever_came_of_it() {
+        let ended = |status, target: Option<Target>| {
+            let mut j = job(JobState::Finished);
+            j.callback = Some(CallbackOutbox::new(0));
+            let o = j.discord.as_mut().unwrap();
+            o.target = target;
+            o.refused = Some(JobState::Finished.rank());
+            for d in [&mut o.delivery, &mut j.callback.as_mut().unwrap().delivery] {
+                d.status = status;
+                d.accepted = Some(JobState::Finished.rank());
+                d.attempts = 9;
+                d.pending_since = Some(1);
+                d.last_error = Some("503".into());
+            }
+            j
+        };
+        use DeliveryStatus::*;
+        use NotReopened::*;
+        let named = || Some(job(JobState::Running).discord.unwrap().target.unwrap());
+        // (status, Discord target, channel, what reopening does)
+        let table = [
+            (GivenUp, Some(Target::Default), DISCORD, Ok(())),
+            (Delivered, Some(Target::Default), DISCORD, Ok(())),
+            (Gone, named(), DISCORD, Ok(())),
+            (GivenUp, None, DISCORD, Err(WebhookForgotten)),
+            (GivenUp, None, CALLBACK, Ok(())),
+            (Delivered, None, CALLBACK, Ok(())),
+        ];
+        for (status, target, channel, expected) in table {
+            let before = ended(status, target);
+            let got = reopen(&before, channel);
+            assert_eq!(
+                got.as_ref().map(|_| ()),
+                expected.as_ref().map(|_| ()),
+                "{status:?} {channel:?}"
+            );
+            let Ok(next) = got else { continue };
+            assert!(next.owes(channel), "{status:?} {channel:?}");
+            let d = next.delivery(channel).unwrap();
+            assert_eq!(
+                (d.attempts, d.pending_since, &d.last_error),
+                (0, None, &None)
+            );
+            // The other receiver is left as it was.
+            let other = if channel == DISCORD {
+                CALLBACK
+            } else {
+                DISCORD
+            };
+            assert_eq!(next.delivery(other), before.delivery(other));
+        }
+        assert_eq!(
+            reopen(&job(JobState::Running), DISCORD).err(),
+            Some(NotEnded)
+        );
+        let mut no_callback = ended(GivenUp, Some(Target::Default));
+        no_callback.callback = None;
+        assert_eq!(reopen(&no_callback, CALLBACK).err(), Some(NoReceiver));
+    }
+
+    #[test]
+    fn the_default_webhook_is_kept_once_nothing_is_owed_and_a_named_one_is_not() {
+        for (target, kept) in [
+            (Target::Default, true),
+            (
+                job(JobState::Finished).discord.unwrap().target.unwrap(),
+                false,
+            ),
+        ] {
+            let mut j = job(JobState::Finished);
+            j.discord.as_mut().unwrap().target = Some(target);
+            let claimed = claim(&j, DISCORD, "me", 0, 10).unwrap();
+            let done = record(
+                &claimed,
+                DISCORD,
+                "me",
+                JobState::Finished,
+                &accepted(Some("m")),
+                1,
+            )
+            .unwrap();
+            assert_eq!(discord(&done).delivery.status, DeliveryStatus::Delivered);
+            assert_eq!(discord(&done).target.is_some(), kept);
+        }
     }
 }

@@ -99,3 +99,52 @@ pub async fn sweep_run(
     }
     Ok(report)
 }
+
+/// What a sweep invocation asks for: a pass (the schedule's event, or `{}`), or one run
+/// re-driven (`{"run_id": "…"}`, as `aws lambda invoke` sends it). A `run_id` that is not a
+/// run id is refused, never taken for a pass.
+pub fn requested_run(event: &serde_json::Value) -> Result<Option<RunId>, String> {
+    match event.get("run_id") {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::String(id)) => id
+            .parse()
+            .map(Some)
+            .map_err(|e| format!("run_id {id:?}: {e}")),
+        Some(other) => Err(format!("run_id must be a string, not {other}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::requested_run;
+
+    #[test]
+    fn an_invocation_asks_for_a_pass_or_one_run() {
+        let schedule = json!({"version": "0", "source": "aws.events",
+            "detail-type": "Scheduled Event", "detail": {}});
+        for (event, asked) in [
+            (schedule, Ok(None)),
+            (json!({}), Ok(None)),
+            (json!({"run_id": null}), Ok(None)),
+            (json!({"run_id": "run-42"}), Ok(Some("run-42"))),
+            (json!({"run_id": ""}), Err("run_id \"\"")),
+            (json!({"run_id": "a/b"}), Err("run_id \"a/b\"")),
+            (json!({"run_id": 42}), Err("must be a string")),
+        ] {
+            let got = requested_run(&event);
+            match asked {
+                Ok(id) => assert_eq!(
+                    got.map(|r| r.map(|r| r.as_str().to_owned())),
+                    Ok(id.map(str::to_owned)),
+                    "{event}"
+                ),
+                Err(says) => assert!(
+                    got.as_ref().is_err_and(|e| e.contains(says)),
+                    "{event}: {got:?}"
+                ),
+            }
+        }
+    }
+}

@@ -1,0 +1,51 @@
+//! The operator's command: list and show jobs, resend a report and callback, replay given-up
+//! deliveries, cancel, reconcile one run against Buildkite. It reads the same configuration
+//! as the functions (the environment, then the deployment's secret when
+//! `KERNELBOT_SECRET_ID` names it) and works on their store: DynamoDB when `JOBS_TABLE` is
+//! set, else the embedded one. Logs go to stderr, answers to stdout.
+
+use std::time::Duration;
+
+use clap::Parser;
+use kernelbot_dispatch::config::Role;
+use kernelbot_dispatch::ops::{Command, act};
+use kernelbot_dispatch::retry::Deadline;
+use kernelbot_dispatch::{server, telemetry};
+
+#[derive(Parser)]
+#[command(
+    name = "kernelbot-dispatch",
+    version,
+    about = "Operate a kernelbot-dispatch deployment"
+)]
+struct Cli {
+    /// How long a command may take (Buildkite, Discord and callback calls included).
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    timeout: Duration,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    telemetry::init();
+    let deadline = Deadline::after(cli.timeout);
+    let answer = match server::deps(Role::Sweep).await {
+        Ok(d) => act(&d, cli.command, deadline).await.map_err(Into::into),
+        Err(e) => Err(e),
+    };
+    match answer {
+        Ok(text) => {
+            println!("{}", text.trim_end());
+            std::process::ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!(
+                "kernelbot-dispatch: {}",
+                kernelbot_dispatch::error::chain(e.as_ref())
+            );
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,93 @@
+//! An operator sends an ended job's final messages again: its report (the same Discord
+//! message, edited) and its signed callback (the same message id, so kernelbot keeps one).
+//! Used to repair what a receiver lost or refused, and to replay every delivery given up
+//! since a time, once the receiver is back.
+
+use std::collections::BTreeSet;
+
+use super::rules::outbox::{NotReopened, reopen};
+use super::{Deps, DispatchError, deliver};
+use crate::jobs::{Channel, Job, JobState, RunId, Shard, Updated, update};
+use crate::retry::Deadline;
+use crate::time::Millis;
+
+/// What a resend did.
+#[derive(Debug)]
+pub enum Resent {
+    Unknown,
+    /// The job has not ended: its messages are still on their way.
+    NotEnded(JobState),
+    /// The messages were owed again and sent (as far as the deadline allowed): the job as
+    /// last seen, and the receivers that could not be sent to, with why.
+    Sent {
+        job: Box<Job>,
+        skipped: Vec<(Channel, NotReopened)>,
+    },
+}
+
+/// Owes every receiver of `job` its final message again: the job, and the receivers left
+/// out with why. `None` when there is nothing to send again.
+fn reopen_all(job: &Job) -> (Option<Job>, Vec<(Channel, NotReopened)>) {
+    let mut next: Option<Job> = None;
+    let mut skipped = Vec::new();
+    for channel in Channel::ALL {
+        match reopen(next.as_ref().unwrap_or(job), channel) {
+            Ok(j) => next = Some(j),
+            // A receiver the job never had is nothing to report.
+            Err(NotReopened::NoReceiver) => {}
+            Err(why) => skipped.push((channel, why)),
+        }
+    }
+    (next, skipped)
+}
+
+/// Sends `run_id`'s final messages again within `deadline`.
+pub async fn resend(d: &Deps, run_id: &RunId, deadline: Deadline) -> Result<Resent, DispatchError> {
+    let mut skipped = Vec::new();
+    let updated = update(d.store.as_ref(), run_id, |j| {
+        let (next, left_out) = reopen_all(j);
+        skipped = left_out;
+        next
+    })
+    .await?;
+    let job = match updated {
+        Updated::Missing => return Ok(Resent::Unknown),
+        Updated::Unchanged(j) if !j.state.is_terminal() => return Ok(Resent::NotEnded(j.state)),
+        Updated::Unchanged(j) | Updated::Written(j) => j,
+    };
+    let job = deliver::deliver(d, &job, deadline).await?.unwrap_or(job);
+    Ok(Resent::Sent {
+        job: Box::new(job),
+        skipped,
+    })
+}
+
+/// Jobs listed a page at a time while replaying.
+const PAGE: usize = 100;
+
+/// Sends again every final message given up for jobs submitted since `since`, oldest
+/// first, within `deadline`: each run and what came of it.
+pub async fn replay_given_up(
+    d: &Deps,
+    since: Millis,
+    deadline: Deadline,
+) -> Result<Vec<(RunId, Resent)>, DispatchError> {
+    let mut done = Vec::new();
+    let mut seen = BTreeSet::new();
+    let mut from = since;
+    loop {
+        let page = d.store.list(Shard::GivenUp, from, PAGE).await?;
+        for listed in &page.jobs {
+            if seen.insert(listed.run_id.as_str().to_owned()) && !deadline.remaining().is_zero() {
+                let resent = resend(d, &listed.run_id, deadline).await?;
+                done.push((listed.run_id.clone(), resent));
+            }
+        }
+        // A full page goes on from its last job (ties at that millisecond are read again
+        // and skipped); the same start twice means no progress.
+        match page.last {
+            Some((last, _)) if page.len() == PAGE && last != from => from = last,
+            _ => return Ok(done),
+        }
+    }
+}

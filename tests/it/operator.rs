@@ -1,0 +1,342 @@
+//! The operator's command (`kernelbot-dispatch`), on both stores: each command through the
+//! library on the local stack (its clock, its stand-ins), and the binary itself on a store
+//! of each kind, configured as the functions are.
+
+use std::process::Command as Process;
+use std::time::Duration;
+
+use kernelbot_dispatch::devstack::buildkite::sample_result;
+use kernelbot_dispatch::devstack::stack::HOOK_URL;
+use kernelbot_dispatch::jobs::{JobState, RunId};
+use kernelbot_dispatch::ops::{Command, act};
+use kernelbot_dispatch::result::Verdict;
+use kernelbot_dispatch::retry::Deadline;
+use serde_json::{Value, json};
+
+use crate::support::{StoreKind, TestApp, submission};
+
+const CALLBACK: (&str, &str) = ("CALLBACK_SECRET", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw");
+
+async fn run(app: &TestApp, command: Command) -> String {
+    act(
+        &app.sweeper,
+        command,
+        Deadline::after(Duration::from_secs(20)),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn id(run_id: &str) -> RunId {
+    run_id.parse().unwrap()
+}
+
+/// A submission that reports to the deployment's default Discord webhook.
+fn to_default(run_id: &str) -> Value {
+    let mut body = submission(run_id);
+    body.as_object_mut().unwrap().remove("discord");
+    body
+}
+
+/// The table's rows as (run id, state, queue, Discord) cells; the header checked.
+fn rows(table: &str) -> Vec<Vec<String>> {
+    let mut lines = table.lines();
+    let header: Vec<&str> = lines
+        .next()
+        .unwrap()
+        .split("  ")
+        .filter(|c| !c.is_empty())
+        .collect();
+    let header: Vec<&str> = header.iter().map(|c| c.trim()).collect();
+    assert_eq!(
+        header,
+        [
+            "RUN ID", "STATE", "QUEUE", "AGE", "BUILD", "DISCORD", "CALLBACK"
+        ]
+    );
+    lines
+        .map(|l| l.split_whitespace().map(str::to_owned).collect())
+        .collect()
+}
+
+fn run_ids(table: &str) -> Vec<String> {
+    rows(table).into_iter().map(|r| r[0].clone()).collect()
+}
+
+async fn jobs_are_listed_by_state_queue_and_age(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    app.submit(&submission("old-running")).await;
+    app.buildkite.set_state(1, "running");
+    app.event("job.started", 1).await;
+    app.advance_clock(Duration::from_secs(3 * 3600));
+    let mut other_queue = submission("young-mi300");
+    other_queue["gpu"] = json!("MI300_BK");
+    app.submit(&other_queue).await;
+    // An ended job that owes nothing is not listed; one whose report Discord refuses is,
+    // as owing it.
+    app.submit(&submission("ended-done")).await;
+    app.finish(3, "passed", Some(sample_result(false))).await;
+    app.submit(&submission("ended-owing")).await;
+    app.discord.fail_next(&[503; 8]);
+    app.finish(4, "passed", Some(sample_result(false))).await;
+
+    let list = |state, queue: Option<&str>, older_than| Command::Jobs {
+        state,
+        queue: queue.map(str::to_owned),
+        older_than,
+    };
+    let all = run(&app, list(None, None, None)).await;
+    assert_eq!(
+        run_ids(&all),
+        ["old-running", "young-mi300", "ended-owing"],
+        "{all}"
+    );
+    let table = rows(&all);
+    assert_eq!(table[0][1..3], ["running", "h100"]);
+    assert_eq!(table[0][3..5], ["3h", "0m"], "age");
+    assert_eq!(table[2][1], "finished");
+    assert_eq!(table[2][table[2].len() - 2], "owed", "{all}");
+    let running = run(&app, list(Some(JobState::Running), None, None)).await;
+    assert_eq!(run_ids(&running), ["old-running"]);
+    let mi300 = run(&app, list(None, Some("mi300"), None)).await;
+    assert_eq!(run_ids(&mi300), ["young-mi300"]);
+    let old = run(&app, list(None, None, Some(Duration::from_secs(3600)))).await;
+    assert_eq!(run_ids(&old), ["old-running"]);
+    let none = run(&app, list(Some(JobState::Failed), None, None)).await;
+    assert_eq!(run_ids(&none), Vec::<String>::new());
+}
+
+async fn a_job_is_shown_without_its_secrets(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    app.submit(&submission("shown")).await;
+    app.finish(1, "failed", Some(sample_result(true))).await;
+    let text = run(
+        &app,
+        Command::Show {
+            run_id: id("shown"),
+        },
+    )
+    .await;
+    let view: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(view["state"], "finished");
+    assert_eq!(view["queue"], "h100");
+    assert_eq!(view["build"]["number"], 1);
+    assert_eq!(view["verdict"], json!(Verdict::Failed));
+    assert_eq!(view["discord"]["status"], "delivered");
+    assert!(view["discord"]["message_id"].is_string(), "{view}");
+    let token = HOOK_URL.rsplit('/').next().unwrap();
+    assert!(!text.contains(token), "the webhook's token: {text}");
+    let missing = act(
+        &app.sweeper,
+        Command::Show {
+            run_id: id("nobody"),
+        },
+        deadline(),
+    )
+    .await;
+    assert_eq!(missing.unwrap_err().to_string(), "no job nobody");
+}
+
+fn deadline() -> Deadline {
+    Deadline::after(Duration::from_secs(20))
+}
+
+async fn resend_edits_the_same_message_and_calls_back_again(kind: StoreKind) {
+    let app = TestApp::spawn_with(kind, &[CALLBACK, ("DISCORD_WEBHOOK_URL", HOOK_URL)]).await;
+    app.submit(&to_default("again")).await;
+    app.finish(1, "passed", Some(sample_result(false))).await;
+    let before = app.discord_calls();
+    let message = before.last().unwrap().message_id.clone().expect("an edit");
+    let called = |app: &TestApp| {
+        let received = app.receiver.received();
+        received
+            .iter()
+            .filter(|r| r.id == "msg_finished_again")
+            .count()
+    };
+    assert_eq!(called(&app), 1);
+
+    let said = run(
+        &app,
+        Command::Resend {
+            run_id: id("again"),
+        },
+    )
+    .await;
+    assert_eq!(said, "again: Discord delivered, callback delivered");
+    let after = app.discord_calls();
+    assert_eq!(after.len(), before.len() + 1);
+    let edit = after.last().unwrap();
+    assert_eq!(
+        (edit.method, edit.message_id.as_deref()),
+        ("PATCH", Some(message.as_str()))
+    );
+    assert_eq!(called(&app), 2, "the same message id: kernelbot keeps one");
+
+    // A webhook the submission named is not kept once delivered: only the callback goes.
+    app.submit(&submission("named")).await;
+    app.finish(2, "passed", Some(sample_result(false))).await;
+    let calls = app.discord_calls().len();
+    let said = run(
+        &app,
+        Command::Resend {
+            run_id: id("named"),
+        },
+    )
+    .await;
+    assert!(said.contains("callback delivered"), "{said}");
+    assert!(
+        said.contains("Discord: not sent (the webhook the submission named"),
+        "{said}"
+    );
+    assert_eq!(app.discord_calls().len(), calls);
+    // Nothing to resend before a job ends.
+    app.submit(&submission("open")).await;
+    let said = run(&app, Command::Resend { run_id: id("open") }).await;
+    assert_eq!(said, "open: scheduled, not ended: nothing to resend");
+}
+
+/// Jobs whose report was given up (Discord down for a day) get it once Discord is back.
+async fn given_up_reports_are_replayed_since_a_time(kind: StoreKind) {
+    let app = TestApp::spawn_with(kind, &[("DISCORD_WEBHOOK_URL", HOOK_URL)]).await;
+    for (n, run_id) in [(1, "early"), (2, "late")] {
+        if n == 2 {
+            app.advance_clock(Duration::from_secs(3600));
+        }
+        app.submit(&to_default(run_id)).await;
+        app.discord.fail_next(&[503; 4]);
+        app.finish(n, "passed", Some(sample_result(false))).await;
+    }
+    app.advance_clock(Duration::from_secs(25 * 3600));
+    app.discord.fail_next(&[503; 8]);
+    app.sweep().await;
+    for run_id in ["early", "late"] {
+        let view = run(&app, Command::Show { run_id: id(run_id) }).await;
+        assert!(view.contains("\"given_up\""), "{view}");
+    }
+    // Since the second one was submitted: only it.
+    let late = app.job("late").await.created_at;
+    let said = run(
+        &app,
+        Command::Replay {
+            given_up: true,
+            since: late,
+        },
+    )
+    .await;
+    assert_eq!(
+        said,
+        "1 run(s) replayed\nlate: Discord delivered, callback none"
+    );
+    let said = run(
+        &app,
+        Command::Replay {
+            given_up: true,
+            since: 0,
+        },
+    )
+    .await;
+    assert_eq!(
+        said,
+        "1 run(s) replayed\nearly: Discord delivered, callback none"
+    );
+    let said = run(
+        &app,
+        Command::Replay {
+            given_up: true,
+            since: 0,
+        },
+    )
+    .await;
+    assert_eq!(said, "0 run(s) replayed\n");
+    let messages = serde_json::to_string(&app.discord.messages()).unwrap();
+    assert!(messages.contains("Report for early"), "{messages}");
+}
+
+async fn cancel_and_reconcile_act_on_one_run(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    app.submit(&submission("stop")).await;
+    let said = run(&app, Command::Cancel { run_id: id("stop") }).await;
+    assert_eq!(said, "stop: cancel requested (scheduled)");
+    assert_eq!(app.buildkite.build(1).unwrap().state, "canceled");
+    let nobody = act(
+        &app.sweeper,
+        Command::Cancel {
+            run_id: id("nobody"),
+        },
+        deadline(),
+    )
+    .await;
+    assert_eq!(nobody.unwrap_err().to_string(), "no job nobody");
+
+    // A build that ended while its webhooks were lost: reconcile reads it and finishes it,
+    // whatever its age, and the report goes out.
+    app.submit(&submission("lost")).await;
+    app.buildkite
+        .upload(2, "result.json", sample_result(false), "finished", false);
+    app.buildkite.set_state(2, "passed");
+    let said = run(&app, Command::Reconcile { run_id: id("lost") }).await;
+    assert!(said.starts_with("lost: finished ("), "{said}");
+    let job = app.job("lost").await;
+    assert_eq!(job.outcome.unwrap().verdict, Verdict::Passed);
+    let messages = serde_json::to_string(&app.discord.messages()).unwrap();
+    assert!(messages.contains("Report for lost"), "{messages}");
+}
+
+on_both_stores!(
+    jobs_are_listed_by_state_queue_and_age,
+    a_job_is_shown_without_its_secrets,
+    resend_edits_the_same_message_and_calls_back_again,
+    given_up_reports_are_replayed_since_a_time,
+    cancel_and_reconcile_act_on_one_run,
+);
+
+/// The binary itself: configured as the functions are, on an empty store of each kind.
+#[test]
+fn the_binary_reads_the_functions_configuration_on_either_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let moto = kernelbot_dispatch::devstack::moto::endpoint().unwrap();
+    let table = format!("ops-{}", uuid::Uuid::new_v4().simple());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let client = kernelbot_dispatch::devstack::moto::client().unwrap();
+        kernelbot_dispatch::devstack::moto::create_table(&client, &table)
+            .await
+            .unwrap();
+    });
+    let dynamo = [
+        ("JOBS_TABLE", table.as_str()),
+        ("AWS_ENDPOINT_URL_DYNAMODB", moto),
+        ("AWS_ACCESS_KEY_ID", "test"),
+        ("AWS_SECRET_ACCESS_KEY", "test"),
+        ("AWS_REGION", "us-east-1"),
+    ];
+    let sqlite = [("KERNELBOT_DATA_DIR", dir.path().to_str().unwrap())];
+    for store in [&sqlite[..], &dynamo[..]] {
+        let command = |args: &[&str]| {
+            Process::new(env!("CARGO_BIN_EXE_kernelbot-dispatch"))
+                .args(args)
+                .env_clear()
+                .env("BUILDKITE_ORG", "o")
+                .env("BUILDKITE_PIPELINE", "p")
+                .env("BUILDKITE_API_TOKEN", "t")
+                .envs(store.iter().copied())
+                .output()
+                .expect("the command runs")
+        };
+        let out = command(&["jobs", "--state", "running"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(String::from_utf8_lossy(&out.stdout).starts_with("RUN ID"));
+        let out = command(&["show", "nobody"]);
+        assert_eq!(out.status.code(), Some(1));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("no job nobody"));
+        let out = command(&["replay", "--since", "24h"]);
+        assert_eq!(out.status.code(), Some(2), "--given-up is required");
+        let out = command(&["jobs", "--state", "sleeping"]);
+        assert_eq!(out.status.code(), Some(2), "an unknown state");
+    }
+}
