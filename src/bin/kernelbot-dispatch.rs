@@ -1,7 +1,7 @@
 //! The operator's command: list and show jobs, resend a report and callback, replay given-up
 //! deliveries, cancel, reconcile one run against Buildkite. It reads the same configuration
-//! as the functions (the environment, then the deployment's secret when
-//! `KERNELBOT_SECRET_ID` names it) and works on their store: DynamoDB when `JOBS_TABLE` is
+//! as the functions, from the environment (the secret's keys exported: the secrets extension
+//! only runs beside a function), and works on their store: DynamoDB when `JOBS_TABLE` is
 //! set, else the embedded one. Logs go to stderr, answers to stdout.
 
 use std::time::Duration;
@@ -31,6 +31,12 @@ async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     telemetry::init();
     let deadline = Deadline::after(cli.timeout);
+    // The secrets extension runs only beside a function: outside one, its port on this
+    // machine could be anyone's, and the request carries the AWS session token.
+    if std::env::var_os("KERNELBOT_SECRET_ID").is_some() && !telemetry::is_lambda() {
+        eprintln!("kernelbot-dispatch: export the secret's keys instead of KERNELBOT_SECRET_ID");
+        return std::process::ExitCode::FAILURE;
+    }
     let answer = match server::deps(Role::Sweep).await {
         Ok(d) => act(&d, cli.command, deadline).await.map_err(Into::into),
         Err(e) => Err(e),

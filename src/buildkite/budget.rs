@@ -57,6 +57,11 @@ impl CallBudget {
         self.0.made.load(Ordering::Relaxed).max(0) as u32
     }
 
+    /// The fewest requests left Buildkite last reported; `None` before it said.
+    pub(crate) fn remaining(&self) -> Option<i64> {
+        Some(self.0.remaining.load(Ordering::Relaxed)).filter(|n| *n != i64::MAX)
+    }
+
     pub(crate) fn spent(&self) -> bool {
         self.0.left.load(Ordering::Relaxed) <= 0
             || self.0.remaining.load(Ordering::Relaxed) < RATE_LIMIT_FLOOR

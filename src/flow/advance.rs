@@ -7,6 +7,7 @@ use super::{Deps, DispatchError, deliver};
 use crate::buildkite::Build;
 use crate::jobs::{BuildRef, Job, JobState, StoreError, Transition, Updated, update_seen};
 use crate::retry::Deadline;
+use crate::telemetry::metrics::Unit;
 
 /// What an event (a webhook, a sweep's look at a build) did to its job.
 #[derive(Debug, PartialEq, Eq)]
@@ -52,6 +53,12 @@ pub(crate) async fn advance(
     match written {
         Updated::Written(job) => {
             info!(state = %job.state, "job moved forward");
+            if let Some(outcome) = job.outcome.as_deref() {
+                // Jobs by verdict, on the dashboard: counted once, by whoever ended the job.
+                let verdict = [("Verdict", outcome.verdict.as_str())];
+                d.metrics
+                    .put(&verdict, &[("JobsFinished", Unit::Count, 1.0)]);
+            }
             deliver::deliver(d, &job, deadline).await?;
             Ok(EventOutcome::Advanced(job.state))
         }

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 
 use super::rules::outbox::{NotReopened, reopen};
 use super::{Deps, DispatchError, deliver};
-use crate::jobs::{Channel, Job, JobState, RunId, Shard, Updated, update};
+use crate::jobs::{Channel, Job, JobState, RunId, Shard, Target, Updated, update};
 use crate::retry::Deadline;
 use crate::time::Millis;
 
@@ -25,13 +25,31 @@ pub enum Resent {
     },
 }
 
+/// Whether this configuration can send `job`'s message to `channel` at all: an operator's
+/// shell without `CALLBACK_URL` or the default webhook must not give a message up.
+fn configured(d: &Deps, job: &Job, channel: Channel) -> bool {
+    match channel {
+        Channel::Callback => d.callbacks.is_some(),
+        Channel::Discord => job.discord.as_ref().is_none_or(|o| {
+            !matches!(o.target, Some(Target::Default)) || d.config.discord.default_webhook.is_some()
+        }),
+    }
+}
+
 /// Owes every receiver of `job` its final message again: the job, and the receivers left
 /// out with why. `None` when there is nothing to send again.
-fn reopen_all(job: &Job) -> (Option<Job>, Vec<(Channel, NotReopened)>) {
+fn reopen_all(d: &Deps, job: &Job) -> (Option<Job>, Vec<(Channel, NotReopened)>) {
     let mut next: Option<Job> = None;
     let mut skipped = Vec::new();
     for channel in Channel::ALL {
-        match reopen(next.as_ref().unwrap_or(job), channel) {
+        let reopened = if configured(d, job, channel) {
+            reopen(next.as_ref().unwrap_or(job), channel)
+        } else if job.delivery(channel).is_some() {
+            Err(NotReopened::Unconfigured)
+        } else {
+            Err(NotReopened::NoReceiver)
+        };
+        match reopened {
             Ok(j) => next = Some(j),
             // A receiver the job never had is nothing to report.
             Err(NotReopened::NoReceiver) => {}
@@ -45,7 +63,7 @@ fn reopen_all(job: &Job) -> (Option<Job>, Vec<(Channel, NotReopened)>) {
 pub async fn resend(d: &Deps, run_id: &RunId, deadline: Deadline) -> Result<Resent, DispatchError> {
     let mut skipped = Vec::new();
     let updated = update(d.store.as_ref(), run_id, |j| {
-        let (next, left_out) = reopen_all(j);
+        let (next, left_out) = reopen_all(d, j);
         skipped = left_out;
         next
     })

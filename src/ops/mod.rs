@@ -134,6 +134,9 @@ pub fn not_reopened(channel: Channel, why: NotReopened) -> String {
         NotReopened::NotEnded => "the job has not ended",
         NotReopened::NoReceiver => "the job reports to none",
         NotReopened::WebhookForgotten => "the webhook the submission named is no longer kept",
+        NotReopened::Unconfigured => {
+            "no such receiver configured here: set it as the functions have it"
+        }
     };
     format!("{receiver}: not sent ({why})")
 }

@@ -744,6 +744,9 @@ async fn the_sweep_stops_before_buildkites_rate_limit(kind: StoreKind) {
     // 11, 10 and 9 requests left: the third answer says stop.
     assert_eq!(report.buildkite_calls, 3, "{report}");
     assert!(report.budget_spent);
+    // The quota left, as the dashboard shows it.
+    let left = app.metric("BuildkiteRateLimitRemaining");
+    assert_eq!(left.last().map(|(_, n)| *n), Some(9.0), "{left:?}");
     assert_eq!(app.job("rl-2").await.state, JobState::Scheduled);
 }
 

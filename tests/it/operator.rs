@@ -85,6 +85,14 @@ async fn jobs_are_listed_by_state_queue_and_age(kind: StoreKind) {
         queue: queue.map(str::to_owned),
         older_than,
     };
+    // The dashboard's jobs by verdict: each ended job counted once.
+    let finished = app.metric("JobsFinished");
+    assert_eq!(finished.len(), 2, "{finished:?}");
+    assert!(
+        finished
+            .iter()
+            .all(|(m, n)| m["Verdict"] == "passed" && *n == 1.0)
+    );
     let all = run(&app, list(None, None, None)).await;
     assert_eq!(
         run_ids(&all),

@@ -134,6 +134,9 @@ pub enum NotReopened {
     /// The webhook the submission named is no longer kept (its token is dropped once
     /// nothing more is owed).
     WebhookForgotten,
+    /// This configuration has no such receiver (no `CALLBACK_URL`, no default Discord
+    /// webhook): sending would give the message up, so it is left as it is.
+    Unconfigured,
 }
 
 /// Owes the ended job's final message to `channel` again, whatever came of it (delivered,

@@ -47,6 +47,7 @@ pub async fn sweep(d: &Deps, deadline: Deadline) -> Result<SweepReport, Dispatch
     let result = pass_over(&pass, deadline, &mut report).await;
     report.buildkite_calls = budget.made();
     report.budget_spent = budget.spent();
+    report.rate_limit_remaining = budget.remaining();
     report.publish(&d.metrics, result.is_err());
     result.map(|()| report)
 }

@@ -22,6 +22,9 @@ pub struct SweepReport {
     pub buildkite_calls: u32,
     /// The pass stopped its Buildkite work on its call budget or the rate limit.
     pub budget_spent: bool,
+    /// The fewest requests Buildkite said were left in its window (the token's or the
+    /// organization's), when it said: the quota the dashboard shows.
+    pub rate_limit_remaining: Option<i64>,
     /// Reports given up in this pass (a day of failures, or refused for good).
     pub reports_given_up: usize,
     /// Age of the oldest report still pending after the pass.
@@ -105,6 +108,10 @@ impl SweepReport {
     /// The pass's metrics: what the alarms in `template.yaml` watch.
     pub(crate) fn publish(&self, metrics: &Metrics, failed: bool) {
         let count = |n: usize| n as f64;
+        if let Some(left) = self.rate_limit_remaining {
+            let left = [("BuildkiteRateLimitRemaining", Unit::Count, left as f64)];
+            metrics.put(&[], &left);
+        }
         metrics.put(
             &[],
             &[
