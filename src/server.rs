@@ -105,10 +105,9 @@ pub async fn deps(role: Role) -> Result<Arc<Deps>, Error> {
     Startup::init(role).await?.deps().await
 }
 
-pub async fn serve(router: Router, listen: SocketAddr) -> Result<(), Error> {
-    if crate::telemetry::is_lambda() {
-        return lambda_http::run(router).await;
-    }
+/// Serves `router` as plain HTTP on `listen` until Ctrl-C. Outside Lambda only: [`run`]
+/// hands Lambda its own handler.
+async fn serve(router: Router, listen: SocketAddr) -> Result<(), Error> {
     let listener = tokio::net::TcpListener::bind(listen).await?;
     tracing::info!(addr = %listener.local_addr()?, "listening");
     axum::serve(listener, router)
