@@ -8,38 +8,21 @@ use super::cancel::stop_build;
 use super::outcome::outcome_with;
 use super::rules::signal::{Signal, progress_of, signal_of};
 use super::{Deps, DispatchError, deliver};
-use crate::buildkite::{
-    Build, EVENT_HEADER, SIGNATURE_HEADER, TOKEN_HEADER, VerifyError, WebhookEvent,
-};
+use crate::buildkite::{Build, VerifyError, WebhookEvent};
 use crate::jobs::{JobState, RunId, Transition};
 use crate::retry::Deadline;
 
 pub use super::advance::EventOutcome;
 
-/// A webhook request as it arrived: what its headers claim, and its raw body. No `Debug`:
-/// the token header is the webhook secret itself where the token mode is allowed.
-#[derive(Clone, Copy)]
-pub struct Signed<'a> {
+/// What a webhook request's headers claim, each `None` where absent. No `Debug`: the token
+/// is the webhook secret itself where the token mode is allowed.
+pub(crate) struct Claimed {
     /// `X-Buildkite-Signature`.
-    pub signature: Option<&'a str>,
+    pub(crate) signature: Option<String>,
     /// `X-Buildkite-Token` (accepted only where the deployment allows it).
-    pub token: Option<&'a str>,
+    pub(crate) token: Option<String>,
     /// `X-Buildkite-Event`: not signed, so it must agree with the body.
-    pub event: Option<&'a str>,
-    pub body: &'a [u8],
-}
-
-impl<'a> Signed<'a> {
-    /// The request's Buildkite headers (one that is not text counts as absent).
-    pub(crate) fn from_headers(headers: &'a http::HeaderMap, body: &'a [u8]) -> Self {
-        let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-        Self {
-            signature: header(SIGNATURE_HEADER),
-            token: header(TOKEN_HEADER),
-            event: header(EVENT_HEADER),
-            body,
-        }
-    }
+    pub(crate) event: Option<String>,
 }
 
 /// Why a webhook request was not acted on.
@@ -62,25 +45,27 @@ fn quoted(text: &str) -> String {
     text.chars().take(64).collect()
 }
 
-/// Verifies a webhook request at `now` (Unix seconds), then acts on its event.
+/// Verifies a webhook request (what its headers claim, and its raw body) at `now` (Unix
+/// seconds), then acts on its event.
 pub(crate) async fn receive(
     d: &Deps,
-    request: Signed<'_>,
+    claimed: &Claimed,
+    body: &[u8],
     now: i64,
     deadline: Deadline,
 ) -> Result<EventOutcome, WebhookError> {
+    let (signature, token) = (claimed.signature.as_deref(), claimed.token.as_deref());
     d.webhook_auth
-        .verify(request.signature, request.token, request.body, now)
+        .verify(signature, token, body, now)
         .map_err(|e| {
             warn!(reason = %e, "webhook rejected");
             WebhookError::Unauthorized(e)
         })?;
-    let event: WebhookEvent =
-        serde_json::from_slice(request.body).map_err(WebhookError::NotAnEvent)?;
-    if let Some(claimed) = request.event.filter(|h| *h != event.event) {
-        warn!(header = claimed, body = %event.event, "event header disagrees with the signed body");
+    let event: WebhookEvent = serde_json::from_slice(body).map_err(WebhookError::NotAnEvent)?;
+    if let Some(header) = claimed.event.as_deref().filter(|h| *h != event.event) {
+        warn!(header, body = %event.event, "event header disagrees with the signed body");
         return Err(WebhookError::EventMismatch {
-            claimed: quoted(claimed),
+            claimed: quoted(header),
             signed: quoted(&event.event),
         });
     }

@@ -1,6 +1,7 @@
 //! What handlers take from a request: proof of a submit token ([`Authorized`]), the
-//! invocation's deadline ([`Invocation`]) and the raw body within the route's limit
-//! ([`Body`]), each refusing with the API's own error.
+//! invocation's deadline ([`Invocation`]), what a webhook's Buildkite headers claim
+//! ([`BuildkiteHeaders`]) and the raw body within the route's limit ([`Body`]), each
+//! refusing with the API's own error.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,7 +13,9 @@ use axum::http::request::Parts;
 use secrecy::ExposeSecret;
 
 use super::{ApiError, MAX_BODY};
+use crate::buildkite::{EVENT_HEADER, SIGNATURE_HEADER, TOKEN_HEADER};
 use crate::flow::Deps;
+use crate::flow::events::Claimed;
 use crate::retry::{Deadline, LOCAL_BUDGET};
 
 /// Kept back from the Lambda deadline to write the answer.
@@ -54,6 +57,26 @@ impl<S: Sync> FromRequestParts<S> for Invocation {
     }
 }
 
+/// A webhook's Buildkite headers, as claims the flow checks against the signed body. One
+/// that is absent or not text is `None`: verifying, not extracting, refuses the request.
+pub(crate) struct BuildkiteHeaders(pub(crate) Claimed);
+
+impl<S: Sync> FromRequestParts<S> for BuildkiteHeaders {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        let header = |name: &str| {
+            let value = parts.headers.get(name)?.to_str().ok()?;
+            Some(value.to_owned())
+        };
+        Ok(Self(Claimed {
+            signature: header(SIGNATURE_HEADER),
+            token: header(TOKEN_HEADER),
+            event: header(EVENT_HEADER),
+        }))
+    }
+}
+
 /// The raw body, up to the route's `DefaultBodyLimit`; more is a 413 with the API's body.
 pub(crate) struct Body(pub(crate) Bytes);
 
@@ -71,5 +94,37 @@ impl<S: Send + Sync> FromRequest<S> for Body {
                 message: e.body_text(),
             }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn claimed(request: axum::http::Request<()>) -> Claimed {
+        let (mut parts, ()) = request.into_parts();
+        match BuildkiteHeaders::from_request_parts(&mut parts, &()).await {
+            Ok(BuildkiteHeaders(claimed)) => claimed,
+            Err(never) => match never {},
+        }
+    }
+
+    #[tokio::test]
+    async fn buildkite_headers_are_read_and_one_that_is_not_text_is_absent() {
+        let request = axum::http::Request::builder()
+            .header("X-Buildkite-Signature", "timestamp=1,signature=ab")
+            .header("X-Buildkite-Event", "build.finished")
+            .header("X-Buildkite-Token", &b"\xffsecret"[..])
+            .body(())
+            .expect("a request");
+
+        let claimed = claimed(request).await;
+
+        assert_eq!(
+            claimed.signature.as_deref(),
+            Some("timestamp=1,signature=ab")
+        );
+        assert_eq!(claimed.event.as_deref(), Some("build.finished"));
+        assert_eq!(claimed.token, None);
     }
 }

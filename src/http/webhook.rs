@@ -5,17 +5,16 @@
 use std::sync::Arc;
 
 use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::HeaderMap;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 
-use super::extract::{Body, Invocation};
+use super::extract::{Body, BuildkiteHeaders, Invocation};
 use super::views::EventView;
 use super::{ApiError, MAX_BODY, healthz, in_span};
 use crate::flow::Deps;
-use crate::flow::events::{self, EventOutcome, Signed};
+use crate::flow::events::{self, EventOutcome};
 use crate::telemetry::metrics::Unit;
 
 pub fn router(deps: Arc<Deps>) -> Router {
@@ -35,12 +34,11 @@ struct Counted(&'static str);
 async fn receive(
     State(d): State<Arc<Deps>>,
     Invocation(deadline): Invocation,
-    headers: HeaderMap,
+    BuildkiteHeaders(claimed): BuildkiteHeaders,
     Body(body): Body,
 ) -> Result<Response, ApiError> {
-    let signed = Signed::from_headers(&headers, &body);
     let now = crate::time::now_secs();
-    let (view, outcome) = match events::receive(&d, signed, now, deadline).await? {
+    let (view, outcome) = match events::receive(&d, &claimed, &body, now, deadline).await? {
         EventOutcome::Advanced(state) => (EventView::advanced(state), "advanced"),
         EventOutcome::Ignored(reason) => (EventView::ignored(reason), "ignored"),
         EventOutcome::Foreign => (
