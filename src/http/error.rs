@@ -1,5 +1,5 @@
 //! The one error type of the HTTP boundary, mapped once to a status and a JSON body
-//! ([`ErrorBody`]). A 5xx's detail is logged, never returned.
+//! ([`ErrorBody`]). A 5xx keeps its source, which is logged with its chain, never returned.
 
 use axum::Json;
 use axum::http::StatusCode;
@@ -7,6 +7,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::views::ErrorBody;
 use crate::buildkite::BuildkiteError;
+use crate::error::{BoxError, chain};
 use crate::flow::DispatchError;
 use crate::flow::events::WebhookError;
 use crate::flow::profiles::ProfileError;
@@ -42,12 +43,17 @@ pub enum ApiError {
     /// 429
     #[error("{0}")]
     TooManyRequests(String),
-    /// 502: Buildkite refused or failed; the message is Buildkite's own words.
-    #[error("{0}")]
-    BadGateway(String),
-    /// 503: a dependency is down; the detail is logged, not returned.
+    /// 502: Buildkite refused or failed. The message is what the caller may read (Buildkite's
+    /// words where they are about the request, else a fixed sentence); the source is logged.
+    #[error("{message}")]
+    BadGateway {
+        message: String,
+        #[source]
+        source: BoxError,
+    },
+    /// 503: a dependency is down; the source is logged, not returned.
     #[error("service temporarily unavailable")]
-    Unavailable(String),
+    Unavailable(#[source] BoxError),
 }
 
 impl From<Invalid> for ApiError {
@@ -82,10 +88,12 @@ impl From<Invalid> for ApiError {
 impl From<DispatchError> for ApiError {
     fn from(e: DispatchError) -> Self {
         match e {
-            DispatchError::BuildRefused { source, .. } => {
-                Self::BadGateway(format!("Buildkite did not create the build: {source}"))
-            }
-            other => Self::Unavailable(other.to_string()),
+            // The job stays behind: the refusal is the cause.
+            DispatchError::BuildRefused { source, .. } => Self::BadGateway {
+                message: format!("Buildkite did not create the build: {source}"),
+                source: source.into(),
+            },
+            other => Self::Unavailable(other.into()),
         }
     }
 }
@@ -101,18 +109,18 @@ impl From<ProfileError> for ApiError {
                 source @ (BuildkiteError::Unavailable(_)
                 | BuildkiteError::RateLimited { .. }
                 | BuildkiteError::OverBudget),
-            )) => Self::Unavailable(source.to_string()),
+            )) => Self::Unavailable(source.into()),
             ProfileError::Dispatch(DispatchError::Buildkite(BuildkiteError::Rejected {
                 status: 404 | 410,
                 ..
             })) => Self::NotFound("the profile's files are no longer kept".into()),
-            ProfileError::Dispatch(DispatchError::Buildkite(source)) => {
-                tracing::warn!(error = %source, "a profile's download was refused");
-                Self::BadGateway(format!(
+            ProfileError::Dispatch(DispatchError::Buildkite(source)) => Self::BadGateway {
+                message: format!(
                     "Buildkite could not give the profile's download: {}",
                     source.public()
-                ))
-            }
+                ),
+                source: source.into(),
+            },
             ProfileError::Dispatch(other) => other.into(),
         }
     }
@@ -120,18 +128,18 @@ impl From<ProfileError> for ApiError {
 
 impl From<QueueError> for ApiError {
     fn from(e: QueueError) -> Self {
-        match e {
-            QueueError::UnknownGpu { .. } => Self::NotFound(e.to_string()),
+        let message = match &e {
+            QueueError::UnknownGpu { .. } => return Self::NotFound(e.to_string()),
             // Buildkite's own words stay in the log.
             QueueError::Buildkite(source) => {
-                tracing::warn!(error = %source, "the agents API failed");
-                Self::BadGateway(format!(
-                    "the Buildkite agents API failed: {}",
-                    source.public()
-                ))
+                format!("the Buildkite agents API failed: {}", source.public())
             }
-            QueueError::Stale(_) => Self::BadGateway(e.to_string()),
-            other => Self::Unavailable(other.to_string()),
+            QueueError::Stale(_) => e.to_string(),
+            QueueError::Pending | QueueError::Store(_) => return Self::Unavailable(e.into()),
+        };
+        Self::BadGateway {
+            message,
+            source: e.into(),
         }
     }
 }
@@ -170,17 +178,30 @@ impl ApiError {
             Self::Unprocessable { code, .. } => (StatusCode::UNPROCESSABLE_ENTITY, *code),
             Self::InvalidConfig { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_config"),
             Self::TooManyRequests(_) => (StatusCode::TOO_MANY_REQUESTS, "rate_limited"),
-            Self::BadGateway(_) => (StatusCode::BAD_GATEWAY, "buildkite_error"),
+            Self::BadGateway { .. } => (StatusCode::BAD_GATEWAY, "buildkite_error"),
             Self::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+        }
+    }
+
+    /// Logs a 5xx once, with its sources' chain: the body leaves the cause out.
+    fn log(&self) {
+        let status = self.status();
+        if !status.is_server_error() {
+            return;
+        }
+        let error = chain(self);
+        // A 502 is Buildkite failing or refusing, not this service: a warning.
+        if status == StatusCode::BAD_GATEWAY {
+            tracing::warn!(%error, %status, "request failed");
+        } else {
+            tracing::error!(%error, %status, "request failed");
         }
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        if let Self::Unavailable(detail) = &self {
-            tracing::error!(error = %detail, "request failed");
-        }
+        self.log();
         let (status, code) = self.status_and_code();
         let field = match &self {
             Self::InvalidConfig { field, .. } => Some(field.clone()),
@@ -192,5 +213,91 @@ impl IntoResponse for ApiError {
             field,
         };
         (status, Json(body)).into_response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::sync::{Arc, Mutex};
+
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::jobs::StoreError;
+
+    /// What the log captured while `act` ran.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Captured {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            let mut log = self.0.lock().unwrap_or_else(|p| p.into_inner());
+            log.extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// The answer to `e`, and the log lines written while it was made.
+    async fn answer(e: ApiError) -> (StatusCode, Value, String) {
+        let log = Captured::default();
+        let writer = log.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        let response = tracing::subscriber::with_default(subscriber, || e.into_response());
+        let status = response.status();
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX).await;
+        let body = serde_json::from_slice(&bytes.unwrap_or_default()).unwrap_or(Value::Null);
+        let lines = log.0.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        (status, body, String::from_utf8_lossy(&lines).into_owned())
+    }
+
+    #[tokio::test]
+    async fn a_503_keeps_its_source_logs_it_once_and_answers_without_it() {
+        let down = DispatchError::Store(StoreError::unavailable("disk on fire"));
+
+        let (status, body, log) = answer(down.into()).await;
+
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        let opaque = json!({"error": "unavailable", "message": "service temporarily unavailable"});
+        assert_eq!(body, opaque);
+        assert_eq!(log.lines().count(), 1, "{log}");
+        assert!(log.contains("ERROR"), "{log}");
+        assert!(log.contains("job store unavailable: disk on fire"), "{log}");
+    }
+
+    #[tokio::test]
+    async fn a_502_keeps_buildkite_s_words_in_its_source_and_the_log_only() {
+        let refused = QueueError::Buildkite(BuildkiteError::Misconfigured {
+            status: 403,
+            message: "needs the read_agents scope".into(),
+        });
+        let error = ApiError::from(refused);
+        assert!(chain(&error).contains("read_agents"), "{}", chain(&error));
+
+        let (status, body, log) = answer(error).await;
+
+        assert_eq!(status, StatusCode::BAD_GATEWAY);
+        let message = "the Buildkite agents API failed: Buildkite refused the request (HTTP 403)";
+        assert_eq!(
+            body,
+            json!({"error": "buildkite_error", "message": message})
+        );
+        assert_eq!(log.lines().count(), 1, "{log}");
+        assert!(log.contains("WARN") && log.contains("read_agents"), "{log}");
+    }
+
+    #[tokio::test]
+    async fn a_4xx_is_not_logged() {
+        let (status, _, log) = answer(ApiError::Unauthorized).await;
+
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+        assert_eq!(log, "");
     }
 }
