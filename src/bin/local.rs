@@ -13,6 +13,7 @@ use kernelbot_dispatch::config::{Config, Role};
 use kernelbot_dispatch::devstack::agent::{RUNNER_COMMAND, local_agent};
 use kernelbot_dispatch::devstack::buildkite::BuildkiteStandin;
 use kernelbot_dispatch::devstack::discord::{DiscordStandin, render_for_terminal};
+use kernelbot_dispatch::devstack::env::{Secrets, function_env};
 use kernelbot_dispatch::flow::Deps;
 use kernelbot_dispatch::{devstack, http, jobs, telemetry};
 use serde_json::{Value, json};
@@ -80,11 +81,11 @@ fn sample_submission() -> Value {
 
 async fn start_function(
     role: Role,
-    vars: &BTreeMap<&str, String>,
+    env: &BTreeMap<String, String>,
     router: fn(Arc<Deps>) -> axum::Router,
 ) -> Result<String, Error> {
     let config = Arc::new(Config::from_lookup(role, &|k| {
-        vars.get(k).cloned().or_else(|| std::env::var(k).ok())
+        env.get(k).cloned().or_else(|| std::env::var(k).ok())
     })?);
     let store = jobs::open(config.store()).await?;
     // Served like the stand-ins: loopback only, answering to its own Host only.
@@ -139,15 +140,51 @@ fn submit_token() -> Result<String, Error> {
     Ok(token)
 }
 
+/// A secret of this run's only.
+fn random_secret() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}
+
+/// The system as it runs here: the stand-ins, and where the two functions listen.
+struct Local {
+    buildkite: BuildkiteStandin,
+    discord: DiscordStandin,
+    submit_url: String,
+    /// Where Buildkite's webhooks go.
+    hook_url: String,
+    api_token: String,
+}
+
 async fn run_local() -> Result<(), Error> {
     telemetry::init();
     let serve = std::env::args().any(|a| a == "--serve");
-    let api_token = submit_token()?;
+    let local = start().await?;
+    announce(&local)?;
+    let client = reqwest::Client::new();
+    let run_id = submit_sample(&client, &local).await?;
+    let job = wait_for_report(&client, &local, &run_id).await?;
+    print_report(&local, &run_id, &job);
+    if serve {
+        println!("Serving until Ctrl-C.");
+        let _ = tokio::signal::ctrl_c().await;
+    }
+    Ok(())
+}
 
-    // Random, so nothing else on this machine can drive the stand-in's builds.
-    let buildkite_token = uuid::Uuid::new_v4().simple().to_string();
-    let webhook_secret = uuid::Uuid::new_v4().simple().to_string();
-    let buildkite = BuildkiteStandin::start(&buildkite_token, "local-org", "kernelbot").await?;
+/// Starts the stand-ins and both functions, wired to each other by the devstack's
+/// environment (the process environment fills in what it leaves out).
+async fn start() -> Result<Local, Error> {
+    let secrets = Secrets {
+        // Random, so nothing else on this machine can drive the stand-in's builds.
+        buildkite_token: random_secret(),
+        webhook_secret: random_secret(),
+        submit_token: submit_token()?,
+        // Profile links, signed with a key of this run's (they open the submit API).
+        profile_link_secret: std::env::var("PROFILE_LINK_SECRET")
+            .unwrap_or_else(|_| random_secret()),
+    };
+    let buildkite =
+        BuildkiteStandin::start(&secrets.buildkite_token, "local-org", "kernelbot").await?;
     let discord = DiscordStandin::start().await?;
     // One idle GPU agent per queue, for `GET /queues/{gpu}`.
     buildkite.set_agents(&[
@@ -156,36 +193,37 @@ async fn run_local() -> Result<(), Error> {
         ("local-mi300-gpu0", "mi300", "connected", false),
         ("local-test-gpu0", "test", "connected", false),
     ]);
-    let vars: BTreeMap<&str, String> = BTreeMap::from([
-        ("BUILDKITE_API_URL", buildkite.api_url.clone()),
-        ("BUILDKITE_API_TOKEN", buildkite_token.clone()),
-        ("BUILDKITE_ORG", buildkite.org.clone()),
-        ("BUILDKITE_PIPELINE", buildkite.pipeline.clone()),
-        ("BUILDKITE_WEBHOOK_SECRET", webhook_secret.clone()),
-        ("DISCORD_API_URL", discord.api_url.clone()),
-        ("SUBMIT_API_TOKEN", api_token.clone()),
-    ]);
-    let mut vars = vars;
-    // Profile links, signed with a key of this run's (they open the submit API).
-    let link_secret = std::env::var("PROFILE_LINK_SECRET")
-        .unwrap_or_else(|_| uuid::Uuid::new_v4().simple().to_string());
-    vars.insert("PROFILE_LINK_SECRET", link_secret);
-    let submit_url = start_function(Role::Submit, &vars, http::submit::router).await?;
-    vars.insert("PUBLIC_URL", submit_url.clone());
-    let webhook_url = start_function(Role::Webhook, &vars, http::webhook::router).await?;
+    let mut env = function_env(&buildkite, &discord, &secrets);
+    let submit_url = start_function(Role::Submit, &env, http::submit::router).await?;
+    env.insert("PUBLIC_URL".into(), submit_url.clone());
+    let webhook_url = start_function(Role::Webhook, &env, http::webhook::router).await?;
+    let hook_url = format!("{webhook_url}/webhooks/buildkite");
     // The stand-in agent runs the pipeline's step, which calls `kernelbot-runner`: this very
     // binary, which acts as the runner when called by that name.
     let agent = local_agent(std::env::current_exe()?);
-    buildkite.autorun(
-        &format!("{webhook_url}/webhooks/buildkite"),
-        &webhook_secret,
-        agent,
-    );
+    buildkite.autorun(&hook_url, &secrets.webhook_secret, agent);
+    Ok(Local {
+        buildkite,
+        discord,
+        submit_url,
+        hook_url,
+        api_token: secrets.submit_token,
+    })
+}
 
+/// Prints where everything listens, and writes the submit API's URL for scripts.
+fn announce(local: &Local) -> Result<(), Error> {
+    let Local {
+        buildkite,
+        discord,
+        submit_url,
+        hook_url,
+        api_token,
+    } = local;
     println!(
         "submit   {submit_url}  (Authorization: Bearer {api_token}; also in <data dir>/submit-token)"
     );
-    println!("webhook  {webhook_url}/webhooks/buildkite");
+    println!("webhook  {hook_url}");
     // For scripts (the launcher's tests): where the submit API listens, once it does.
     let url_file = data_dir().join("submit-url");
     std::fs::write(url_file.with_extension("tmp"), format!("{submit_url}\n"))?;
@@ -194,11 +232,14 @@ async fn run_local() -> Result<(), Error> {
         "buildkite stand-in {}   discord stand-in {}\n",
         buildkite.api_url, discord.api_url
     );
+    Ok(())
+}
 
-    let client = reqwest::Client::new();
+/// Submits the sample job and prints the answer; its run id.
+async fn submit_sample(client: &reqwest::Client, local: &Local) -> Result<String, Error> {
     let answer = client
-        .post(format!("{submit_url}/submissions"))
-        .bearer_auth(&api_token)
+        .post(format!("{}/submissions", local.submit_url))
+        .bearer_auth(&local.api_token)
         .json(&sample_submission())
         .send()
         .await?;
@@ -210,14 +251,21 @@ async fn run_local() -> Result<(), Error> {
     );
     let run_id = created["run_id"]
         .as_str()
-        .ok_or("no run_id in the answer")?
-        .to_owned();
+        .ok_or("no run_id in the answer")?;
+    Ok(run_id.to_owned())
+}
 
+/// The job once it has ended and its report was delivered; an error after 60 s.
+async fn wait_for_report(
+    client: &reqwest::Client,
+    local: &Local,
+    run_id: &str,
+) -> Result<Value, Error> {
     let deadline = Instant::now() + Duration::from_secs(60);
-    let job = loop {
+    loop {
         let job: Value = client
-            .get(format!("{submit_url}/submissions/{run_id}"))
-            .bearer_auth(&api_token)
+            .get(format!("{}/submissions/{run_id}", local.submit_url))
+            .bearer_auth(&local.api_token)
             .send()
             .await?
             .json()
@@ -225,36 +273,35 @@ async fn run_local() -> Result<(), Error> {
         // Ended, and its report delivered (the state is written before Discord is told).
         let reported = job["delivery"]["discord"]["status"] != "pending";
         if matches!(job["state"].as_str(), Some("finished" | "failed")) && reported {
-            break job;
+            return Ok(job);
         }
         if Instant::now() > deadline {
             return Err(format!("job {run_id} did not finish within 60 s: {job}").into());
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    }
+}
+
+/// Prints the job's end, the calls Discord got and the messages it shows.
+fn print_report(local: &Local, run_id: &str, job: &Value) {
     println!(
         "GET /submissions/{run_id} → {}, build {}, verdict {}\n",
         job["state"], job["result"]["build_state"], job["result"]["verdict"]
     );
     println!(
         "Discord calls: {}",
-        discord
+        local
+            .discord
             .calls()
             .iter()
             .map(|c| format!("{} {}", c.method, c.status))
             .collect::<Vec<_>>()
             .join(", ")
     );
-    for message in discord.messages().values() {
+    for message in local.discord.messages().values() {
         println!(
             "── Discord message ─────────────────────────────\n{}",
             render_for_terminal(message)
         );
     }
-
-    if serve {
-        println!("Serving until Ctrl-C.");
-        let _ = tokio::signal::ctrl_c().await;
-    }
-    Ok(())
 }

@@ -1,12 +1,14 @@
 //! Local stand-ins for Buildkite, Discord and a callback receiver that speak their documented
 //! wire formats, failure modes included (302 to storage, 422, 429 with `retry_after`, 404,
-//! 5xx, slow answers); a DynamoDB on moto; and the whole system wired to them ([`stack`]).
+//! 5xx, slow answers); a DynamoDB on moto; the environment that points the functions at
+//! them ([`env`]); and the whole system wired to them ([`stack`]).
 //! The local run, the tests and the benchmarks use them (cargo feature `devstack`);
 //! production never does.
 
 pub mod agent;
 pub mod buildkite;
 pub mod discord;
+pub mod env;
 mod host;
 pub mod moto;
 pub mod receiver;

@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 
 use super::buildkite::{BuildkiteStandin, deliver, unix_now};
 use super::discord::{DiscordCall, DiscordStandin};
+use super::env::{Secrets, function_env};
 use super::receiver::ReceiverStandin;
 use crate::config::Role;
 use crate::error::BoxError;
@@ -108,19 +109,14 @@ impl StandIns {
 
     /// The functions' environment: the stand-ins' URLs and the test secrets, then `vars`.
     fn env(&self, vars: &[(&str, &str)]) -> BTreeMap<String, String> {
-        let mut env: BTreeMap<String, String> = BTreeMap::from([
-            ("BUILDKITE_API_URL".into(), self.buildkite.api_url.clone()),
-            ("BUILDKITE_API_TOKEN".into(), BK_TOKEN.into()),
-            ("BUILDKITE_ORG".into(), self.buildkite.org.clone()),
-            ("BUILDKITE_PIPELINE".into(), self.buildkite.pipeline.clone()),
-            (
-                "BUILDKITE_WEBHOOK_SECRET".into(),
-                format!("old-secret,{SECRET}"),
-            ),
-            ("DISCORD_API_URL".into(), self.discord.api_url.clone()),
-            ("SUBMIT_API_TOKEN".into(), API_TOKEN.into()),
-            ("PROFILE_LINK_SECRET".into(), LINK_SECRET.into()),
-        ]);
+        let secrets = Secrets {
+            buildkite_token: BK_TOKEN.into(),
+            // Two, as during a rotation: a webhook signed with either verifies.
+            webhook_secret: format!("old-secret,{SECRET}"),
+            submit_token: API_TOKEN.into(),
+            profile_link_secret: LINK_SECRET.into(),
+        };
+        let mut env = function_env(&self.buildkite, &self.discord, &secrets);
         let named = |key: &str| vars.iter().any(|(k, _)| *k == key);
         // A stack reading its secrets through the extension holds none in its environment.
         if named(crate::secrets::SECRET_ID_VAR) {
