@@ -17,8 +17,9 @@ use super::present;
 use super::rules::outbox::{self, Answer, LEASE_SLACK_MS};
 use crate::callback::CallbackError;
 use crate::discord::{DiscordError, DiscordTarget};
-use crate::jobs::{Channel, Job, StoreError, Target, Updated, update_seen};
+use crate::jobs::{Channel, DeliveryStatus, Job, StoreError, Target, Updated, update_seen};
 use crate::retry::Deadline;
+use crate::telemetry::metrics::Unit;
 
 /// Messages one sender sends in one go at most (each state once, and a repost).
 const MAX_SENDS: usize = 6;
@@ -66,7 +67,9 @@ pub(crate) async fn drain(
         let abandoned = update_seen(d.store.as_ref(), seen, |j| {
             outbox::abandon(j, channel, reason)
         });
-        return Ok(abandoned.await?.job());
+        let after = abandoned.await?.job();
+        count_given_up(d, channel, seen, after.as_ref());
+        return Ok(after);
     };
     let deadline = d.send_slice.map_or(deadline, |span| deadline.within(span));
     let owner = uuid::Uuid::new_v4().simple().to_string();
@@ -126,7 +129,45 @@ async fn record(
     let written = update_seen(d.store.as_ref(), job, |j| {
         outbox::record(j, channel, owner, sent, answer, now)
     });
-    Ok(written.await?.job())
+    let after = written.await?.job();
+    count_given_up(d, channel, job, after.as_ref());
+    if let (Channel::Discord, Answer::Accepted { .. }) = (channel, answer) {
+        time_final_report(d, job, now);
+    }
+    Ok(after)
+}
+
+/// How long after its build ended a final report reached Discord (the build's end: its
+/// creation plus the queued and run times Buildkite gave), for the dashboard.
+fn time_final_report(d: &Deps, job: &Job, now: crate::time::Millis) {
+    let timings = job.outcome.as_ref().and_then(|o| o.timings);
+    let (Some(created), Some(t)) = (job.scheduled_at, timings) else {
+        return;
+    };
+    let (Some(queued), Some(ran)) = (t.queued_secs, t.ran_secs) else {
+        return;
+    };
+    let ended = created as f64 / 1e3 + queued + ran;
+    let latency = (now as f64 / 1e3 - ended).max(0.0);
+    d.metrics
+        .put(&[], &[("ReportLatency", Unit::Seconds, latency)]);
+}
+
+/// A message given up is counted where it happens, in whichever function (the alarms sum
+/// them): a Discord refusal in the webhook function gives a report up at once.
+fn count_given_up(d: &Deps, channel: Channel, before: &Job, after: Option<&Job>) {
+    let given_up = |j: &Job| {
+        j.delivery(channel)
+            .is_some_and(|x| x.status == DeliveryStatus::GivenUp)
+    };
+    if after.is_some_and(given_up) && !given_up(before) {
+        let receiver = match channel {
+            Channel::Discord => "discord",
+            Channel::Callback => "callback",
+        };
+        let counted = [("DeliveriesGivenUp", Unit::Count, 1.0)];
+        d.metrics.put(&[("Channel", receiver)], &counted);
+    }
 }
 
 /// Sends the job as it is to `channel`: what the receiver said.

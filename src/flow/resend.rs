@@ -83,29 +83,44 @@ pub async fn resend(d: &Deps, run_id: &RunId, deadline: Deadline) -> Result<Rese
 /// Jobs listed a page at a time while replaying.
 const PAGE: usize = 100;
 
+/// What a replay did: each run reached and what came of it (one failing does not stop the
+/// others), and how many given-up runs it listed but had no time left for.
+#[derive(Debug, Default)]
+pub struct Replayed {
+    pub runs: Vec<(RunId, Result<Resent, DispatchError>)>,
+    pub not_reached: usize,
+}
+
 /// Sends again every final message given up for jobs submitted since `since`, oldest
-/// first, within `deadline`: each run and what came of it.
+/// first, within `deadline`; each run's sends are held to a slice of it, as in a sweep pass,
+/// so one hung receiver cannot take the whole replay.
 pub async fn replay_given_up(
     d: &Deps,
     since: Millis,
     deadline: Deadline,
-) -> Result<Vec<(RunId, Resent)>, DispatchError> {
-    let mut done = Vec::new();
+) -> Result<Replayed, DispatchError> {
+    let d = &super::sweep::sliced(d);
+    let mut replayed = Replayed::default();
     let mut seen = BTreeSet::new();
     let mut from = since;
     loop {
         let page = d.store.list(Shard::GivenUp, from, PAGE).await?;
         for listed in &page.jobs {
-            if seen.insert(listed.run_id.as_str().to_owned()) && !deadline.remaining().is_zero() {
-                let resent = resend(d, &listed.run_id, deadline).await?;
-                done.push((listed.run_id.clone(), resent));
+            if !seen.insert(listed.run_id.as_str().to_owned()) {
+                continue;
             }
+            if deadline.remaining().is_zero() {
+                replayed.not_reached += 1;
+                continue;
+            }
+            let resent = resend(d, &listed.run_id, deadline).await;
+            replayed.runs.push((listed.run_id.clone(), resent));
         }
         // A full page goes on from its last job (ties at that millisecond are read again
         // and skipped); the same start twice means no progress.
         match page.last {
             Some((last, _)) if page.len() == PAGE && last != from => from = last,
-            _ => return Ok(done),
+            _ => return Ok(replayed),
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The DynamoDB store. The table is defined in `template.yaml` (and only there): partition
 //! key `run_id`, TTL on `expires_at`, and the sparse index [`OPEN_JOBS_INDEX`] on
-//! (`sweep_shard`, `created_at`), which holds only jobs the sweep still has work for.
+//! (`sweep_shard`, `created_at`), which holds only jobs the sweep still has work for, and
+//! those whose message was given up (for an operator's replay).
 //!
 //! Writes are conditional and ask for the item as it was when the condition failed
 //! (`ReturnValuesOnConditionCheckFailure`): the SDK retries a write whose answer was lost, and

@@ -112,8 +112,21 @@ pub async fn act(d: &Deps, command: Command, deadline: Deadline) -> Result<Strin
         Command::Resend { run_id } => resent(&run_id, &resend(d, &run_id, deadline).await?),
         Command::Replay { since, .. } => {
             let done = replay_given_up(d, since, deadline).await?;
-            let lines: Vec<String> = done.iter().map(|(id, r)| resent(id, r)).collect();
-            format!("{} run(s) replayed\n{}", lines.len(), lines.join("\n"))
+            let mut lines: Vec<String> = done
+                .runs
+                .iter()
+                .map(|(id, r)| match r {
+                    Ok(r) => resent(id, r),
+                    Err(e) => format!("{id}: failed: {}", crate::error::chain(e)),
+                })
+                .collect();
+            if done.not_reached > 0 {
+                lines.push(format!(
+                    "{} more not reached in time: run it again",
+                    done.not_reached
+                ));
+            }
+            format!("{} run(s) replayed\n{}", done.runs.len(), lines.join("\n"))
         }
         Command::Cancel { run_id } => match cancel(d, &run_id, deadline).await? {
             Canceled::Accepted(job) => format!("{run_id}: cancel requested ({})", job.state),

@@ -538,9 +538,37 @@ async fn a_report_refused_for_a_day_is_given_up(kind: StoreKind) {
         Some(1.0),
         "given up and counted"
     );
+    // Counted once where it happened, for the alarm that sums every function's.
+    let counted = app.metric("DeliveriesGivenUp");
+    assert_eq!(counted.len(), 1, "{counted:?}");
+    assert_eq!(
+        (
+            &counted[0].0["Function"],
+            &counted[0].0["Channel"],
+            counted[0].1
+        ),
+        (&json!("sweep"), &json!("discord"), 1.0)
+    );
     let calls = app.discord_calls().len();
     app.sweep().await;
     assert_eq!(app.discord_calls().len(), calls);
+}
+
+/// A final report Discord refuses for good is given up by the webhook function at once,
+/// and counted there: no sweep pass sees it.
+async fn a_report_refused_for_good_in_the_webhook_reaches_the_alarm(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    app.submit(&submission("refused")).await;
+    app.discord.fail_next(&[400]);
+    app.finish(1, "passed", Some(sample_result(false))).await;
+    let (_, view) = app.status("refused").await;
+    assert_eq!(delivery(&view), "given_up", "{view}");
+    let counted = app.metric("DeliveriesGivenUp");
+    assert_eq!(counted.len(), 1, "{counted:?}");
+    assert_eq!(
+        (&counted[0].0["Function"], &counted[0].0["Channel"]),
+        (&json!("webhook"), &json!("discord"))
+    );
 }
 
 /// A create in doubt past the queue timeout is looked up before the job is given up: the
@@ -807,6 +835,7 @@ on_both_stores!(
     the_sweep_stops_before_buildkites_rate_limit,
     pending_reports_and_webhook_errors_reach_the_alarms_metrics,
     a_report_refused_for_a_day_is_given_up,
+    a_report_refused_for_good_in_the_webhook_reaches_the_alarm,
 );
 
 mod review {

@@ -117,9 +117,15 @@ fn settle_discord(o: &mut DiscordOutbox, sent: JobState, answer: &Answer) {
         Answer::Refused(_) => o.refused = Some(sent.rank()),
         _ => {}
     }
-    // A webhook a submission named carries its token: not kept once nothing more will be
-    // sent. The deployment's default is a reference, kept so an operator can resend.
-    if o.delivery.status != DeliveryStatus::Active && matches!(o.target, Some(Target::Webhook(_))) {
+    // A webhook a submission named carries its token: not kept once its message is settled
+    // (delivered, or the webhook gone). A given-up message keeps it, so an operator can
+    // replay it once Discord is back; the table's TTL removes it with the job. The
+    // deployment's default is a reference, always kept.
+    let settled = matches!(
+        o.delivery.status,
+        DeliveryStatus::Delivered | DeliveryStatus::Gone
+    );
+    if settled && matches!(o.target, Some(Target::Webhook(_))) {
         o.target = None;
     }
 }
@@ -504,6 +510,7 @@ mod tests {
             (GivenUp, Some(Target::Default), DISCORD, Ok(())),
             (Delivered, Some(Target::Default), DISCORD, Ok(())),
             (Gone, named(), DISCORD, Ok(())),
+            (GivenUp, named(), DISCORD, Ok(())),
             (GivenUp, None, DISCORD, Err(WebhookForgotten)),
             (GivenUp, None, CALLBACK, Ok(())),
             (Delivered, None, CALLBACK, Ok(())),
@@ -538,6 +545,21 @@ mod tests {
         let mut no_callback = ended(GivenUp, Some(Target::Default));
         no_callback.callback = None;
         assert_eq!(reopen(&no_callback, CALLBACK).err(), Some(NoReceiver));
+    }
+
+    #[test]
+    fn a_named_webhook_is_forgotten_once_delivered_but_kept_while_given_up() {
+        let mut j = job(JobState::Finished);
+        let claimed = claim(&j, DISCORD, "me", 0, 10).unwrap();
+        let refused = Answer::Refused("400".into());
+        let given_up = record(&claimed, DISCORD, "me", JobState::Finished, &refused, 1).unwrap();
+        assert_eq!(discord(&given_up).delivery.status, DeliveryStatus::GivenUp);
+        assert!(discord(&given_up).target.is_some(), "kept for a replay");
+        j.discord.as_mut().unwrap().delivery.status = DeliveryStatus::Active;
+        let claimed = claim(&j, DISCORD, "me", 0, 10).unwrap();
+        let gone = Answer::Gone("404".into());
+        let gone = record(&claimed, DISCORD, "me", JobState::Finished, &gone, 1).unwrap();
+        assert!(discord(&gone).target.is_none(), "the webhook is gone");
     }
 
     #[test]

@@ -71,7 +71,7 @@ async fn pass_over(
 }
 
 /// `d` with each job's sends to a receiver held to one try of a message and a short wait.
-fn sliced(d: &Deps) -> Deps {
+pub(crate) fn sliced(d: &Deps) -> Deps {
     Deps {
         send_slice: Some(2 * d.discord.timeout() + Duration::from_secs(3)),
         ..d.clone()
