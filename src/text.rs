@@ -39,16 +39,25 @@ pub(crate) fn plain(s: &str) -> String {
     out
 }
 
-/// `s` for the inside of a code span (`` `…` ``), where markdown, links and mentions do not
-/// apply: it cannot end the span (a backtick becomes `ˋ`), nor break the line it is on.
-pub(crate) fn code(s: &str) -> String {
-    s.chars()
+/// What an empty value shows as: Discord's inline-code rule needs a character that is not a
+/// backtick between the two, and an empty span's backticks would pair with the next lone
+/// backtick instead, possibly lines later, leaving what lies between as markdown.
+const EMPTY: &str = "(empty)";
+
+/// `s` as a whole code span (`` `…` ``), where markdown, links and mentions do not apply:
+/// it cannot end the span early (a backtick becomes `ˋ`), break the line it is on, or be
+/// empty (it shows as `(empty)`), so the span always closes where it was meant to.
+pub(crate) fn span(s: &str) -> String {
+    let inside: String = s
+        .chars()
         .map(|c| match c {
             '`' => 'ˋ',
             '\n' | '\r' => ' ',
             c => c,
         })
-        .collect()
+        .collect();
+    let inside = if inside.is_empty() { EMPTY } else { &inside };
+    format!("`{inside}`")
 }
 
 #[cfg(test)]
@@ -78,8 +87,15 @@ mod tests {
             "a backslash cannot undo an escape"
         );
         assert_eq!(
-            code("x` [Claim](https://evil) `y\nz"),
-            "xˋ [Claim](https://evil) ˋy z"
+            span("x` [Claim](https://evil) `y\nz"),
+            "`xˋ [Claim](https://evil) ˋy z`"
         );
+    }
+
+    #[test]
+    fn a_span_is_never_empty() {
+        for (value, shown) in [("", "`(empty)`"), ("`", "`ˋ`"), (" ", "` `"), ("\n", "` `")] {
+            assert_eq!(span(value), shown, "{value:?}");
+        }
     }
 }

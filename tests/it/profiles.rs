@@ -246,7 +246,84 @@ async fn a_click_while_buildkite_fails_changes_nothing(kind: StoreKind) {
     assert_eq!(app.discord.messages(), report, "the report is untouched");
 }
 
+/// Nsight's tables as the runner keeps them for a submission of three kernels (kernelbot's
+/// filter: the first two kernels' three tables, each about 2.5 KB): real size, not a stub.
+const TABLES: &str = include_str!("../fixtures/ncu/kept-tables-3-kernels.txt");
+
+/// kernelbot's own decoding of a report value (`base64.b64decode(value, b"+*")`).
+fn kernelbot_decodes(value: &str) -> String {
+    use std::io::Write;
+    let mut python = std::process::Command::new("python3")
+        .args(["-c", "import base64, sys; sys.stdout.buffer.write(base64.b64decode(sys.stdin.read(), b'+*'))"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 runs");
+    python
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(value.as_bytes())
+        .unwrap();
+    let out = python.wait_with_output().unwrap();
+    assert!(out.status.success());
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Tables of a real size arrive whole: stored as the runner wrote them, the report shows
+/// the first kernel and its first rows, and kernelbot decodes the callback's value.
+async fn real_size_tables_arrive_whole(kind: StoreKind) {
+    use base64::Engine;
+    let report = base64::engine::general_purpose::STANDARD.encode(TABLES);
+    assert!(report.len() > 6_000, "{} bytes", report.len());
+    let app = TestApp::spawn_with(
+        kind,
+        &[("CALLBACK_SECRET", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")],
+    )
+    .await;
+    let mut body = submission("tables");
+    body["config"]["mode"] = json!("profile");
+    app.submit(&body).await;
+    let result = json!({"success": true, "error": "", "system": {"gpu": "NVIDIA H100 80GB HBM3"},
+        "runs": {"profile.0": {"run": {"success": true, "passed": true, "exit_code": 0,
+            "result": {"benchmark.0.spec": "size: 4096", "benchmark.0.report": report}},
+            "profile": {"profiler": "Nsight-Compute", "trace": null}}}});
+    let finished = app
+        .finish(1, "passed", Some(result.to_string().into_bytes()))
+        .await;
+    assert_eq!(finished, StatusCode::OK);
+
+    let job = app.job("tables").await;
+    let outcome = job.outcome.expect("finished");
+    let stored = outcome.result.as_ref().unwrap().runs["profile.0"]
+        .run
+        .as_ref()
+        .unwrap();
+    assert_eq!(
+        stored.value("benchmark.0.report").as_deref(),
+        Some(report.as_str())
+    );
+    let messages = serde_json::to_string(&app.discord.messages()).unwrap();
+    assert!(
+        messages.contains("custom_kernel(const float *, const float *, float *, int)"),
+        "{messages}"
+    );
+    assert!(messages.contains("DRAM Frequency"), "{messages}");
+    let received = app.receiver.received();
+    let called = received
+        .iter()
+        .find(|r| r.id == "msg_finished_tables")
+        .expect("called back");
+    let called: Value = serde_json::from_slice(&called.body).unwrap();
+    let value =
+        called["data"]["result"]["runs"]["profile.0"]["run"]["result"]["benchmark.0.report"]
+            .as_str()
+            .expect("the report in the callback");
+    assert_eq!(kernelbot_decodes(value), TABLES);
+}
+
 on_both_stores!(
+    real_size_tables_arrive_whole,
     a_click_while_buildkite_fails_changes_nothing,
     a_profile_s_link_opens_its_zip_and_nothing_else,
     a_run_s_links_are_rate_limited,

@@ -128,36 +128,70 @@ fn job() -> Job {
     job
 }
 
-/// The markdown a message's text acts on, in order: every unescaped markdown character and
-/// line break outside code spans, and each code span's two backticks (what is inside a span
-/// is shown as it is).
+/// Where the code span Discord's client would start at `at` ends (the index past its closing
+/// backticks), by its inline-code rule (simple-markdown's `^(`+)([\s\S]*?[^`])\1(?!`)`,
+/// with a regex engine's backtracking): an opening run of backticks (the whole run first,
+/// then shorter ones), at least one character, the last not a backtick, then a run of
+/// exactly as many. `None`: no span starts there.
+fn code_span_at(chars: &[char], at: usize) -> Option<usize> {
+    let run = chars[at..].iter().take_while(|c| **c == '`').count();
+    (1..=run).rev().find_map(|r| {
+        let closes = |j: usize| {
+            chars[j - 1] != '`'
+                && chars
+                    .get(j..j + r)
+                    .is_some_and(|c| c.iter().all(|c| *c == '`'))
+                && chars.get(j + r) != Some(&'`')
+        };
+        (at + r + 1..chars.len())
+            .find(|&j| closes(j))
+            .map(|j| j + r)
+    })
+}
+
+/// The markdown a message's text acts on, in order, as Discord's client reads it: every
+/// unescaped markdown character and line break outside code spans, and each code span as
+/// `` ` `` (what is inside a span is shown as it is). A run of backticks that opens no span
+/// is text, as the client's text rule takes it.
 fn markdown_of(text: &str) -> String {
-    let (mut out, mut in_code, mut chars) = (String::new(), false, text.chars());
-    while let Some(c) = chars.next() {
-        match c {
-            '`' => {
-                in_code = !in_code;
-                out.push(c);
-            }
-            _ if in_code => {}
-            '\\' => {
-                chars.next();
-            }
-            '*' | '_' | '~' | '|' | '>' | '#' | '[' | ']' | '<' | '@' | '\n' => out.push(c),
+    let chars: Vec<char> = text.chars().collect();
+    let (mut out, mut i) = (String::new(), 0);
+    while i < chars.len() {
+        match chars[i] {
+            // An escape comes first: `\`` is a backtick, never a span.
+            '\\' => i += 1,
+            '`' => match code_span_at(&chars, i) {
+                Some(end) => {
+                    out.push('`');
+                    i = end - 1;
+                }
+                None => {
+                    let run = chars[i..].iter().take_while(|c| **c == '`').count();
+                    out.push_str(&"!".repeat(run));
+                    i += run - 1;
+                }
+            },
+            c @ ('*' | '_' | '~' | '|' | '>' | '#' | '[' | ']' | '<' | '@' | '\n') => out.push(c),
             // A bare link: an unescaped `://`.
-            ':' if chars.as_str().starts_with("//") => out.push(c),
+            ':' if chars[i + 1..].starts_with(&['/', '/']) => out.push(':'),
             _ => {}
         }
+        i += 1;
     }
     out
 }
 
-/// A finished job whose title, benchmark spec, error and GPU name are `title`, `spec`,
-/// `error` and `gpu`, as its final Discord message shows it.
-fn report_text(title: &str, spec: &str, error: &str, gpu: &str) -> String {
+/// A finished job whose title, benchmark specs (one line each), error and GPU name are
+/// `title`, `specs`, `error` and `gpu`, as its final Discord message shows it.
+fn report_text(title: &str, specs: &[&str], error: &str, gpu: &str) -> String {
+    let mut result = serde_json::Map::new();
+    result.insert("benchmark-count".into(), json!(specs.len().to_string()));
+    for (i, spec) in specs.iter().enumerate() {
+        result.insert(format!("benchmark.{i}.spec"), json!(spec));
+        result.insert(format!("benchmark.{i}.mean"), json!("1000"));
+    }
     let value = json!({"success": true, "error": error, "system": {"gpu": gpu},
-        "runs": {"benchmark": {"run": {"success": true, "passed": true, "result": {
-            "benchmark-count": "1", "benchmark.0.spec": spec, "benchmark.0.mean": "1000"}}}}});
+        "runs": {"benchmark": {"run": {"success": true, "passed": true, "result": result}}}});
     let result = FullResult::parse(value.to_string().as_bytes()).unwrap();
     let mut job = job();
     job.title = Some(title.to_owned());
@@ -187,12 +221,34 @@ fn report_text(title: &str, spec: &str, error: &str, gpu: &str) -> String {
 #[test]
 fn a_submitted_link_shows_as_text() {
     let hostile = "x` [Claim credits](https://evil.example) `y";
-    let text = report_text(hostile, hostile, hostile, hostile);
+    let text = report_text(hostile, &[hostile], hostile, hostile);
     assert_eq!(
         markdown_of(&text),
-        markdown_of(&report_text("x", "x", "x", "x")),
+        markdown_of(&report_text("x", &["x"], "x", "x")),
         "{text}"
     );
+}
+
+/// What a value's template looks like without the value's own text: a blank value may be
+/// left out (an empty error shows no error line), anything else is as good as `x`.
+fn neutral(value: &str) -> &str {
+    if value.trim().is_empty() { value } else { "x" }
+}
+
+/// An empty spec would open a span that closes lines later, at the next spec's opening
+/// backtick, leaving that spec's text as markdown: a link in the bot's own report.
+#[test]
+fn an_empty_value_opens_no_span() {
+    let link = "[Claim your prize](https://evil.example)";
+    let text = report_text("t", &["", link], "", "g");
+    assert_eq!(
+        markdown_of(&text),
+        markdown_of(&report_text("t", &["x", "x"], "", "g")),
+        "{text}"
+    );
+    // And the rule itself sees the attack on text made the old way.
+    assert_eq!(markdown_of("`` ⏱ 1 µs\n`[a](b)` ⏱ 2 µs"), "`[]!");
+    assert_eq!(markdown_of("`(empty)` ⏱ 1 µs\n`[a](b)` ⏱ 2 µs"), "`\n`");
 }
 
 proptest! {
@@ -201,12 +257,14 @@ proptest! {
     #[test]
     fn text_someone_else_wrote_never_becomes_markdown(
         title in ".{1,40}",
-        spec in ".{1,40}",
-        error in ".{1,40}",
-        gpu in ".{1,40}",
+        specs in vec(".{0,40}", 1..4),
+        error in ".{0,40}",
+        gpu in ".{0,40}",
     ) {
-        let shown = report_text(&title, &spec, &error, &gpu);
-        let plain = report_text("x", "x", "x", "x");
+        let specs: Vec<&str> = specs.iter().map(String::as_str).collect();
+        let shown = report_text(&title, &specs, &error, &gpu);
+        let n: Vec<&str> = specs.iter().map(|s| neutral(s)).collect();
+        let plain = report_text(neutral(&title), &n, neutral(&error), neutral(&gpu));
         prop_assert_eq!(markdown_of(&shown), markdown_of(&plain), "{}", shown);
     }
 

@@ -227,6 +227,9 @@ pub mod caps {
     pub const VALUE: usize = 2 * 1024;
     /// Entries of one run's `result` map.
     pub const ENTRIES: usize = 512;
+    /// The profiler's reports (`benchmark.<i>.report`, base64 of Nsight's tables) of one run,
+    /// together: each kept whole while they fit, never cut (a cut one would not decode).
+    pub const REPORTS: usize = 64 * 1024;
     /// Runs in one result.
     pub const RUNS: usize = 32;
 }
@@ -281,22 +284,46 @@ impl EvalResult {
 impl RunResult {
     /// Keeps at most [`caps::ENTRIES`] entries with short keys; every value becomes text of
     /// at most [`caps::VALUE`] characters (the pipe protocol only ever carries text).
+    /// The profiler's reports are the exception: kept whole up to [`caps::REPORTS`] in all,
+    /// and beyond that dropped with a note in `<key>_dropped`.
     fn cap_result(&mut self) {
         let entries = std::mem::take(&mut self.result);
-        self.result = entries
+        let mut reports_left = caps::REPORTS;
+        let mut kept = BTreeMap::new();
+        for (k, v) in entries
             .into_iter()
             .filter(|(k, _)| k.len() <= caps::NAME)
             .take(caps::ENTRIES)
-            .map(|(k, v)| {
-                let mut text = match v {
-                    serde_json::Value::String(s) => s,
-                    other => other.to_string(),
-                };
+        {
+            let mut text = match v {
+                serde_json::Value::String(s) => s,
+                other => other.to_string(),
+            };
+            if is_report(&k) {
+                if text.len() > reports_left {
+                    let note = format!(
+                        "{} bytes: over the {} KiB kept",
+                        text.len(),
+                        caps::REPORTS / 1024
+                    );
+                    kept.insert(format!("{k}_dropped"), serde_json::Value::String(note));
+                    continue;
+                }
+                reports_left -= text.len();
+            } else {
                 cap(&mut text, caps::VALUE);
-                (k, serde_json::Value::String(text))
-            })
-            .collect();
+            }
+            kept.insert(k, serde_json::Value::String(text));
+        }
+        self.result = kept;
     }
+}
+
+/// `benchmark.<i>.report`: a profiler's tables, base64 (kernelbot's key).
+fn is_report(key: &str) -> bool {
+    key.strip_prefix("benchmark.")
+        .and_then(|rest| rest.strip_suffix(".report"))
+        .is_some_and(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()))
 }
 
 const TRUNCATED: &str = "\n[… output truncated]";
@@ -566,6 +593,34 @@ mod tests {
         let trace = eval.profile.as_ref().unwrap().trace.as_ref().unwrap();
         assert!(trace.len() <= caps::LOG);
         assert!(serde_json::to_vec(&r).unwrap().len() < 200_000);
+    }
+
+    #[test]
+    fn profiler_reports_are_kept_whole_within_their_budget_and_never_cut() {
+        let report = |n: usize| "QUJD".repeat(n / 4);
+        let result = serde_json::json!({"runs": {"profile.0": {"run": {"result": {
+            "benchmark.0.report": report(40 * 1024),
+            "benchmark.1.report": report(30 * 1024),
+            "benchmark.2.report": report(20 * 1024),
+            "benchmark.x.report": report(8 * 1024),
+            "benchmark.0.spec": report(8 * 1024),
+        }}}}});
+        let r = FullResult::parse(result.to_string().as_bytes()).unwrap();
+        let kept = &r.runs["profile.0"].run.as_ref().unwrap().result;
+        let len = |k: &str| kept.get(k).and_then(|v| v.as_str()).map(str::len);
+        // (key, what is kept): whole while the 64 KiB last, then dropped with a note.
+        for (key, expected) in [
+            ("benchmark.0.report", Some(40 * 1024)),
+            ("benchmark.1.report", None),
+            ("benchmark.2.report", Some(20 * 1024)),
+            ("benchmark.x.report", Some(caps::VALUE)),
+            ("benchmark.0.spec", Some(caps::VALUE)),
+        ] {
+            assert_eq!(len(key), expected, "{key}");
+        }
+        let note = kept["benchmark.1.report_dropped"].as_str().unwrap();
+        assert_eq!(note, "30720 bytes: over the 64 KiB kept");
+        assert!(!kept.contains_key("benchmark.0.report_dropped"));
     }
 
     #[test]

@@ -5,7 +5,7 @@ use super::summary::{capitalised, short_report, system_lines, timing_line};
 use crate::discord::{AllowedMentions, Embed, Field, Message};
 use crate::jobs::{Job, JobState};
 use crate::result::{Outcome, Verdict};
-use crate::text::{code, plain};
+use crate::text::{plain, span};
 
 const GREEN: u32 = 0x2e_cc_71;
 const RED: u32 = 0xe7_4c_3c;
@@ -25,7 +25,7 @@ pub fn render(job: &Job) -> Message {
         .title
         .clone()
         .unwrap_or_else(|| format!("Run {}", job.run_id));
-    let head = format!("**{}** on `{}`", plain(&title), code(&job.gpu));
+    let head = format!("**{}** on {}", plain(&title), span(&job.gpu));
     let (content, embeds) = match job.state {
         JobState::Finished => finished(job, &head),
         _ => (status_line(job, &head), vec![]),
@@ -48,19 +48,19 @@ pub fn render(job: &Job) -> Message {
 fn status_line(job: &Job, head: &str) -> String {
     match job.state {
         JobState::Submitted => {
-            format!("{head}\n> ⏳ Submitting to queue `{}`", code(&job.queue))
+            format!("{head}\n> ⏳ Submitting to queue {}", span(&job.queue))
         }
         JobState::Scheduled => {
             format!(
-                "{head}\n> ⏳ Queued on `{}`, {}",
-                code(&job.queue),
+                "{head}\n> ⏳ Queued on {}, {}",
+                span(&job.queue),
                 build_link(job)
             )
         }
         JobState::Running => {
             format!(
-                "{head}\n> 🏃 Running on `{}`, {}",
-                code(&job.queue),
+                "{head}\n> 🏃 Running on {}, {}",
+                span(&job.queue),
                 build_link(job)
             )
         }
@@ -101,8 +101,8 @@ pub fn verdict_sentence(verdict: Verdict, queue: &str) -> String {
         Verdict::Canceled => "❌ Canceled: the build was canceled.".into(),
         Verdict::Skipped => "❌ Skipped: Buildkite skipped the build.".into(),
         Verdict::QueueTimeout => {
-            let queue = code(queue);
-            format!("❌ Timed out in the queue: no agent on queue `{queue}` started it in time.")
+            let queue = span(queue);
+            format!("❌ Timed out in the queue: no agent on queue {queue} started it in time.")
         }
         Verdict::Expired => "❌ Expired: the job ran past its maximum age and was stopped.".into(),
         Verdict::Error => "❌ Error: the build left no usable result.".into(),

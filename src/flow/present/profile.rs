@@ -6,7 +6,7 @@ use base64::engine::general_purpose::STANDARD;
 
 use crate::discord::Field;
 use crate::result::FullResult;
-use crate::text::{code, plain};
+use crate::text::{plain, span};
 
 /// Profile runs a message shows (Discord allows 25 fields an embed).
 const MAX_SHOWN: usize = 5;
@@ -38,7 +38,7 @@ pub(super) fn fields(result: &FullResult) -> Vec<Field> {
             }];
             let run = eval.run.as_ref();
             if let Some(spec) = run.and_then(|r| r.value("benchmark.0.spec")) {
-                lines.push(format!("`{}`", code(&short(&spec))));
+                lines.push(span(&short(&spec)));
             }
             let report = run.and_then(|r| r.value("benchmark.0.report"));
             lines.extend(report.as_deref().map(headline).unwrap_or_default());
@@ -67,7 +67,7 @@ fn headline(encoded: &str) -> Vec<String> {
                 && !l.starts_with("Metric Name")
         })
         .take(HEADLINE_LINES)
-        .map(|l| format!("`{}`", code(&short(l))))
+        .map(|l| span(&short(l)))
         .collect()
 }
 

@@ -2,7 +2,7 @@
 //! machine it ran on, and times as people read them.
 
 use crate::result::{FullResult, RunResult, Timings};
-use crate::text::{code, plain, truncate};
+use crate::text::{plain, span, truncate};
 
 /// kernelbot's phases in order: the run's key, its noun, what it does, and its name.
 const PHASES: [(&str, &str, &str, &str); 3] = [
@@ -129,8 +129,8 @@ fn benchmark_lines(run: &RunResult) -> Vec<String> {
                 .map(|e| format!(" ± {}", format_ns(e)))
                 .unwrap_or_default();
             Some(format!(
-                "`{}` ⏱ {}{err}",
-                code(&truncate(&spec, 120)),
+                "{} ⏱ {}{err}",
+                span(&truncate(&spec, 120)),
                 format_ns(mean)
             ))
         })
@@ -174,7 +174,7 @@ pub(super) fn system_lines(result: &FullResult) -> Option<String> {
     let lines: Vec<String> = rows
         .into_iter()
         .filter(|(_, v)| !v.is_empty())
-        .map(|(k, v)| format!("* {k}: `{}`", code(&v)))
+        .map(|(k, v)| format!("* {k}: {}", span(&v)))
         .collect();
     (!lines.is_empty()).then(|| lines.join("\n"))
 }
