@@ -129,7 +129,7 @@ impl std::fmt::Debug for CallbackConfig {
 /// Signed links to profile runs' files (`PROFILE_LINK_SECRET`).
 #[derive(Clone)]
 pub struct ProfileLinkConfig {
-    /// The keys: the last signs new links, any verifies one (space-separated while a key
+    /// The keys: the first signs new links, any verifies one (space-separated while a key
     /// is rotated, so links already sent keep opening).
     pub secret: SecretString,
     /// The submit API's public URL (`PUBLIC_URL`), which the links open; without it a
@@ -148,9 +148,11 @@ impl ProfileLinkConfig {
             .map(str::as_bytes)
     }
 
-    /// The key new links are signed with: the newest.
+    /// The key new links are signed with: the first. A rotation appends the new key
+    /// everywhere first (every instance then opens its links), and only then moves it to the
+    /// front: an instance still holding the old keys alone never meets a link it cannot open.
     pub(crate) fn signing_key(&self) -> &[u8] {
-        self.keys().last().unwrap_or_default()
+        self.keys().next().unwrap_or_default()
     }
 }
 
@@ -635,10 +637,12 @@ mod tests {
         );
         let rotating = rotating.unwrap().profile_links.unwrap();
         assert_eq!(rotating.keys().count(), 2);
+        // Mid-rotation the new key is appended: the old one still signs, so instances not
+        // yet holding the new key open every link made.
         assert_eq!(
             rotating.signing_key(),
-            "b".repeat(40).as_bytes(),
-            "the newest signs"
+            "a".repeat(32).as_bytes(),
+            "the first signs"
         );
         let short = [BASE, &[("PROFILE_LINK_SECRET", "short")]].concat();
         assert!(matches!(

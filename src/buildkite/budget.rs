@@ -18,6 +18,8 @@ struct BudgetState {
     left: AtomicI64,
     made: AtomicI64,
     remaining: AtomicI64,
+    /// Seconds until Buildkite's window resets, as last said (`RateLimit-Reset`).
+    reset: AtomicI64,
 }
 
 impl CallBudget {
@@ -26,6 +28,7 @@ impl CallBudget {
             left: AtomicI64::new(i64::from(max_calls)),
             made: AtomicI64::new(0),
             remaining: AtomicI64::new(i64::MAX),
+            reset: AtomicI64::new(-1),
         }))
     }
 
@@ -50,6 +53,15 @@ impl CallBudget {
         if let Some(n) = lowest {
             self.0.remaining.store(n, Ordering::Relaxed);
         }
+        let reset = headers.get("ratelimit-reset").and_then(|v| v.to_str().ok());
+        if let Some(secs) = reset.and_then(|v| v.trim().parse::<i64>().ok()) {
+            self.0.reset.store(secs, Ordering::Relaxed);
+        }
+    }
+
+    /// Seconds until Buildkite's window resets, when it said.
+    pub(crate) fn reset_secs(&self) -> Option<i64> {
+        Some(self.0.reset.load(Ordering::Relaxed)).filter(|s| *s >= 0)
     }
 
     /// Calls made so far.

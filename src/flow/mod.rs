@@ -17,6 +17,7 @@
 
 mod advance;
 pub mod cancel;
+mod clicks;
 mod create;
 pub mod deliver;
 mod deps;

@@ -2,25 +2,23 @@
 //! zip (see [`crate::profile_link`]), and a click on one is answered with a redirect to the
 //! zip's storage URL, asked of Buildkite's artifact API then (its token never leaves us).
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use std::time::Duration;
+
+use super::clicks::{self, Next};
 use super::{Deps, DispatchError};
+use crate::buildkite::CallBudget;
 use crate::config::ProfileLinkConfig;
-use crate::jobs::RunId;
+use crate::jobs::{CacheEntry, RunId};
 use crate::profile_link::{self, Refused};
 use crate::result::Outcome;
 use crate::retry::Deadline;
 use crate::time::Millis;
 
-/// Clicks one run's links may take in a [`WINDOW`], per function instance.
-const CLICKS_PER_WINDOW: u32 = 30;
+/// Storage URLs one function instance fetches in a [`WINDOW`] at most.
+const FETCHES_PER_WINDOW: u32 = 30;
 const WINDOW: Millis = 60_000;
-/// Clicks on all links one function instance answers in a [`WINDOW`]: each costs a call
-/// against the Buildkite rate limit the whole service shares.
-const INSTANCE_CLICKS_PER_WINDOW: u32 = 60;
-/// Runs the click counter remembers before it forgets the quiet ones.
-const MAX_COUNTED_RUNS: usize = 10_000;
 
 /// Why a click on a link is not answered with the file.
 #[derive(Debug, thiserror::Error)]
@@ -31,9 +29,16 @@ pub(crate) enum ProfileError {
     /// 404
     #[error("no such profile")]
     NotFound,
-    /// 429
-    #[error("too many downloads of this run's profiles; try again in a minute")]
-    TooMany,
+    /// 503: this deployment has no `PROFILE_LINK_SECRET`, so no link of it can be checked.
+    #[error("profile links are not configured on this deployment")]
+    NotConfigured,
+    /// 429: this instance fetched many links' files in a minute.
+    #[error("too many downloads; try again in {retry_after} s")]
+    TooMany { retry_after: u64 },
+    /// 503: a fetch now would take requests Buildkite's quota keeps for submissions, or
+    /// another instance is fetching this link's files.
+    #[error("the download is not available right now; try again in {retry_after} s")]
+    Busy { retry_after: u64 },
     #[error(transparent)]
     Dispatch(#[from] DispatchError),
 }
@@ -91,14 +96,11 @@ pub(crate) async fn download(
         .config
         .profile_links
         .as_ref()
-        .ok_or(ProfileError::NotFound)?;
+        .ok_or(ProfileError::NotConfigured)?;
     let path = profile_link::path(run_id.as_str(), index);
     let now = d.clock.now();
     profile_link::verify_any(links.keys(), &path, expires, signature, now / 1000)
         .map_err(ProfileError::Refused)?;
-    if !d.profile_clicks.allow(run_id.as_str(), now) {
-        return Err(ProfileError::TooMany);
-    }
     let job = d.store.get(run_id).await.map_err(DispatchError::from)?;
     let job = job.ok_or(ProfileError::NotFound)?;
     let zip = job
@@ -108,57 +110,183 @@ pub(crate) async fn download(
     let (Some(zip), Some(build)) = (zip, job.build.as_ref()) else {
         return Err(ProfileError::NotFound);
     };
-    let at = (zip.job_id.as_str(), zip.artifact_id.as_str());
-    let bk_deadline = d.buildkite_deadline(deadline);
-    let url = d
-        .buildkite
-        .artifact_location(build.number, at, bk_deadline)
+    let artifact = Artifact {
+        build: build.number,
+        job_id: zip.job_id.as_str(),
+        artifact_id: zip.artifact_id.as_str(),
+    };
+    storage_url(d, &clicks::url_key(run_id, index), &artifact, deadline).await
+}
+
+/// Where a profile's zip is, in Buildkite's artifact API.
+struct Artifact<'a> {
+    build: u64,
+    job_id: &'a str,
+    artifact_id: &'a str,
+}
+
+/// How long a click waits for another instance's fetch of the same link.
+const WAIT_FOR_FETCH: Duration = Duration::from_secs(5);
+
+/// The zip's storage URL: the one kept under `key` while it lasts, else fetched by whichever
+/// click claims the fetch first (the others wait for it), within the quota's reserve.
+async fn storage_url(
+    d: &Deps,
+    key: &str,
+    artifact: &Artifact<'_>,
+    deadline: Deadline,
+) -> Result<String, ProfileError> {
+    let waiting = Deadline::after(WAIT_FOR_FETCH.min(deadline.remaining()));
+    // Reads of a waiting click back off, so a burst does not hammer the store.
+    let mut pause = Duration::from_millis(50);
+    loop {
+        let now = d.clock.now();
+        let entry = d.store.cached(key).await.map_err(DispatchError::from)?;
+        match clicks::next(entry.as_ref(), now) {
+            Next::Use(url) => return Ok(url),
+            Next::Wait if waiting.remaining().is_zero() => {
+                return Err(ProfileError::Busy { retry_after: 1 });
+            }
+            Next::Wait => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(400));
+            }
+            Next::Claim { expected } => {
+                let claim = CacheEntry {
+                    claimed_at: now,
+                    ..entry.unwrap_or(CacheEntry {
+                        value: None,
+                        fetched_at: 0,
+                        claimed_at: 0,
+                    })
+                };
+                let claimed = d.store.put_cached(key, &claim, expected).await;
+                if claimed.map_err(DispatchError::from)? {
+                    let fetched = match spend(d, now).await {
+                        Ok(()) => fetch(d, key, &claim, artifact, deadline).await,
+                        Err(e) => Err(e),
+                    };
+                    if fetched.is_err() {
+                        release(d, key, &claim).await;
+                    }
+                    return fetched;
+                }
+            }
+        }
+    }
+}
+
+/// Whether this instance may spend a Buildkite call on a click now: the quota's reserve
+/// is left alone, and one instance fetches so many a minute.
+async fn spend(d: &Deps, now: Millis) -> Result<(), ProfileError> {
+    let quota = d.store.cached(clicks::QUOTA_KEY).await;
+    let quota = quota.map_err(DispatchError::from)?.and_then(|e| parse(&e));
+    clicks::quota_allows(quota.as_ref(), now)
+        .map_err(|retry_after| ProfileError::Busy { retry_after })?;
+    d.profile_clicks
+        .allow(now)
+        .map_err(|retry_after| ProfileError::TooMany { retry_after })
+}
+
+/// Gives the claim back: the next click tries again at once.
+async fn release(d: &Deps, key: &str, claim: &CacheEntry) {
+    let released = CacheEntry {
+        claimed_at: claim.fetched_at,
+        ..claim.clone()
+    };
+    let _ = d
+        .store
+        .put_cached(key, &released, Some(claim.claimed_at))
         .await;
-    Ok(url.map_err(DispatchError::from)?.to_string())
 }
 
-/// Clicks per run, and in all, in the current window, shared by one function instance's
-/// requests.
+/// A stored value of ours, if it reads.
+fn parse<T: serde::de::DeserializeOwned>(entry: &CacheEntry) -> Option<T> {
+    serde_json::from_str(entry.value.as_deref()?).ok()
+}
+
+/// Asks Buildkite for the zip's storage URL (this instance holds `claim`), keeps it for
+/// every instance, and keeps the quota Buildkite said is left.
+async fn fetch(
+    d: &Deps,
+    key: &str,
+    claim: &CacheEntry,
+    artifact: &Artifact<'_>,
+    deadline: Deadline,
+) -> Result<String, ProfileError> {
+    let budget = CallBudget::new(1);
+    let buildkite = d.buildkite.with_budget(budget.clone());
+    let at = (artifact.job_id, artifact.artifact_id);
+    let bk_deadline = d.buildkite_deadline(deadline);
+    let url = buildkite
+        .artifact_location(artifact.build, at, bk_deadline)
+        .await;
+    let now = d.clock.now();
+    if let Some(remaining) = budget.remaining() {
+        let quota = clicks::Quota::seen(remaining, budget.reset_secs(), now);
+        let entry = CacheEntry {
+            value: serde_json::to_string(&quota).ok(),
+            fetched_at: now,
+            claimed_at: now,
+        };
+        // Whoever writes last saw the newest count: no claim is needed.
+        let old = d.store.cached(clicks::QUOTA_KEY).await.ok().flatten();
+        let _ = d
+            .store
+            .put_cached(clicks::QUOTA_KEY, &entry, old.map(|e| e.claimed_at))
+            .await;
+    }
+    let url = url.map_err(DispatchError::from)?;
+    let kept = clicks::KeptUrl {
+        url: url.to_string(),
+        until: clicks::usable_until(&url, now),
+    };
+    let entry = CacheEntry {
+        value: serde_json::to_string(&kept).ok(),
+        fetched_at: now,
+        claimed_at: claim.claimed_at,
+    };
+    // Lost only to a later claim, whose URL is as good.
+    let _ = d
+        .store
+        .put_cached(key, &entry, Some(claim.claimed_at))
+        .await;
+    Ok(kept.url)
+}
+
+/// Fetches of storage URLs one function instance makes in the current window: each costs a
+/// call against the Buildkite rate limit the whole service shares. Kept URLs cost nothing
+/// and are not counted, nor are clicks refused.
 #[derive(Clone, Default)]
-pub(crate) struct ClickCounter(Arc<Mutex<Clicks>>);
+pub(crate) struct ClickCounter(Arc<Mutex<Window>>);
 
-#[derive(Default)]
-struct Clicks {
-    runs: HashMap<String, Window>,
-    all: Window,
-}
-
-/// Clicks since `start`.
+/// Fetches since `start`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct Window {
     start: Millis,
-    clicks: u32,
+    fetches: u32,
 }
 
-/// Counts a click at `now` in `window`: whether it is within `limit`.
-fn count(window: &mut Window, now: Millis, limit: u32) -> bool {
+/// Counts a fetch at `now` in `window` if it is within `limit`; else the seconds until the
+/// window ends.
+fn count(window: &mut Window, now: Millis, limit: u32) -> Result<(), u64> {
     if now - window.start >= WINDOW || now < window.start {
         *window = Window {
             start: now,
-            clicks: 0,
+            fetches: 0,
         };
     }
-    window.clicks = window.clicks.saturating_add(1);
-    window.clicks <= limit
+    if window.fetches >= limit {
+        return Err(((window.start + WINDOW - now) as u64).div_ceil(1000).max(1));
+    }
+    window.fetches += 1;
+    Ok(())
 }
 
 impl ClickCounter {
-    fn allow(&self, run_id: &str, now: Millis) -> bool {
-        let mut clicks = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if clicks.runs.len() >= MAX_COUNTED_RUNS {
-            clicks.runs.retain(|_, w| now - w.start < WINDOW);
-        }
-        let run = clicks.runs.entry(run_id.to_owned()).or_insert(Window {
-            start: now,
-            clicks: 0,
-        });
-        count(run, now, CLICKS_PER_WINDOW)
-            && count(&mut clicks.all, now, INSTANCE_CLICKS_PER_WINDOW)
+    fn allow(&self, now: Millis) -> Result<(), u64> {
+        let mut window = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        count(&mut window, now, FETCHES_PER_WINDOW)
     }
 }
 
@@ -242,37 +370,31 @@ mod tests {
     }
 
     #[test]
-    fn clicks_are_counted_per_window() {
+    fn fetches_are_counted_per_window_and_a_refusal_costs_nothing() {
         let mut w = Window {
             start: 0,
-            clicks: 0,
+            fetches: 0,
         };
-        for (now, allowed, clicks) in [
-            (0, true, 1),
-            (59_999, true, 2),
-            (60_000, true, 1),
-            (59_000, true, 1),
+        // (now, answer, fetches counted after)
+        for (now, allowed, fetches) in [
+            (0, Ok(()), 1),
+            (59_999, Ok(()), 2),
+            (60_000, Ok(()), 1),
+            (59_000, Ok(()), 1),
         ] {
-            assert_eq!(count(&mut w, now, CLICKS_PER_WINDOW), allowed, "{now}");
-            assert_eq!(w.clicks, clicks, "{now}");
+            assert_eq!(count(&mut w, now, FETCHES_PER_WINDOW), allowed, "{now}");
+            assert_eq!(w.fetches, fetches, "{now}");
         }
         let mut full = Window {
             start: 0,
-            clicks: CLICKS_PER_WINDOW,
+            fetches: FETCHES_PER_WINDOW,
         };
-        assert!(!count(&mut full, 1_000, CLICKS_PER_WINDOW));
-        assert!(count(&mut full, 61_000, CLICKS_PER_WINDOW));
+        assert_eq!(count(&mut full, 1_000, FETCHES_PER_WINDOW), Err(59));
+        assert_eq!(count(&mut full, 59_999, FETCHES_PER_WINDOW), Err(1));
+        assert_eq!(full.fetches, FETCHES_PER_WINDOW, "refusals are not counted");
+        assert_eq!(count(&mut full, 61_000, FETCHES_PER_WINDOW), Ok(()));
         let counter = ClickCounter::default();
-        let allowed = (0..40).filter(|_| counter.allow("kb-1", 10)).count();
-        assert_eq!(allowed, CLICKS_PER_WINDOW as usize);
-        assert!(counter.allow("kb-2", 10), "another run has its own count");
-        // The instance answers so many in all, whatever the runs.
-        let all = (0..100)
-            .filter(|i| counter.allow(&format!("kb-x{i}"), 20))
-            .count();
-        assert_eq!(
-            all,
-            (INSTANCE_CLICKS_PER_WINDOW - CLICKS_PER_WINDOW - 1) as usize
-        );
+        let allowed = (0..40).filter(|_| counter.allow(10).is_ok()).count();
+        assert_eq!(allowed, FETCHES_PER_WINDOW as usize);
     }
 }

@@ -40,9 +40,9 @@ pub enum ApiError {
     /// 422 `invalid_config`: names the field (`config.<path>`).
     #[error("{message}")]
     InvalidConfig { field: String, message: String },
-    /// 429
-    #[error("{0}")]
-    TooManyRequests(String),
+    /// 429, and when to try again (`Retry-After`, seconds).
+    #[error("{message}")]
+    TooManyRequests { message: String, retry_after: u64 },
     /// 502: Buildkite refused or failed. The message is what the caller may read (Buildkite's
     /// words where they are about the request, else a fixed sentence); the source is logged.
     #[error("{message}")]
@@ -51,10 +51,20 @@ pub enum ApiError {
         #[source]
         source: BoxError,
     },
-    /// 503: a dependency is down; the source is logged, not returned.
+    /// 503: a dependency is down; the source is logged, not returned. Try again in
+    /// [`RETRY_UNAVAILABLE_SECS`].
     #[error("service temporarily unavailable")]
     Unavailable(#[source] BoxError),
+    /// 503 for a reason the caller may read, and when to try again.
+    #[error("{message}")]
+    Busy { message: String, retry_after: u64 },
+    /// 503 `profile_links_not_configured`: the deployment makes and opens no profile links.
+    #[error("{0}")]
+    NotConfigured(String),
 }
+
+/// When a caller may try again after a 503 for a dependency being down.
+const RETRY_UNAVAILABLE_SECS: u64 = 5;
 
 impl From<Invalid> for ApiError {
     fn from(e: Invalid) -> Self {
@@ -103,12 +113,24 @@ impl From<ProfileError> for ApiError {
         match e {
             ProfileError::Refused(_) => Self::Forbidden(e.to_string()),
             ProfileError::NotFound => Self::NotFound(e.to_string()),
-            ProfileError::TooMany => Self::TooManyRequests(e.to_string()),
+            ProfileError::TooMany { retry_after } => Self::TooManyRequests {
+                message: e.to_string(),
+                retry_after,
+            },
+            ProfileError::Busy { retry_after } => Self::Busy {
+                message: e.to_string(),
+                retry_after,
+            },
+            ProfileError::NotConfigured => Self::NotConfigured(e.to_string()),
+            ProfileError::Dispatch(DispatchError::Buildkite(BuildkiteError::RateLimited {
+                reset,
+            })) => Self::Busy {
+                message: "Buildkite's rate limit was reached; try again later".into(),
+                retry_after: reset.map_or(60, |r| r.as_secs().max(1)),
+            },
             // Buildkite busy or unreachable: a click may be tried again in a moment.
             ProfileError::Dispatch(DispatchError::Buildkite(
-                source @ (BuildkiteError::Unavailable(_)
-                | BuildkiteError::RateLimited { .. }
-                | BuildkiteError::OverBudget),
+                source @ (BuildkiteError::Unavailable(_) | BuildkiteError::OverBudget),
             )) => Self::Unavailable(source.into()),
             ProfileError::Dispatch(DispatchError::Buildkite(BuildkiteError::Rejected {
                 status: 404 | 410,
@@ -177,16 +199,24 @@ impl ApiError {
             Self::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "too_large"),
             Self::Unprocessable { code, .. } => (StatusCode::UNPROCESSABLE_ENTITY, *code),
             Self::InvalidConfig { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_config"),
-            Self::TooManyRequests(_) => (StatusCode::TOO_MANY_REQUESTS, "rate_limited"),
+            Self::TooManyRequests { .. } => (StatusCode::TOO_MANY_REQUESTS, "rate_limited"),
             Self::BadGateway { .. } => (StatusCode::BAD_GATEWAY, "buildkite_error"),
-            Self::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            Self::Unavailable(_) | Self::Busy { .. } => {
+                (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
+            }
+            Self::NotConfigured(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "profile_links_not_configured",
+            ),
         }
     }
 
     /// Logs a 5xx once, with its sources' chain: the body leaves the cause out.
     fn log(&self) {
         let status = self.status();
-        if !status.is_server_error() {
+        // A 503 we chose (the quota kept, a fetch under way, links off) is no failure.
+        let chosen = matches!(self, Self::Busy { .. } | Self::NotConfigured(_));
+        if !status.is_server_error() || chosen {
             return;
         }
         let error = chain(self);
@@ -207,12 +237,28 @@ impl IntoResponse for ApiError {
             Self::InvalidConfig { field, .. } => Some(field.clone()),
             _ => None,
         };
+        // Every 429 and 503 says when to try again.
+        let retry_after = match &self {
+            Self::TooManyRequests { retry_after, .. } | Self::Busy { retry_after, .. } => {
+                Some(*retry_after)
+            }
+            Self::Unavailable(_) => Some(RETRY_UNAVAILABLE_SECS),
+            // Until someone configures it: a long while.
+            Self::NotConfigured(_) => Some(3600),
+            _ => None,
+        };
         let body = ErrorBody {
             error: code,
             message: self.to_string(),
             field,
         };
-        (status, Json(body)).into_response()
+        let mut response = (status, Json(body)).into_response();
+        if let Some(secs) = retry_after {
+            response
+                .headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, secs.max(1).into());
+        }
+        response
     }
 }
 

@@ -69,7 +69,7 @@ pub(crate) async fn finished_with_zip(
     body["config"]["mode"] = json!(mode);
     body["config"]["benchmarks"] = json!([{"size": 1024}, {"size": 2048}]);
     assert_eq!(app.submit(&body).await.0, StatusCode::ACCEPTED);
-    let number = app.buildkite.builds()[0].number;
+    let number = app.buildkite.builds().last().expect("a build").number;
     let path = "kernelbot-out/profile.0.zip";
     app.buildkite
         .upload(number, path, zip.to_vec(), "finished", false);
@@ -165,19 +165,65 @@ async fn a_profile_s_link_opens_its_zip_and_nothing_else(kind: StoreKind) {
     );
 }
 
-/// Clicks on one run's links are limited; the API's token is never what opens them.
-async fn a_run_s_links_are_rate_limited(kind: StoreKind) {
+/// A burst of clicks on a run's links (120 at once, as a channel looping two links would)
+/// costs Buildkite a call per link, not per click: the storage URL one click obtained is kept
+/// in the store for every instance. Every answer is the file's redirect, or says when to try
+/// again. The API's token is never what opens a link.
+async fn a_burst_of_clicks_costs_buildkite_a_call_per_link(kind: StoreKind) {
     let app = TestApp::spawn(kind).await;
     let link = finished_with_zip(&app, "prof-2", "profile", b"PK").await;
-    let mut statuses = Vec::new();
-    for _ in 0..31 {
-        statuses.push(click(&link).await.0);
+    let downloads = |app: &TestApp| {
+        let calls = app.buildkite.api_calls();
+        calls.iter().filter(|c| c.ends_with("/download")).count()
+    };
+    let before = downloads(&app);
+    let mut clicks = tokio::task::JoinSet::new();
+    for _ in 0..120 {
+        let link = link.clone();
+        clicks.spawn(async move { click(&link).await });
     }
+    let answers = clicks.join_all().await;
+    for (status, location, body) in &answers {
+        match *status {
+            StatusCode::FOUND => {
+                assert!(location.as_ref().is_some_and(|l| l.contains("/storage/")))
+            }
+            StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE => {
+                assert!(
+                    body["message"]
+                        .as_str()
+                        .is_some_and(|m| m.contains("try again")),
+                    "{body}"
+                )
+            }
+            other => panic!("{other}: {body}"),
+        }
+    }
+    let found = answers.iter().filter(|a| a.0 == StatusCode::FOUND).count();
+    let other: Vec<_> = answers
+        .iter()
+        .filter(|a| a.0 != StatusCode::FOUND)
+        .map(|a| (a.0, a.2.to_string()))
+        .take(3)
+        .collect();
+    assert!(found >= 100, "{found} of 120 redirected: {other:?}");
+    let calls = downloads(&app) - before;
     assert!(
-        statuses[..30].iter().all(|s| *s == StatusCode::FOUND),
-        "{statuses:?}"
+        (1..=3).contains(&calls),
+        "{calls} Buildkite calls for 120 clicks"
     );
-    assert_eq!(statuses[30], StatusCode::TOO_MANY_REQUESTS);
+    // Minutes later, from a cold start too: still the kept URL until it nears its expiry.
+    app.advance_clock(Duration::from_secs(8 * 60));
+    assert_eq!(click(&link).await.0, StatusCode::FOUND);
+    assert_eq!(downloads(&app) - before, calls);
+    app.advance_clock(Duration::from_secs(60));
+    assert_eq!(click(&link).await.0, StatusCode::FOUND);
+    assert_eq!(
+        downloads(&app) - before,
+        calls + 1,
+        "a fresh URL near the old one's expiry"
+    );
+
     // The submit token opens nothing without a signature.
     let bare = link.split('?').next().unwrap();
     let resp = reqwest::Client::new()
@@ -190,6 +236,40 @@ async fn a_run_s_links_are_rate_limited(kind: StoreKind) {
         .await
         .unwrap();
     assert_eq!(resp.status(), StatusCode::FORBIDDEN);
+}
+
+/// When Buildkite's quota nears the share kept for submissions and finishes, a click that
+/// would need a call answers 503 with `Retry-After`; a kept URL still opens.
+async fn a_click_leaves_buildkite_s_reserve_to_submissions(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    let link = finished_with_zip(&app, "prof-5", "profile", b"PK").await;
+    let other = finished_with_zip(&app, "prof-6", "profile", b"PK").await;
+    app.buildkite.rate_limit_remaining(19);
+    assert_eq!(
+        click(&link).await.0,
+        StatusCode::FOUND,
+        "the first click spends one"
+    );
+    let resp = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+        .get(&other)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let retry = resp
+        .headers()
+        .get(reqwest::header::RETRY_AFTER)
+        .expect("Retry-After");
+    let secs: u64 = retry.to_str().unwrap().parse().unwrap();
+    assert!((1..=60).contains(&secs), "{secs}");
+    assert_eq!(
+        click(&link).await.0,
+        StatusCode::FOUND,
+        "a kept URL costs nothing"
+    );
 }
 
 /// A private run's Discord message shows neither the tables nor the link.
@@ -322,10 +402,23 @@ async fn real_size_tables_arrive_whole(kind: StoreKind) {
     assert_eq!(kernelbot_decodes(value), TABLES);
 }
 
+/// A deployment without `PROFILE_LINK_SECRET` says so to a link, rather than "not found".
+async fn links_on_a_deployment_without_the_secret_say_so(kind: StoreKind) {
+    let app = TestApp::spawn_with(kind, &[("PROFILE_LINK_SECRET", "")]).await;
+    let url = signed(&app.submit_url, "prof-7", 0, i64::MAX / 2);
+    let resp = reqwest::get(&url).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(resp.headers().contains_key(reqwest::header::RETRY_AFTER));
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["error"], "profile_links_not_configured", "{body}");
+}
+
 on_both_stores!(
+    links_on_a_deployment_without_the_secret_say_so,
+    a_burst_of_clicks_costs_buildkite_a_call_per_link,
+    a_click_leaves_buildkite_s_reserve_to_submissions,
     real_size_tables_arrive_whole,
     a_click_while_buildkite_fails_changes_nothing,
     a_profile_s_link_opens_its_zip_and_nothing_else,
-    a_run_s_links_are_rate_limited,
     a_private_profile_shows_no_link_in_discord
 );

@@ -229,16 +229,13 @@ impl Sandbox {
             .iter()
             .filter_map(|p| CString::new(p.as_os_str().as_bytes()).ok())
             .collect();
-        let uid = id.uid;
         let _ = fork_wait(|| {
-            // SAFETY (all of this closure): raw syscalls only, in the forked child.
-            unsafe {
-                if libc::syscall(libc::SYS_setresuid, uid, uid, uid) != 0 {
-                    return 1;
-                }
-                for n in &names {
-                    libc::unlink(n.as_ptr());
-                }
+            if !become_program(id) {
+                return 1;
+            }
+            for n in &names {
+                // SAFETY: a raw syscall on a path made before the fork.
+                unsafe { libc::unlink(n.as_ptr()) };
             }
             0
         });
@@ -258,16 +255,13 @@ impl Sandbox {
             }
             return;
         };
-        let uid = id.uid;
         let _ = fork_wait(|| {
-            // SAFETY (all of this closure): raw syscalls only, in the forked child.
-            unsafe {
-                if libc::syscall(libc::SYS_setresuid, uid, uid, uid) != 0 {
-                    return 1;
-                }
-                for (from, to) in &pairs {
-                    libc::rename(from.as_ptr(), to.as_ptr());
-                }
+            if !become_program(id) {
+                return 1;
+            }
+            for (from, to) in &pairs {
+                // SAFETY: a raw syscall on paths made before the fork.
+                unsafe { libc::rename(from.as_ptr(), to.as_ptr()) };
             }
             0
         });
@@ -525,6 +519,18 @@ fn device_groups() -> Vec<u32> {
 ///
 /// `f` runs in a child of a possibly multi-threaded process: it must make only
 /// async-signal-safe calls and must not allocate.
+/// In a forked child: takes the program's groups, gid and uid, in that order (groups and
+/// gid while still root, which may set them), so the child holds none of root's groups.
+/// Raw syscalls only: async-signal-safe, and for this thread alone (the child has no other).
+fn become_program(id: &Identity) -> bool {
+    // SAFETY: raw syscalls on data made before the fork.
+    unsafe {
+        libc::syscall(libc::SYS_setgroups, id.groups.len(), id.groups.as_ptr()) == 0
+            && libc::syscall(libc::SYS_setresgid, id.gid, id.gid, id.gid) == 0
+            && libc::syscall(libc::SYS_setresuid, id.uid, id.uid, id.uid) == 0
+    }
+}
+
 fn fork_wait(f: impl FnOnce() -> i32) -> io::Result<i32> {
     // SAFETY: the child only runs `f` (async-signal-safe by contract) and `_exit`s.
     unsafe {
@@ -689,5 +695,29 @@ mod tests {
         // SAFETY: plain syscalls.
         assert_eq!(mine.uid, unsafe { libc::getuid() });
         assert_eq!(mine.ppid, unsafe { libc::getppid() } as u32);
+    }
+
+    #[test]
+    fn a_helper_process_holds_the_program_s_ids_and_none_of_root_s_groups() {
+        // SAFETY: plain syscall.
+        if unsafe { libc::geteuid() } != 0 {
+            return; // only root changes ids; the suite runs as root in CI
+        }
+        let id = Identity {
+            uid: 1_600_000_123,
+            gid: 1_600_000_123,
+            groups: vec![],
+        };
+        let code = fork_wait(|| {
+            if !become_program(&id) {
+                return 1;
+            }
+            let mut groups = [0 as libc::gid_t; 64];
+            // SAFETY: plain syscalls into a buffer of ours.
+            let n = unsafe { libc::getgroups(64, groups.as_mut_ptr()) };
+            let (gid, uid) = unsafe { (libc::getegid(), libc::geteuid()) };
+            i32::from(!(n == 0 && gid == id.gid && uid == id.uid)) * 2
+        });
+        assert_eq!(code.unwrap(), 0, "groups, gid and uid are the program's");
     }
 }

@@ -64,10 +64,21 @@ async fn pass_over(
         .iter()
         .filter(|j| overdue_now(d, j.timeline()).is_some())
         .count();
-    // Reports need no Buildkite call: they go out even when Buildkite work failed.
-    let buildkite = buildkite_work(d, &open, deadline, report).await;
+    // Reports need no Buildkite call: they go out even when Buildkite work failed, and
+    // however long it took, in a share of the pass kept for them.
+    // Buildkite work stops (keeping its own reserve) once only the share is left.
+    let share = deliveries_share(deadline.remaining());
+    let buildkite_deadline = deadline.less(share.saturating_sub(PASS_RESERVE));
+    let buildkite = buildkite_work(d, &open, buildkite_deadline, report).await;
     deliver_owed(d, &open, deadline, report).await?;
     buildkite
+}
+
+/// The part of a pass's remaining time kept for deliveries (their reserve included): a
+/// third, and at least enough for a few sends (all of it when less is left).
+fn deliveries_share(remaining: Duration) -> Duration {
+    let floor = PASS_RESERVE + Duration::from_secs(10);
+    (remaining / 3).max(floor).min(remaining)
 }
 
 /// `d` with each job's sends to a receiver held to one try of a message and a short wait.
@@ -117,9 +128,25 @@ pub fn requested_run(event: &serde_json::Value) -> Result<Option<RunId>, String>
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use serde_json::json;
 
     use super::requested_run;
+
+    #[test]
+    fn deliveries_keep_a_share_of_every_pass() {
+        let s = Duration::from_secs;
+        for (remaining, share) in [
+            (s(117), s(39)),
+            (s(90), s(30)),
+            (s(48), s(20)),
+            (s(30), s(20)),
+            (s(12), s(12)),
+        ] {
+            assert_eq!(super::deliveries_share(remaining), share, "{remaining:?}");
+        }
+    }
 
     #[test]
     fn an_invocation_asks_for_a_pass_or_one_run() {
