@@ -901,6 +901,41 @@ fn profile_mode_runs_each_benchmark_under_the_profiler_and_zips_its_files() {
     }
 }
 
+/// kernelbot's profile options: only the benchmark named is profiled (as `profile.<its
+/// index>`), and Nsight Compute measures the kernels and launches they name.
+#[test]
+fn profile_options_pick_the_benchmark_kernels_and_launches() {
+    let stand_ins = gpu_stand_ins("gpu-nvidia");
+    let dir = checkout();
+    let path = format!(
+        "{}:/usr/local/bin:/usr/bin:/bin",
+        stand_ins.path().display()
+    );
+    let mut profiled = config("pass", "profile");
+    profiled["profile_options"] = json!({"benchmark_index": 1, "ncu_kernel_name": "regex:gemm.*",
+        "ncu_kernel_name_base": "demangled", "ncu_launch_count": 3});
+    let vars = [
+        ("KERNELBOT_PAYLOAD", payload::encode(&profiled).unwrap()),
+        ("PATH", path),
+    ];
+    let r = run_in(dir.path(), &vars, None);
+    let result = r.result.unwrap_or_else(|| panic!("{}", r.stdout));
+    assert!(result.success, "{}", result.error);
+    assert_eq!(result.runs.keys().collect::<Vec<_>>(), ["profile.1"]);
+    let run = result.runs["profile.1"].run.as_ref().unwrap();
+    assert_eq!(run.value("profile.0.spec").as_deref(), Some("size: 16384"));
+    let entries = zip_entries(&dir.path().join("profile.1.zip"));
+    let report = entries
+        .values()
+        .map(|b| String::from_utf8_lossy(b).into_owned())
+        .find(|t| t.starts_with("NCU-REP"))
+        .expect("the report in the zip");
+    assert!(
+        report.contains("OPTIONS=--set full --nvtx --nvtx-include custom_kernel/ --import-source 1 -k regex:gemm.* --kernel-name-base demangled -c 3 -o "),
+        "{report}"
+    );
+}
+
 /// Profile mode where no profiler can run (no GPU tools on PATH): a clear failure, no runs.
 #[test]
 fn profile_mode_without_a_gpu_runtime_says_so() {

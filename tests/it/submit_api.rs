@@ -199,6 +199,18 @@ async fn a_config_the_runner_would_refuse_gets_422_and_takes_no_gpu() {
                 "config.test_timeout",
                 "positive number of seconds",
             ),
+            (
+                json!({"lang": "py", "mode": "profile", "main": "eval.py", "sources": {"eval.py": ""},
+                    "benchmarks": [{"size": 1}], "profile_options": {"ncu_launch_count": 1000}}),
+                "config.profile_options.ncu_launch_count",
+                "must be 1 to 100",
+            ),
+            (
+                json!({"lang": "py", "mode": "profile", "main": "eval.py", "sources": {"eval.py": ""},
+                    "benchmarks": [{"size": 1}], "profile_options": {"benchmark_index": 1}}),
+                "config.profile_options.benchmark_index",
+                "one of the 1 benchmarks",
+            ),
         ] {
             let mut body = submission("bad-config");
             body["config"] = config;

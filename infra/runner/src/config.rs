@@ -4,6 +4,8 @@ use std::collections::BTreeMap;
 
 use serde_json::{Map, Value};
 
+use crate::profile_options::ProfileOptions;
+
 /// Kernelbot's default per-mode timeout (seconds).
 pub(super) const DEFAULT_TIMEOUT_SECS: u64 = 180;
 /// How long one compile (nvcc, or the warm-up run of a Python submission) may take.
@@ -36,6 +38,8 @@ pub struct EvalConfig {
     pub include_dirs: Vec<String>,
     pub libraries: Vec<String>,
     pub compile_flags: Vec<String>,
+    /// Profile mode only: the benchmark, kernels and launches profiled.
+    pub profile_options: ProfileOptions,
 }
 
 const MODES: &[&str] = &["test", "benchmark", "profile", "leaderboard", "private"];
@@ -248,6 +252,9 @@ impl EvalConfig {
         let main = text("main");
         check_main(&lang, main.as_deref(), &sources)?;
         let defines = defines(obj.get("defines"))?;
+        let benchmarks = cases(obj.get("benchmarks"), "benchmarks")?;
+        let profile_options =
+            ProfileOptions::from_json(obj.get("profile_options"), benchmarks.len())?;
         Ok(Self {
             lang,
             mode,
@@ -255,7 +262,7 @@ impl EvalConfig {
             main,
             headers,
             tests: cases(obj.get("tests"), "tests")?,
-            benchmarks: cases(obj.get("benchmarks"), "benchmarks")?,
+            benchmarks,
             test_timeout: timeout(obj, "test_timeout")?,
             benchmark_timeout: timeout(obj, "benchmark_timeout")?,
             ranked_timeout: timeout(obj, "ranked_timeout")?,
@@ -270,17 +277,22 @@ impl EvalConfig {
             include_dirs: strings(obj.get("include_dirs"), "include_dirs")?,
             libraries: strings(obj.get("libraries"), "libraries")?,
             compile_flags: strings(obj.get("compile_flags"), "compile_flags")?,
+            profile_options,
         })
     }
 
     /// The cases file for one evaluation mode and its timeout, as kernelbot's
     /// `run_single_evaluation` chooses them.
-    /// Profile mode's runs: one per benchmark, each its own cases file, with the benchmark
-    /// timeout (as kernelbot profiles).
-    pub(crate) fn profile_cases(&self) -> Vec<(String, u64)> {
+    /// Profile mode's runs: one per benchmark (or only `profile_options.benchmark_index`),
+    /// each its own cases file, with the benchmark timeout (as kernelbot profiles), by the
+    /// benchmark's index.
+    pub(crate) fn profile_cases(&self) -> Vec<(usize, String, u64)> {
+        let only = self.profile_options.benchmark_index;
         build_test_string(&self.benchmarks)
             .split_inclusive('\n')
-            .map(|line| (line.to_owned(), self.benchmark_timeout))
+            .enumerate()
+            .filter(|(i, _)| only.is_none_or(|o| o == *i))
+            .map(|(i, line)| (i, line.to_owned(), self.benchmark_timeout))
             .collect()
     }
 

@@ -187,8 +187,7 @@ fn profile_runs(
     let cases = config.profile_cases();
     cases
         .into_iter()
-        .enumerate()
-        .map(|(i, (cases, timeout))| {
+        .map(|(i, cases, timeout)| {
             let step = Step {
                 mode: "profile",
                 cases,
@@ -341,7 +340,7 @@ fn evaluate(eval: &Evaluation, config: &EvalConfig, step: Step, device_count: i6
     let out = work.join(PROFILE_DIR);
     if let Some((profiler, _)) = step.profile {
         env.push(profiler.env());
-        args = profiler.wrap(&out, &args);
+        args = profiler.wrap(&out, &config.profile_options, &args);
     }
     let mut run = eval.run(&args, work, &env, Duration::from_secs(step.timeout));
     let profile = step

@@ -15,6 +15,7 @@ mod eval;
 pub mod payload;
 mod process;
 mod profile;
+mod profile_options;
 pub mod result;
 mod sandbox;
 mod system;
@@ -27,6 +28,7 @@ use crate::payload::PayloadError;
 use crate::result::FullResult;
 
 pub use config::{EvalConfig, InvalidConfig};
+pub use profile_options::ProfileOptions;
 use sandbox::{Sandbox, SandboxReport};
 
 /// The whole evaluation's time: every compile and run of every mode together. The pipeline

@@ -9,6 +9,8 @@ use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+use crate::profile_options::ProfileOptions;
+
 /// The largest profile zip kept as an artifact.
 pub(crate) const MAX_ZIP_BYTES: u64 = 64 * 1024 * 1024;
 /// The most a zip reads of the profiler's files (they compress well; a sparse file would not
@@ -58,8 +60,14 @@ impl Profiler {
         }
     }
 
-    /// `program` wrapped in the profiler, its files going to `out`.
-    pub(super) fn wrap(self, out: &Path, program: &[String]) -> Vec<String> {
+    /// `program` wrapped in the profiler, its files going to `out`; Nsight Compute measures
+    /// the kernels and launches `options` name (kernelbot's `-c 10` by default).
+    pub(super) fn wrap(
+        self,
+        out: &Path,
+        options: &ProfileOptions,
+        program: &[String],
+    ) -> Vec<String> {
         let out = out.to_string_lossy();
         let mut args: Vec<String> = match self {
             Self::NsightCompute => [
@@ -71,13 +79,11 @@ impl Profiler {
                 "custom_kernel/",
                 "--import-source",
                 "1",
-                "-c",
-                "10",
-                "-o",
             ]
             .iter()
             .map(|s| (*s).to_owned())
-            .chain([format!("{out}/profile.ncu-rep"), "--".into()])
+            .chain(options.ncu_args())
+            .chain(["-o".into(), format!("{out}/profile.ncu-rep"), "--".into()])
             .collect(),
             Self::RocProf => [
                 "rocprofv3",
@@ -397,17 +403,21 @@ mod tests {
     #[test]
     fn each_runtime_has_kernelbots_profiler_command() {
         let program = ["python3".to_owned(), "eval.py".to_owned()];
-        let ncu = Profiler::for_runtime("CUDA")
-            .unwrap()
-            .wrap(Path::new("/w/p"), &program);
+        let ncu = Profiler::for_runtime("CUDA").unwrap().wrap(
+            Path::new("/w/p"),
+            &ProfileOptions::default(),
+            &program,
+        );
         assert_eq!(
             ncu.join(" "),
             "ncu --set full --nvtx --nvtx-include custom_kernel/ --import-source 1 -c 10 \
              -o /w/p/profile.ncu-rep -- python3 eval.py"
         );
-        let roc = Profiler::for_runtime("ROCm")
-            .unwrap()
-            .wrap(Path::new("/w/p"), &program);
+        let roc = Profiler::for_runtime("ROCm").unwrap().wrap(
+            Path::new("/w/p"),
+            &ProfileOptions::default(),
+            &program,
+        );
         assert!(
             roc.join(" ")
                 .starts_with("rocprofv3 --log-level fatal --hip-trace")

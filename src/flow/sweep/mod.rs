@@ -66,8 +66,17 @@ async fn pass_over(
         .count();
     // Reports need no Buildkite call: they go out even when Buildkite work failed, and
     // however long it took, in a share of the pass kept for them.
-    // Buildkite work stops (keeping its own reserve) once only the share is left.
-    let share = deliveries_share(deadline.remaining());
+    // Buildkite work stops (keeping its own reserve) once only the share is left, when
+    // anything is owed at all.
+    let owed = open
+        .iter()
+        .any(|j| Channel::ALL.into_iter().any(|c| j.owes(c)))
+        || !d.store.list(Shard::Outbox, 0, 1).await?.is_empty();
+    let share = if owed {
+        deliveries_share(deadline.remaining())
+    } else {
+        Duration::ZERO
+    };
     let buildkite_deadline = deadline.less(share.saturating_sub(PASS_RESERVE));
     let buildkite = buildkite_work(d, &open, buildkite_deadline, report).await;
     deliver_owed(d, &open, deadline, report).await?;
