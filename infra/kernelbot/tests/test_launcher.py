@@ -390,6 +390,66 @@ async def test_queue_status_ignores_counts_that_are_not_counts():
     assert (status.queued_jobs, status.running_jobs, status.available_runners) == (None, None, None)
 
 
+def raising(error: Exception):
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise error
+
+    return handler
+
+
+def answering(status: int, content: bytes):
+    return lambda request: httpx.Response(status, content=content)
+
+
+@pytest.mark.parametrize(
+    "handler, reason",
+    [
+        (answering(200, b"[1, 2]"), "answered 200 without a JSON object"),
+        (answering(200, b"null"), "answered 200 without a JSON object"),
+        (answering(200, b'"busy"'), "answered 200 without a JSON object"),
+        (answering(200, b"<html>ok</html>"), "answered 200 without a JSON object"),
+        (answering(200, b"\xff\xfe{"), "answered 200 without a JSON object"),
+        (answering(200, b""), "answered 200 without a JSON object"),
+        (answering(500, b"<html>Internal Server Error</html>"), "answered 500"),
+        (answering(503, b'{"error": "unavailable"}'), "(503 unavailable)"),
+        (raising(httpx.ReadTimeout("timed out")), "unreachable: timed out"),
+        (raising(httpx.ConnectError("refused")), "unreachable: refused"),
+        (raising(httpx.RemoteProtocolError("bad")), "unreachable: bad"),
+        (raising(KeyError("jobs")), "KeyError"),
+        (raising(TypeError("not a mapping")), "TypeError: not a mapping"),
+        (raising(ValueError("bad value")), "ValueError: bad value"),
+        (raising(asyncio.TimeoutError()), "TimeoutError"),
+        (raising(RuntimeError("a bug")), "RuntimeError: a bug"),
+    ],
+)
+async def test_queue_status_never_raises_and_says_why_it_is_unavailable(handler, reason):
+    http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    launch = DispatchLauncher("http://dispatch.test", TOKEN, MemoryInbox(), http=http)
+    try:
+        status = await launch.get_queue_status("H100_BK")
+    finally:
+        await http.aclose()
+    assert (status.runner, status.gpu, status.status) == ("Dispatch", "H100_BK", "unavailable")
+    assert (status.queued_jobs, status.running_jobs, status.available_runners) == (None,) * 3
+    assert reason in status.error
+
+
+async def test_queue_status_of_a_gpu_it_cannot_name_is_unavailable_not_an_exception():
+    class Unnamed:
+        @property
+        def name(self):
+            raise RuntimeError("no name")
+
+    http = httpx.AsyncClient(transport=httpx.MockTransport(answering(200, b"{}")))
+    launch = DispatchLauncher("http://dispatch.test", TOKEN, MemoryInbox(), http=http)
+    try:
+        status = await launch.get_queue_status(Unnamed())
+    finally:
+        await http.aclose()
+    assert (status.runner, status.gpu, status.status) == ("Dispatch", "?", "unavailable")
+    assert "cannot name the GPU: RuntimeError: no name" in status.error
+
+
 async def test_a_callback_received_by_another_process_reaches_the_waiting_launcher(tmp_path: Path):
     """Process A serves the callback route on SqliteInbox(file); this process's launcher
     waits on its own SqliteInbox(same file). The fake API sends the signed callbacks, as

@@ -169,8 +169,22 @@ class DispatchLauncher(_Base):
     async def get_queue_status(self, gpu: Any, config: dict | None = None) -> RunnerQueueStatus:
         """kernelbot's ``RunnerQueueStatus`` for the queue behind ``gpu`` (``config`` is not
         needed: one queue serves a GPU): jobs queued and running, idle connected agents;
-        ``status="unavailable"`` with the reason when the service cannot say."""
-        name = gpu_name(gpu)
+        ``status="unavailable"`` with the reason when the service cannot say. It never
+        raises: whatever goes wrong (no answer, an error status, a body that is not a JSON
+        object, a bug) is an unavailable status naming it."""
+        try:
+            name = gpu_name(gpu)
+        except Exception as e:
+            reason = f"cannot name the GPU: {type(e).__name__}: {e}"
+            return queue_status.unavailable(self.name, "?", reason)
+        try:
+            return await self._queue_status(name)
+        except Exception as e:
+            log.warning("queue status of %s", name, exc_info=True)
+            reason = f"cannot read kernelbot-dispatch's queue status: {type(e).__name__}: {e}"
+            return queue_status.unavailable(self.name, name, reason)
+
+    async def _queue_status(self, name: str) -> RunnerQueueStatus:
         try:
             answer = await self._http.get(
                 f"{self.api_url}/queues/{name}", headers=self._auth, timeout=self.request_timeout
@@ -180,7 +194,14 @@ class DispatchLauncher(_Base):
             return queue_status.unavailable(self.name, name, reason)
         if answer.status_code != 200:
             return queue_status.unavailable(self.name, name, _api_error(answer)[1])
-        return queue_status.available(self.name, name, _json_object(answer))
+        try:
+            body = answer.json()
+        except ValueError:  # not JSON, or not UTF-8
+            body = None
+        if not isinstance(body, dict):
+            reason = "kernelbot-dispatch answered 200 without a JSON object"
+            return queue_status.unavailable(self.name, name, reason)
+        return queue_status.available(self.name, name, body)
 
     # -- submitting ------------------------------------------------------------------------
 
