@@ -240,6 +240,105 @@ async def test_an_ending_without_a_result_is_a_failed_result_with_the_reason():
     assert (failed.success, failed.error) == (False, "Buildkite did not create the build")
 
 
+QUICK = {**CONFIG, "test_timeout": 1}
+
+
+async def test_a_run_that_never_ends_is_given_up_at_its_deadline_and_canceled():
+    # The service accepts the run and then it never moves: no callback, a view that stays
+    # `running`. The deadline: 0.3 s queue + 1 s test timeout + 0.2 s margin.
+    fake = FakeApi()
+
+    async def on_submit(run_id: str) -> None:
+        fake.views[run_id] = job_view(run_id, "running")
+
+    fake.on_submit = on_submit
+    status = RecordingStatus()
+    with ServerThread(fake) as api:
+        launch = launcher(api, MemoryInbox(), queue_timeout=0.3, deadline_margin=0.2)
+        assert launch.deadline_for(QUICK) == pytest.approx(1.5)
+        started = time.monotonic()
+        try:
+            result = await asyncio.wait_for(
+                launch.run_submission(dict(QUICK), "H100_BK", status), 20
+            )
+        finally:
+            await launch.aclose()
+        took = time.monotonic() - started
+    run_id = fake.requests[0].json["run_id"]
+    assert result.success is False and result.runs == {}
+    assert "no result in time" in result.error and run_id in result.error
+    assert "running" in result.error
+    assert 1.4 <= took < 6, took
+    assert [(r.method, r.path) for r in fake.requests] == [
+        ("POST", "/submissions"),
+        ("GET", f"/submissions/{run_id}"),
+        ("POST", f"/submissions/{run_id}/cancel"),
+    ]
+    assert status.lines[-1] == "❌ No result in time on H100_BK: canceled"
+
+
+async def test_at_its_deadline_a_run_that_ended_without_a_callback_gives_its_result():
+    fake = FakeApi()
+
+    async def on_submit(run_id: str) -> None:
+        fake.views[run_id] = job_view(run_id, "finished", FULL_RESULT)
+
+    fake.on_submit = on_submit
+    with ServerThread(fake) as api:
+        launch = launcher(api, MemoryInbox(), queue_timeout=0.1, deadline_margin=0.1)
+        result = await asyncio.wait_for(
+            launch.run_submission(dict(QUICK), "H100_BK", RecordingStatus()), 20
+        )
+        await launch.aclose()
+    assert full_result_to_json(result) == FULL_RESULT
+    assert fake.paths("POST") == ["/submissions"]  # nothing canceled
+    assert len(fake.paths("GET")) == 1
+
+
+@pytest.mark.parametrize(
+    "config, evaluation",
+    [
+        ({"mode": "test"}, 180),
+        ({"mode": "test", "test_timeout": 60, "benchmark_timeout": 999}, 60),
+        ({"mode": "benchmark", "benchmark_timeout": 90.5}, 90.5),
+        (dict(mode="leaderboard", test_timeout=30, benchmark_timeout=60, ranked_timeout=90), 180),
+        ({"mode": "private"}, 540),
+        ({"mode": "profile", "benchmarks": [{}, {}, {}], "benchmark_timeout": 100}, 300),
+        ({"mode": "profile"}, 180),
+        # The runner clamps every timeout, and the whole evaluation, to its 16 minutes.
+        ({"mode": "leaderboard", "test_timeout": 5000}, 960),
+        ({"mode": "test", "test_timeout": 10**9}, 960),
+        # What the runner would refuse or read as missing: kernelbot's default.
+        ({"mode": "test", "test_timeout": -5}, 180),
+        ({"mode": "test", "test_timeout": "60"}, 180),
+        ({"mode": "test", "test_timeout": True}, 180),
+        ({"mode": "test", "test_timeout": float("nan")}, 180),
+        ({"mode": "test", "test_timeout": None}, 180),
+        ("not a config", 960),
+    ],
+)
+def test_the_deadline_is_the_queue_wait_the_configs_timeouts_and_a_margin(config, evaluation):
+    launch = DispatchLauncher("http://dispatch.test", TOKEN, MemoryInbox())
+    assert launch.deadline_for(config) == 900 + evaluation + 900
+    own_queue = DispatchLauncher(
+        "http://dispatch.test", TOKEN, MemoryInbox(), max_queue_secs=60, deadline_margin=30
+    )
+    assert own_queue.deadline_for(config) == 60 + evaluation + 30
+
+
+async def test_max_queue_secs_is_sent_with_the_submission():
+    inbox = MemoryInbox()
+
+    async def on_submit(run_id: str) -> None:
+        await inbox.put(event(run_id, "finished"))
+
+    fake = FakeApi(on_submit=on_submit)
+    with ServerThread(fake) as api:
+        result = await run(launcher(api, inbox, max_queue_secs=120))
+    assert result.success is True
+    assert fake.requests[0].json["max_queue_secs"] == 120
+
+
 async def submitted(launch: DispatchLauncher, fake: FakeApi) -> asyncio.Task:
     """A running submission's task, once its POST has reached `fake`."""
     task = asyncio.create_task(launch.run_submission(dict(CONFIG), "H100_BK", RecordingStatus()))

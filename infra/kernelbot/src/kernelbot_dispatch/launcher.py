@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import math
 import random
 import uuid
 from typing import Any
@@ -40,6 +41,17 @@ log = logging.getLogger(__name__)
 
 #: Statuses worth another try with the same run id (the API's idempotency key).
 RETRYABLE = {429, 500, 502, 503, 504}
+
+#: kernelbot's timeout for a mode the config gives none (the runner's default too).
+DEFAULT_MODE_TIMEOUT = 180.0
+#: The runner's budget for one whole evaluation, every compile and run: no config makes
+#: it run longer (it clamps each timeout to it, and stops there).
+EVALUATION_BUDGET = 16 * 60.0
+#: The service's ``QUEUE_TIMEOUT_SECS`` by default: how long a build may wait for an agent.
+QUEUE_TIMEOUT = 900.0
+#: What a run may take beyond its queue wait and its config's timeouts: the image pull,
+#: compiles, the upload, the service's processing and callback, an agent-lost retry.
+DEADLINE_MARGIN = 900.0
 
 
 class DispatchError(Exception):
@@ -87,6 +99,38 @@ def _json_object(answer: httpx.Response) -> dict[str, Any]:
     return body if isinstance(body, dict) else {}
 
 
+def _mode_timeout(config: dict, key: str) -> float:
+    """One of the config's timeouts as the runner reads it: a positive number of seconds
+    (clamped to the evaluation's budget), else kernelbot's default."""
+    value = config.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return DEFAULT_MODE_TIMEOUT
+    if not math.isfinite(value) or value <= 0:
+        return DEFAULT_MODE_TIMEOUT
+    return min(float(value), EVALUATION_BUDGET)
+
+
+def evaluation_secs(config: Any) -> float:
+    """How long the runner may take over ``config``: the timeouts of the modes it runs
+    (a leaderboard or private run: test, benchmark and ranked; profile: the benchmark
+    timeout per benchmark), at most the runner's whole budget."""
+    if not isinstance(config, dict):
+        return EVALUATION_BUDGET
+    mode = config.get("mode")
+    if mode == "test":
+        total = _mode_timeout(config, "test_timeout")
+    elif mode == "benchmark":
+        total = _mode_timeout(config, "benchmark_timeout")
+    elif mode == "profile":
+        benchmarks = config.get("benchmarks")
+        runs = len(benchmarks) if isinstance(benchmarks, list) else 1
+        total = _mode_timeout(config, "benchmark_timeout") * max(1, runs)
+    else:  # leaderboard, private
+        keys = ("test_timeout", "benchmark_timeout", "ranked_timeout")
+        total = sum(_mode_timeout(config, key) for key in keys)
+    return min(total, EVALUATION_BUDGET)
+
+
 def _link(build: Any) -> str:
     if isinstance(build, dict) and build.get("web_url"):
         return f"build [#{build.get('number')}](<{build['web_url']}>)"
@@ -98,6 +142,12 @@ class DispatchLauncher(_Base):
 
     ``http`` may be a shared ``httpx.AsyncClient``; the token is sent per request. Without
     one the launcher makes its own (close it with :meth:`aclose`).
+
+    A run that has not ended by its deadline (:meth:`deadline_for`: the queue's wait,
+    ``max_queue_secs`` when set, else the service's ``queue_timeout``; plus the config's
+    timeouts; plus ``deadline_margin``) is looked up once more, then canceled, and
+    ``run_submission`` returns a failed result instead of waiting on. ``max_queue_secs``,
+    when set, is sent with each submission (the service takes 1 to 3600).
     """
 
     def __init__(
@@ -116,6 +166,9 @@ class DispatchLauncher(_Base):
         request_timeout: float = 30.0,
         cancel_timeout: float = 5.0,
         cancel_window: float = 60.0,
+        queue_timeout: float = QUEUE_TIMEOUT,
+        max_queue_secs: int | None = None,
+        deadline_margin: float = DEADLINE_MARGIN,
     ):
         super().__init__(name=name, gpus=gpus or DispatchGPU)
         self.api_url = api_url.rstrip("/")
@@ -130,6 +183,9 @@ class DispatchLauncher(_Base):
         self._own_http = http is None
         self._http = http or httpx.AsyncClient(timeout=request_timeout)
         self.cancel_window = cancel_window
+        self.queue_timeout = queue_timeout
+        self.max_queue_secs = max_queue_secs
+        self.deadline_margin = deadline_margin
         self._cancels: set[asyncio.Task] = set()
 
     async def aclose(self) -> None:
@@ -150,6 +206,7 @@ class DispatchLauncher(_Base):
         """
         run_id = new_run_id()
         gpu = gpu_name(gpu_type)
+        deadline = asyncio.get_running_loop().time() + self.deadline_for(config)
         await status.push(f"⏳ Submitting to kernelbot-dispatch ({gpu})")
         try:
             try:
@@ -161,10 +218,16 @@ class DispatchLauncher(_Base):
                 return failed_result(str(e))
             await self._show_accepted(accepted, gpu, status)
             ended = STATE_RANK.get(str(accepted.get("state")), 0) >= TERMINAL_RANK
-            return await self._follow(run_id, gpu, status, poll_now=ended)
+            return await self._follow(run_id, gpu, status, deadline, poll_now=ended)
         except asyncio.CancelledError:
             await self._cancel(run_id)
             raise
+
+    def deadline_for(self, config: Any) -> float:
+        """Seconds ``run_submission`` waits for ``config``'s run before giving it up: the
+        queue's wait, the evaluation's (:func:`evaluation_secs`) and the margin."""
+        queue = self.max_queue_secs if self.max_queue_secs is not None else self.queue_timeout
+        return queue + evaluation_secs(config) + self.deadline_margin
 
     async def get_queue_status(self, gpu: Any, config: dict | None = None) -> RunnerQueueStatus:
         """kernelbot's ``RunnerQueueStatus`` for the queue behind ``gpu`` (``config`` is not
@@ -207,7 +270,9 @@ class DispatchLauncher(_Base):
 
     async def _submit(self, run_id: str, gpu: str, config: dict) -> dict[str, Any]:
         """POSTs the submission, retrying what may pass later; the 200/202 answer's body."""
-        body = {"run_id": run_id, "gpu": gpu, "config": config}
+        body: dict[str, Any] = {"run_id": run_id, "gpu": gpu, "config": config}
+        if self.max_queue_secs is not None:
+            body["max_queue_secs"] = self.max_queue_secs
         problem = "no attempt made"
         answer: httpx.Response | None = None
         # Whether an attempt may have recorded the job (and built it) before failing: one
@@ -296,21 +361,25 @@ class DispatchLauncher(_Base):
     # -- waiting ---------------------------------------------------------------------------
 
     async def _follow(
-        self, run_id: str, gpu: str, status: Any, *, poll_now: bool = False
+        self, run_id: str, gpu: str, status: Any, deadline: float, *, poll_now: bool = False
     ) -> FullResult:
         """Waits for the run's end: callbacks first, polling after ``fallback_after`` s of
-        silence (at once with ``poll_now``: a repeated run id whose job has ended). Every
-        newer state, from either, updates the status line."""
+        silence (at once with ``poll_now``: a repeated run id whose job has ended), until
+        ``deadline`` (the loop's clock). Every newer state, from either, updates the status
+        line."""
         loop = asyncio.get_running_loop()
         rank = STATE_RANK["submitted"]
         last_news = loop.time()
         next_poll: float | None = last_news if poll_now else None
         while True:
             now = loop.time()
+            if now >= deadline:
+                return await self._give_up(run_id, gpu, status, rank)
             if next_poll is None and now - last_news >= self.fallback_after:
                 log.info("no callback for %s in %.0f s: polling", run_id, now - last_news)
                 next_poll = now
             until = next_poll if next_poll is not None else last_news + self.fallback_after
+            until = min(until, deadline)
             try:
                 event = await self.inbox.wait(run_id, rank, max(0.0, until - now))
             except Exception:  # a store hiccup must not lose the run: polling still works
@@ -332,6 +401,23 @@ class DispatchLauncher(_Base):
                     await self._show(view, gpu, status)
                     if rank >= TERMINAL_RANK:
                         return _result_of_view(view)
+
+    async def _give_up(self, run_id: str, gpu: str, status: Any, rank: int) -> FullResult:
+        """The deadline passed: one last look at the run (its end may have come without a
+        callback), else cancel it (nobody will read its result) and say so."""
+        view = await self._poll(run_id) or {}
+        if STATE_RANK.get(str(view.get("state")), -1) >= TERMINAL_RANK:
+            await self._show(view, gpu, status)
+            return _result_of_view(view)
+        log.warning("run %s has not ended by its deadline: canceling it", run_id)
+        await self._cancel(run_id)
+        state = view.get("state") or next(s for s, r in STATE_RANK.items() if r == rank)
+        error = (
+            f"kernelbot-dispatch gave no result in time: run {run_id} was still {state} at "
+            f"its deadline, and was canceled"
+        )
+        await status.update(f"❌ No result in time on {gpu}: canceled")
+        return failed_result(error)
 
     async def _poll(self, run_id: str) -> dict[str, Any] | None:
         try:
