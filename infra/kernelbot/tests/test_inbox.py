@@ -46,6 +46,26 @@ async def test_a_waiter_wakes_when_a_newer_state_arrives(inbox):
     assert got.state == "running"
 
 
+async def test_ended_runs_nobody_took_are_listed_until_taken(inbox):
+    await inbox.put(event("kb-open", "running"))
+    await inbox.put(event("kb-done", "finished"))
+    await inbox.put(event("kb-failed", "failed"))
+    listed = await inbox.untaken()
+    assert [(e.run_id, e.state) for e in listed] == [
+        ("kb-done", "finished"),
+        ("kb-failed", "failed"),
+    ]
+    assert listed[0].data["result"]["success"] is True
+    assert await inbox.untaken(min_age=60) == []  # not yet settled
+    assert await inbox.take("kb-done")
+    assert not await inbox.take("kb-done")  # once only
+    assert [e.run_id for e in await inbox.untaken()] == ["kb-failed"]
+    # A run taken before its callback came (its result was polled) is not listed either.
+    assert await inbox.take("kb-polled")
+    await inbox.put(event("kb-polled", "finished"))
+    assert [e.run_id for e in await inbox.untaken()] == ["kb-failed"]
+
+
 async def test_memory_inbox_wakes_a_waiter_on_another_threads_loop():
     inbox = MemoryInbox()
     waiter = asyncio.create_task(inbox.wait("kb-1", 0, timeout=5))
@@ -72,11 +92,16 @@ async def test_old_runs_are_pruned(tmp_path):
     sqlite = SqliteInbox(tmp_path / "prune.sqlite3", retention=0.05)
     memory = MemoryInbox(retention=0.05)
     for inbox in (sqlite, memory):
-        await inbox.put(event("kb-old", "running"))
+        await inbox.put(event("kb-old", "finished"))
+        await inbox.take("kb-taken-old")
         await asyncio.sleep(0.1)
         await inbox.put(event("kb-new", "running"))
+        await inbox.take("kb-taken-new")
         assert await inbox.wait("kb-old", 0, timeout=0) is None
         assert await inbox.wait("kb-new", 0, timeout=0) is not None
+        assert await inbox.untaken() == []
+        assert await inbox.take("kb-taken-old")  # forgotten: taken again
+        assert not await inbox.take("kb-taken-new")
     capped = MemoryInbox(max_runs=2)
     for n in range(3):
         await capped.put(event(f"kb-{n}", "running"))

@@ -489,6 +489,100 @@ async def test_queue_status_ignores_counts_that_are_not_counts():
     assert (status.queued_jobs, status.running_jobs, status.available_runners) == (None, None, None)
 
 
+async def test_kernelbot_may_name_the_run_and_the_returned_run_is_taken():
+    inbox = MemoryInbox()
+
+    async def on_submit(run_id: str) -> None:
+        await inbox.put(event(run_id, "finished"))
+
+    fake = FakeApi(on_submit=on_submit)
+    with ServerThread(fake) as api:
+        launch = launcher(api, inbox)
+        result = await launch.run_submission(
+            dict(CONFIG), "H100_BK", RecordingStatus(), run_id="kb-42-H100_BK-leaderboard"
+        )
+        assert result.success is True
+        assert fake.requests[0].json["run_id"] == "kb-42-H100_BK-leaderboard"
+        # kernelbot has had it: a recovery after a restart does not hand it over again.
+        assert await launch.recover(settle=0) == {}
+        await launch.aclose()
+
+
+async def test_recover_returns_the_runs_that_ended_while_kernelbot_was_down(tmp_path: Path):
+    path = tmp_path / "inbox.sqlite3"
+    # kernelbot was down; the callback route (another process) recorded two endings and a
+    # run still going.
+    route = SqliteInbox(path)
+    await route.put(event("kb-7-H100_BK-test", "finished"))
+    await route.put(event("kb-8-H100_BK-test", "failed", error="Buildkite refused the build"))
+    await route.put(event("kb-9-H100_BK-test", "running"))
+    # kernelbot starts again: a new launcher on the same inbox.
+    launch = DispatchLauncher("http://dispatch.test", TOKEN, SqliteInbox(path))
+    try:
+        assert await launch.recover() == {}  # not settled: a launcher may still take them
+        recovered = await launch.recover(settle=0)
+        assert list(recovered) == ["kb-7-H100_BK-test", "kb-8-H100_BK-test"]
+        assert full_result_to_json(recovered["kb-7-H100_BK-test"]) == FULL_RESULT
+        failed = recovered["kb-8-H100_BK-test"]
+        assert (failed.success, failed.error) == (False, "Buildkite refused the build")
+        assert await launch.recover(settle=0) == {}  # handed over once
+        # Another process recovering at the same time gets none of them twice either.
+        other = DispatchLauncher("http://dispatch.test", TOKEN, SqliteInbox(path))
+        await route.put(event("kb-9-H100_BK-test", "finished"))
+        both = await asyncio.gather(other.recover(settle=0), launch.recover(settle=0))
+        assert sorted(run for got in both for run in got) == ["kb-9-H100_BK-test"]
+        await other.aclose()
+    finally:
+        await launch.aclose()
+
+
+async def test_recover_by_run_id_reads_the_inbox_then_asks_the_service():
+    inbox = MemoryInbox()
+    await inbox.put(event("kb-called-back", "finished"))
+    await inbox.take("kb-called-back")  # returned once already: kernelbot asks all the same
+    fake = FakeApi()
+    fake.views["kb-polled"] = job_view("kb-polled", "finished", FULL_RESULT)
+    fake.views["kb-running"] = job_view("kb-running", "running")
+    fake.views["kb-timed-out"] = {
+        **job_view("kb-timed-out", "finished"),
+        "verdict": "queue_timeout",
+        "result": {
+            "verdict": "queue_timeout",
+            "build_state": "canceled",
+            "error": QUEUE_TIMEOUT,
+            "result": None,
+        },
+    }
+    with ServerThread(fake) as api:
+        launch = launcher(api, inbox)
+        ids = ["kb-called-back", "kb-polled", "kb-running", "kb-unknown", "kb-timed-out"]
+        recovered = await launch.recover(ids + ["kb-polled"])
+        await launch.aclose()
+    assert list(recovered) == ["kb-called-back", "kb-polled", "kb-timed-out"]
+    assert full_result_to_json(recovered["kb-called-back"]) == FULL_RESULT
+    assert full_result_to_json(recovered["kb-polled"]) == FULL_RESULT
+    timed_out = recovered["kb-timed-out"]
+    assert (timed_out.success, timed_out.error) == (False, QUEUE_TIMEOUT)
+    assert sorted(fake.paths("GET")) == sorted(f"/submissions/{r}" for r in ids[1:])
+    assert not await inbox.take("kb-polled")  # recorded as taken
+
+
+async def test_recover_without_run_ids_needs_an_inbox_that_lists():
+    class PlainInbox:
+        async def put(self, event):
+            return True
+
+        async def wait(self, run_id, after_rank, timeout):
+            return None
+
+    launch = DispatchLauncher("http://dispatch.test", TOKEN, PlainInbox())
+    try:
+        with pytest.raises(TypeError, match="PlainInbox"):
+            await launch.recover()
+    finally:
+        await launch.aclose()
+
+
 def raising(error: Exception):
     def handler(request: httpx.Request) -> httpx.Response:
         raise error

@@ -4,7 +4,7 @@ callback route that receives its signed job callbacks, joined by an inbox."""
 from .callbacks import CallbackApp, callback_app
 from .events import CallbackEvent
 from .gpus import GPU_TO_SM, DispatchGPU, register_gpus
-from .inbox import DEFAULT_RETENTION, Inbox, MemoryInbox, SqliteInbox
+from .inbox import DEFAULT_RETENTION, Inbox, MemoryInbox, RecoverableInbox, SqliteInbox
 from .launcher import DispatchError, DispatchLauncher, gpu_name
 from .queue_status import RunnerQueueStatus
 from .results import FullResult, full_result_from_json, full_result_to_json
@@ -20,6 +20,7 @@ __all__ = [
     "GPU_TO_SM",
     "Inbox",
     "MemoryInbox",
+    "RecoverableInbox",
     "RunnerQueueStatus",
     "SqliteInbox",
     "callback_app",

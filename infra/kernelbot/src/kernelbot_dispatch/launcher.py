@@ -14,6 +14,7 @@ import logging
 import math
 import random
 import uuid
+from collections.abc import Iterable
 from typing import Any
 
 import httpx
@@ -21,7 +22,7 @@ import httpx
 from . import queue_status
 from .events import STATE_RANK, TERMINAL_RANK, CallbackEvent
 from .gpus import RUNNER, DispatchGPU
-from .inbox import Inbox
+from .inbox import Inbox, RecoverableInbox
 from .queue_status import RunnerQueueStatus
 from .results import FullResult, failed_result, full_result_from_json
 
@@ -197,14 +198,19 @@ class DispatchLauncher(_Base):
 
     # -- kernelbot's launcher interface -------------------------------------------------
 
-    async def run_submission(self, config: dict, gpu_type: Any, status: Any) -> FullResult:
+    async def run_submission(
+        self, config: dict, gpu_type: Any, status: Any, *, run_id: str | None = None
+    ) -> FullResult:
         """Submits ``config`` to ``gpu_type``'s queue and returns kernelbot's ``FullResult``.
 
-        The run id is chosen here, before the POST: it is the API's idempotency key (a
-        retried POST cannot make a second job) and callbacks may arrive before the answer
-        (the inbox holds them). Cancelling the task cancels the job.
+        The run id is chosen before the POST: it is the API's idempotency key (a retried
+        POST cannot make a second job) and callbacks may arrive before the answer (the
+        inbox holds them). By default it is a fresh ``kb-<uuid hex>``; kernelbot may name
+        the run itself (``run_id``: 1 to 64 of ``A-Za-z0-9_.-``, unique per run), so that
+        after a restart it knows whose result :meth:`recover` hands it. Cancelling the task
+        cancels the job. However it ends, the run is recorded in the inbox as taken.
         """
-        run_id = new_run_id()
+        run_id = run_id or new_run_id()
         gpu = gpu_name(gpu_type)
         deadline = asyncio.get_running_loop().time() + self.deadline_for(config)
         await status.push(f"⏳ Submitting to kernelbot-dispatch ({gpu})")
@@ -222,6 +228,43 @@ class DispatchLauncher(_Base):
         except asyncio.CancelledError:
             await self._cancel(run_id)
             raise
+        finally:
+            await self._hand_over(run_id)
+
+    async def recover(
+        self, run_ids: Iterable[str] | None = None, *, settle: float = 60.0
+    ) -> dict[str, FullResult]:
+        """Results of runs that ended while nobody waited on them (kernelbot was down), by
+        run id, as ``run_submission`` returns them.
+
+        Without ``run_ids``: the ended runs the inbox holds that nobody took (no launcher
+        returned them, no earlier ``recover`` did), recorded at least ``settle`` seconds
+        ago (a launcher still waiting on a run takes it at once; ``settle`` keeps this from
+        taking it first). This needs a :class:`~.inbox.RecoverableInbox` (the package's
+        inboxes all are).
+
+        With ``run_ids``: each of those runs that has ended, from the inbox, else from
+        ``GET /submissions/{run_id}``, taken or not. A run still open, one the service does
+        not know, or one it cannot be asked about now is left out: ask again later.
+
+        Every run returned is recorded as taken, so a later ``recover()`` leaves it out.
+        """
+        if run_ids is None:
+            return await self._recover_untaken(settle)
+        ids = list(dict.fromkeys(run_ids))
+        limit = asyncio.Semaphore(8)
+
+        async def ended(run_id: str) -> FullResult | None:
+            async with limit:
+                return await self._ended(run_id)
+
+        found = await asyncio.gather(*(ended(run_id) for run_id in ids))
+        results = {}
+        for run_id, result in zip(ids, found):
+            if result is not None:
+                await self._hand_over(run_id)
+                results[run_id] = result
+        return results
 
     def deadline_for(self, config: Any) -> float:
         """Seconds ``run_submission`` waits for ``config``'s run before giving it up: the
@@ -265,6 +308,45 @@ class DispatchLauncher(_Base):
             reason = "kernelbot-dispatch answered 200 without a JSON object"
             return queue_status.unavailable(self.name, name, reason)
         return queue_status.available(self.name, name, body)
+
+    # -- recovering ------------------------------------------------------------------------
+
+    async def _recover_untaken(self, settle: float) -> dict[str, FullResult]:
+        inbox = self.inbox
+        if not isinstance(inbox, RecoverableInbox):
+            raise TypeError(
+                f"recover() without run ids needs an inbox that lists ended runs "
+                f"(take and untaken); {type(inbox).__name__} has not"
+            )
+        results = {}
+        for event in await inbox.untaken(settle):
+            if await inbox.take(event.run_id):  # another process may recover it too
+                results[event.run_id] = _result_of_callback(event)
+        return results
+
+    async def _ended(self, run_id: str) -> FullResult | None:
+        """The run's result if it has ended: from its callback, else from the service."""
+        try:
+            event = await self.inbox.wait(run_id, TERMINAL_RANK - 1, 0)
+        except Exception:
+            log.warning("reading the inbox for %s", run_id, exc_info=True)
+            event = None
+        if event is not None:
+            return _result_of_callback(event)
+        view = await self._poll(run_id) or {}
+        if STATE_RANK.get(str(view.get("state")), -1) >= TERMINAL_RANK:
+            return _result_of_view(view)
+        return None
+
+    async def _hand_over(self, run_id: str) -> None:
+        """Records in the inbox that kernelbot has had the run's outcome (best effort: a
+        run not recorded may only be recovered twice)."""
+        if not isinstance(self.inbox, RecoverableInbox):
+            return
+        try:
+            await asyncio.wait_for(self.inbox.take(run_id), self.cancel_timeout)
+        except Exception:
+            log.warning("recording %s as taken", run_id, exc_info=True)
 
     # -- submitting ------------------------------------------------------------------------
 
