@@ -5,6 +5,7 @@ received by another process."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import socket
@@ -35,6 +36,7 @@ from kernelbot_dispatch import (
     SqliteInbox,
     full_result_to_json,
 )
+from kernelbot_dispatch.postgres import PostgresInbox
 
 TOKEN = "test-token"
 QUEUE_TIMEOUT = "no agent on queue `h100` started it in time"
@@ -508,16 +510,24 @@ async def test_kernelbot_may_name_the_run_and_the_returned_run_is_taken():
         await launch.aclose()
 
 
-async def test_recover_returns_the_runs_that_ended_while_kernelbot_was_down(tmp_path: Path):
-    path = tmp_path / "inbox.sqlite3"
+@pytest.mark.parametrize("store", ["sqlite", "postgres"])
+async def test_recover_returns_the_runs_that_ended_while_kernelbot_was_down(
+    store, request, tmp_path: Path
+):
+    if store == "sqlite":
+        path = tmp_path / "inbox.sqlite3"
+        open_inbox = functools.partial(SqliteInbox, path)
+    else:
+        url = request.getfixturevalue("postgres_url")
+        open_inbox = functools.partial(PostgresInbox, url)
     # kernelbot was down; the callback route (another process) recorded two endings and a
     # run still going.
-    route = SqliteInbox(path)
+    route = open_inbox()
     await route.put(event("kb-7-H100_BK-test", "finished"))
     await route.put(event("kb-8-H100_BK-test", "failed", error="Buildkite refused the build"))
     await route.put(event("kb-9-H100_BK-test", "running"))
     # kernelbot starts again: a new launcher on the same inbox.
-    launch = DispatchLauncher("http://dispatch.test", TOKEN, SqliteInbox(path))
+    launch = DispatchLauncher("http://dispatch.test", TOKEN, open_inbox())
     try:
         assert await launch.recover() == {}  # not settled: a launcher may still take them
         recovered = await launch.recover(settle=0)
@@ -527,7 +537,7 @@ async def test_recover_returns_the_runs_that_ended_while_kernelbot_was_down(tmp_
         assert (failed.success, failed.error) == (False, "Buildkite refused the build")
         assert await launch.recover(settle=0) == {}  # handed over once
         # Another process recovering at the same time gets none of them twice either.
-        other = DispatchLauncher("http://dispatch.test", TOKEN, SqliteInbox(path))
+        other = DispatchLauncher("http://dispatch.test", TOKEN, open_inbox())
         await route.put(event("kb-9-H100_BK-test", "finished"))
         both = await asyncio.gather(other.recover(settle=0), launch.recover(settle=0))
         assert sorted(run for got in both for run in got) == ["kb-9-H100_BK-test"]
@@ -643,16 +653,25 @@ async def test_queue_status_of_a_gpu_it_cannot_name_is_unavailable_not_an_except
     assert "cannot name the GPU: RuntimeError: no name" in status.error
 
 
-async def test_a_callback_received_by_another_process_reaches_the_waiting_launcher(tmp_path: Path):
-    """Process A serves the callback route on SqliteInbox(file); this process's launcher
-    waits on its own SqliteInbox(same file). The fake API sends the signed callbacks, as
-    the service does, before it answers the submission."""
-    db, port_file, secret = tmp_path / "inbox.sqlite3", tmp_path / "port", new_secret()
+@pytest.mark.parametrize("store", ["sqlite", "postgres"])
+async def test_a_callback_received_by_another_process_reaches_the_waiting_launcher(
+    store, request, tmp_path: Path
+):
+    """Process A serves the callback route on an inbox (a SQLite file, or a Postgres
+    database); this process's launcher waits on its own inbox on the same store. The fake
+    API sends the signed callbacks, as the service does, before it answers the submission."""
+    port_file, secret = tmp_path / "port", new_secret()
+    if store == "sqlite":
+        db = str(tmp_path / "inbox.sqlite3")
+        inbox = SqliteInbox(db, poll_interval=0.05)
+    else:
+        db = request.getfixturevalue("postgres_url")
+        inbox = PostgresInbox(db)
     server = subprocess.Popen(
         [
             sys.executable,
             str(Path(__file__).with_name("serve_callbacks.py")),
-            str(db),
+            db,
             str(port_file),
         ],
         env={**os.environ, "CALLBACK_SECRET": secret},
@@ -676,7 +695,6 @@ async def test_a_callback_received_by_another_process_reaches_the_waiting_launch
 
         fake = FakeApi(on_submit=on_submit)
         with ServerThread(fake) as api:
-            inbox = SqliteInbox(db, poll_interval=0.05)
             result = await run(launcher(api, inbox, fallback_after=60))
         assert delivered == [204, 204]
         assert full_result_to_json(result) == FULL_RESULT
@@ -684,3 +702,5 @@ async def test_a_callback_received_by_another_process_reaches_the_waiting_launch
     finally:
         server.terminate()
         server.wait(10)
+        if store == "postgres":
+            await inbox.aclose()

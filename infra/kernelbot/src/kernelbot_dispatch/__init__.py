@@ -9,6 +9,17 @@ from .launcher import DispatchError, DispatchLauncher, gpu_name
 from .queue_status import RunnerQueueStatus
 from .results import FullResult, full_result_from_json, full_result_to_json
 
+
+def __getattr__(name: str):
+    # PostgresInbox needs psycopg (the `postgres` extra): imported only when asked for,
+    # and left out of __all__ so that `import *` works without it.
+    if name == "PostgresInbox":
+        from .postgres import PostgresInbox
+
+        return PostgresInbox
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "DEFAULT_RETENTION",
     "CallbackApp",

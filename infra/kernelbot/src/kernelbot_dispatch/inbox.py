@@ -7,8 +7,9 @@ store reachable by both fits behind the :class:`Inbox` protocol:
 
 * :class:`MemoryInbox`: one process (any number of threads and event loops);
 * :class:`SqliteInbox`: several processes on one host sharing a file;
-* several hosts: implement the two methods on the database kernelbot already shares
-  (e.g. a Postgres table keyed by run id, ``LISTEN/NOTIFY`` or polling to wake waiters).
+* :class:`~.postgres.PostgresInbox`: several hosts sharing a PostgreSQL database
+  (``LISTEN/NOTIFY`` wakes the waiters; the ``postgres`` extra);
+* any other store: implement the two methods on it.
 
 Each inbox keeps only the newest state per run: a callback whose state is not above the
 one held (a redelivery, or an earlier state arriving late) changes nothing. It keeps
