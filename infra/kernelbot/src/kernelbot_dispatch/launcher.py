@@ -485,8 +485,17 @@ class DispatchLauncher(_Base):
                         return _result_of_view(view)
 
     async def _give_up(self, run_id: str, gpu: str, status: Any, rank: int) -> FullResult:
-        """The deadline passed: one last look at the run (its end may have come without a
-        callback), else cancel it (nobody will read its result) and say so."""
+        """The deadline passed: one last look at the run (its callback may have come this
+        instant, or its end without a callback), else cancel it (nobody will read its
+        result) and say so."""
+        try:
+            event = await self.inbox.wait(run_id, TERMINAL_RANK - 1, 0)
+        except Exception:
+            log.warning("reading the inbox for %s", run_id, exc_info=True)
+            event = None
+        if event is not None:
+            await self._show(event.data, gpu, status)
+            return _result_of_callback(event)
         view = await self._poll(run_id) or {}
         if STATE_RANK.get(str(view.get("state")), -1) >= TERMINAL_RANK:
             await self._show(view, gpu, status)
