@@ -15,6 +15,7 @@ import re
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import tempfile
 import time
@@ -69,13 +70,18 @@ class PostgresServer:
 
     def __init__(self) -> None:
         self.bin_dir = server_programs()
-        self.dir = Path(tempfile.mkdtemp(prefix="kernelbot-postgres-"))
+        running_as_root = os.geteuid() == 0
+        # As root, the server's user must be able to reach the directory.
+        parent = tempfile.gettempdir()
+        if running_as_root and not _reachable_by_all(Path(parent)):
+            parent = "/tmp"
+        self.dir = Path(tempfile.mkdtemp(prefix="kernelbot-postgres-", dir=parent))
         self.data = self.dir / "data"
         self.log = self.dir / "postgres.log"
         self.port = 0
         self._process: subprocess.Popen | None = None
         self._as: dict = {}
-        if os.geteuid() == 0:
+        if running_as_root:
             owner = _unprivileged_user()
             os.chown(self.dir, owner.pw_uid, owner.pw_gid)
             self._as = {"user": owner.pw_uid, "group": owner.pw_gid, "extra_groups": []}
@@ -183,6 +189,10 @@ class PostgresServer:
     def __exit__(self, *_: object) -> None:
         self._stop()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _reachable_by_all(path: Path) -> bool:
+    return all(os.stat(p).st_mode & stat.S_IXOTH for p in [path, *path.resolve().parents])
 
 
 def _unprivileged_user() -> pwd.struct_passwd:
