@@ -2,7 +2,7 @@
 # Runs the whole test suite. First installs what the tests use: the Python tools in
 # scripts/requirements.txt (moto server, cfn-lint, aws-sam-cli, cargo-lambda) and the kernelbot launcher
 # package (infra/kernelbot) into .venv, again whenever either changes, and Debian's
-# ShellCheck if it is missing.
+# ShellCheck and PostgreSQL if they are missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,6 +15,18 @@ if ! command -v shellcheck >/dev/null 2>&1; then
     (apt-get install -y -qq shellcheck >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq shellcheck; }) >&2
   else
     echo "shellcheck is missing: sudo apt-get install shellcheck" >&2
+    exit 1
+  fi
+fi
+
+# Debian's PostgreSQL server programs: the launcher's PostgresInbox tests start a server of
+# their own with them (not the cluster the package may set up).
+if ! compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null && [ -z "${POSTGRES_BIN:-}" ]; then
+  if [ "$(id -u)" = 0 ]; then
+    (export DEBIAN_FRONTEND=noninteractive
+     apt-get install -y -qq postgresql >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq postgresql; }) >&2
+  else
+    echo "PostgreSQL is missing: sudo apt-get install postgresql" >&2
     exit 1
   fi
 fi

@@ -1,6 +1,7 @@
-"""Serves the callback route on a SqliteInbox in its own process (for the cross-process
-test): ``serve_callbacks.py <sqlite file> <port file>``, secret in ``CALLBACK_SECRET``.
-Writes the port it listens on to the port file once serving."""
+"""Serves the callback route in its own process (for the cross-process tests), on a
+SqliteInbox or, given a ``postgresql://`` URL, a PostgresInbox:
+``serve_callbacks.py <sqlite file or postgres URL> <port file>``, secret in
+``CALLBACK_SECRET``. Writes the port it listens on to the port file once serving."""
 
 from __future__ import annotations
 
@@ -18,7 +19,13 @@ from kernelbot_dispatch import SqliteInbox, callback_app  # noqa: E402
 
 
 async def main(db: str, port_file: str) -> None:
-    app = callback_app(os.environ["CALLBACK_SECRET"], SqliteInbox(db))
+    if db.startswith("postgresql://"):
+        from kernelbot_dispatch.postgres import PostgresInbox
+
+        inbox = PostgresInbox(db)
+    else:
+        inbox = SqliteInbox(db)
+    app = callback_app(os.environ["CALLBACK_SECRET"], inbox)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))

@@ -5,6 +5,7 @@ received by another process."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import socket
@@ -35,6 +36,7 @@ from kernelbot_dispatch import (
     SqliteInbox,
     full_result_to_json,
 )
+from kernelbot_dispatch.postgres import PostgresInbox
 
 TOKEN = "test-token"
 QUEUE_TIMEOUT = "no agent on queue `h100` started it in time"
@@ -240,6 +242,105 @@ async def test_an_ending_without_a_result_is_a_failed_result_with_the_reason():
     assert (failed.success, failed.error) == (False, "Buildkite did not create the build")
 
 
+QUICK = {**CONFIG, "test_timeout": 1}
+
+
+async def test_a_run_that_never_ends_is_given_up_at_its_deadline_and_canceled():
+    # The service accepts the run and then it never moves: no callback, a view that stays
+    # `running`. The deadline: 0.3 s queue + 1 s test timeout + 0.2 s margin.
+    fake = FakeApi()
+
+    async def on_submit(run_id: str) -> None:
+        fake.views[run_id] = job_view(run_id, "running")
+
+    fake.on_submit = on_submit
+    status = RecordingStatus()
+    with ServerThread(fake) as api:
+        launch = launcher(api, MemoryInbox(), queue_timeout=0.3, deadline_margin=0.2)
+        assert launch.deadline_for(QUICK) == pytest.approx(1.5)
+        started = time.monotonic()
+        try:
+            result = await asyncio.wait_for(
+                launch.run_submission(dict(QUICK), "H100_BK", status), 20
+            )
+        finally:
+            await launch.aclose()
+        took = time.monotonic() - started
+    run_id = fake.requests[0].json["run_id"]
+    assert result.success is False and result.runs == {}
+    assert "no result in time" in result.error and run_id in result.error
+    assert "running" in result.error
+    assert 1.4 <= took < 6, took
+    assert [(r.method, r.path) for r in fake.requests] == [
+        ("POST", "/submissions"),
+        ("GET", f"/submissions/{run_id}"),
+        ("POST", f"/submissions/{run_id}/cancel"),
+    ]
+    assert status.lines[-1] == "❌ No result in time on H100_BK: canceled"
+
+
+async def test_at_its_deadline_a_run_that_ended_without_a_callback_gives_its_result():
+    fake = FakeApi()
+
+    async def on_submit(run_id: str) -> None:
+        fake.views[run_id] = job_view(run_id, "finished", FULL_RESULT)
+
+    fake.on_submit = on_submit
+    with ServerThread(fake) as api:
+        launch = launcher(api, MemoryInbox(), queue_timeout=0.1, deadline_margin=0.1)
+        result = await asyncio.wait_for(
+            launch.run_submission(dict(QUICK), "H100_BK", RecordingStatus()), 20
+        )
+        await launch.aclose()
+    assert full_result_to_json(result) == FULL_RESULT
+    assert fake.paths("POST") == ["/submissions"]  # nothing canceled
+    assert len(fake.paths("GET")) == 1
+
+
+@pytest.mark.parametrize(
+    "config, evaluation",
+    [
+        ({"mode": "test"}, 180),
+        ({"mode": "test", "test_timeout": 60, "benchmark_timeout": 999}, 60),
+        ({"mode": "benchmark", "benchmark_timeout": 90.5}, 90.5),
+        (dict(mode="leaderboard", test_timeout=30, benchmark_timeout=60, ranked_timeout=90), 180),
+        ({"mode": "private"}, 540),
+        ({"mode": "profile", "benchmarks": [{}, {}, {}], "benchmark_timeout": 100}, 300),
+        ({"mode": "profile"}, 180),
+        # The runner clamps every timeout, and the whole evaluation, to its 16 minutes.
+        ({"mode": "leaderboard", "test_timeout": 5000}, 960),
+        ({"mode": "test", "test_timeout": 10**9}, 960),
+        # What the runner would refuse or read as missing: kernelbot's default.
+        ({"mode": "test", "test_timeout": -5}, 180),
+        ({"mode": "test", "test_timeout": "60"}, 180),
+        ({"mode": "test", "test_timeout": True}, 180),
+        ({"mode": "test", "test_timeout": float("nan")}, 180),
+        ({"mode": "test", "test_timeout": None}, 180),
+        ("not a config", 960),
+    ],
+)
+def test_the_deadline_is_the_queue_wait_the_configs_timeouts_and_a_margin(config, evaluation):
+    launch = DispatchLauncher("http://dispatch.test", TOKEN, MemoryInbox())
+    assert launch.deadline_for(config) == 900 + evaluation + 900
+    own_queue = DispatchLauncher(
+        "http://dispatch.test", TOKEN, MemoryInbox(), max_queue_secs=60, deadline_margin=30
+    )
+    assert own_queue.deadline_for(config) == 60 + evaluation + 30
+
+
+async def test_max_queue_secs_is_sent_with_the_submission():
+    inbox = MemoryInbox()
+
+    async def on_submit(run_id: str) -> None:
+        await inbox.put(event(run_id, "finished"))
+
+    fake = FakeApi(on_submit=on_submit)
+    with ServerThread(fake) as api:
+        result = await run(launcher(api, inbox, max_queue_secs=120))
+    assert result.success is True
+    assert fake.requests[0].json["max_queue_secs"] == 120
+
+
 async def submitted(launch: DispatchLauncher, fake: FakeApi) -> asyncio.Task:
     """A running submission's task, once its POST has reached `fake`."""
     task = asyncio.create_task(launch.run_submission(dict(CONFIG), "H100_BK", RecordingStatus()))
@@ -390,16 +491,187 @@ async def test_queue_status_ignores_counts_that_are_not_counts():
     assert (status.queued_jobs, status.running_jobs, status.available_runners) == (None, None, None)
 
 
-async def test_a_callback_received_by_another_process_reaches_the_waiting_launcher(tmp_path: Path):
-    """Process A serves the callback route on SqliteInbox(file); this process's launcher
-    waits on its own SqliteInbox(same file). The fake API sends the signed callbacks, as
-    the service does, before it answers the submission."""
-    db, port_file, secret = tmp_path / "inbox.sqlite3", tmp_path / "port", new_secret()
+async def test_kernelbot_may_name_the_run_and_the_returned_run_is_taken():
+    inbox = MemoryInbox()
+
+    async def on_submit(run_id: str) -> None:
+        await inbox.put(event(run_id, "finished"))
+
+    fake = FakeApi(on_submit=on_submit)
+    with ServerThread(fake) as api:
+        launch = launcher(api, inbox)
+        result = await launch.run_submission(
+            dict(CONFIG), "H100_BK", RecordingStatus(), run_id="kb-42-H100_BK-leaderboard"
+        )
+        assert result.success is True
+        assert fake.requests[0].json["run_id"] == "kb-42-H100_BK-leaderboard"
+        # kernelbot has had it: a recovery after a restart does not hand it over again.
+        assert await launch.recover(settle=0) == {}
+        await launch.aclose()
+
+
+@pytest.mark.parametrize("store", ["sqlite", "postgres"])
+async def test_recover_returns_the_runs_that_ended_while_kernelbot_was_down(
+    store, request, tmp_path: Path
+):
+    if store == "sqlite":
+        path = tmp_path / "inbox.sqlite3"
+        open_inbox = functools.partial(SqliteInbox, path)
+    else:
+        url = request.getfixturevalue("postgres_url")
+        open_inbox = functools.partial(PostgresInbox, url)
+    # kernelbot was down; the callback route (another process) recorded two endings and a
+    # run still going.
+    route = open_inbox()
+    await route.put(event("kb-7-H100_BK-test", "finished"))
+    await route.put(event("kb-8-H100_BK-test", "failed", error="Buildkite refused the build"))
+    await route.put(event("kb-9-H100_BK-test", "running"))
+    # kernelbot starts again: a new launcher on the same inbox.
+    launch = DispatchLauncher("http://dispatch.test", TOKEN, open_inbox())
+    try:
+        assert await launch.recover() == {}  # not settled: a launcher may still take them
+        recovered = await launch.recover(settle=0)
+        assert list(recovered) == ["kb-7-H100_BK-test", "kb-8-H100_BK-test"]
+        assert full_result_to_json(recovered["kb-7-H100_BK-test"]) == FULL_RESULT
+        failed = recovered["kb-8-H100_BK-test"]
+        assert (failed.success, failed.error) == (False, "Buildkite refused the build")
+        assert await launch.recover(settle=0) == {}  # handed over once
+        # Another process recovering at the same time gets none of them twice either.
+        other = DispatchLauncher("http://dispatch.test", TOKEN, open_inbox())
+        await route.put(event("kb-9-H100_BK-test", "finished"))
+        both = await asyncio.gather(other.recover(settle=0), launch.recover(settle=0))
+        assert sorted(run for got in both for run in got) == ["kb-9-H100_BK-test"]
+        await other.aclose()
+    finally:
+        await launch.aclose()
+
+
+async def test_recover_by_run_id_reads_the_inbox_then_asks_the_service():
+    inbox = MemoryInbox()
+    await inbox.put(event("kb-called-back", "finished"))
+    await inbox.take("kb-called-back")  # returned once already: kernelbot asks all the same
+    fake = FakeApi()
+    fake.views["kb-polled"] = job_view("kb-polled", "finished", FULL_RESULT)
+    fake.views["kb-running"] = job_view("kb-running", "running")
+    fake.views["kb-timed-out"] = {
+        **job_view("kb-timed-out", "finished"),
+        "verdict": "queue_timeout",
+        "result": {
+            "verdict": "queue_timeout",
+            "build_state": "canceled",
+            "error": QUEUE_TIMEOUT,
+            "result": None,
+        },
+    }
+    with ServerThread(fake) as api:
+        launch = launcher(api, inbox)
+        ids = ["kb-called-back", "kb-polled", "kb-running", "kb-unknown", "kb-timed-out"]
+        recovered = await launch.recover(ids + ["kb-polled"])
+        await launch.aclose()
+    assert list(recovered) == ["kb-called-back", "kb-polled", "kb-timed-out"]
+    assert full_result_to_json(recovered["kb-called-back"]) == FULL_RESULT
+    assert full_result_to_json(recovered["kb-polled"]) == FULL_RESULT
+    timed_out = recovered["kb-timed-out"]
+    assert (timed_out.success, timed_out.error) == (False, QUEUE_TIMEOUT)
+    assert sorted(fake.paths("GET")) == sorted(f"/submissions/{r}" for r in ids[1:])
+    assert not await inbox.take("kb-polled")  # recorded as taken
+
+
+async def test_recover_without_run_ids_needs_an_inbox_that_lists():
+    class PlainInbox:
+        async def put(self, event):
+            return True
+
+        async def wait(self, run_id, after_rank, timeout):
+            return None
+
+    launch = DispatchLauncher("http://dispatch.test", TOKEN, PlainInbox())
+    try:
+        with pytest.raises(TypeError, match="PlainInbox"):
+            await launch.recover()
+    finally:
+        await launch.aclose()
+
+
+def raising(error: Exception):
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise error
+
+    return handler
+
+
+def answering(status: int, content: bytes):
+    return lambda request: httpx.Response(status, content=content)
+
+
+@pytest.mark.parametrize(
+    "handler, reason",
+    [
+        (answering(200, b"[1, 2]"), "answered 200 without a JSON object"),
+        (answering(200, b"null"), "answered 200 without a JSON object"),
+        (answering(200, b'"busy"'), "answered 200 without a JSON object"),
+        (answering(200, b"<html>ok</html>"), "answered 200 without a JSON object"),
+        (answering(200, b"\xff\xfe{"), "answered 200 without a JSON object"),
+        (answering(200, b""), "answered 200 without a JSON object"),
+        (answering(500, b"<html>Internal Server Error</html>"), "answered 500"),
+        (answering(503, b'{"error": "unavailable"}'), "(503 unavailable)"),
+        (raising(httpx.ReadTimeout("timed out")), "unreachable: timed out"),
+        (raising(httpx.ConnectError("refused")), "unreachable: refused"),
+        (raising(httpx.RemoteProtocolError("bad")), "unreachable: bad"),
+        (raising(KeyError("jobs")), "KeyError"),
+        (raising(TypeError("not a mapping")), "TypeError: not a mapping"),
+        (raising(ValueError("bad value")), "ValueError: bad value"),
+        (raising(asyncio.TimeoutError()), "TimeoutError"),
+        (raising(RuntimeError("a bug")), "RuntimeError: a bug"),
+    ],
+)
+async def test_queue_status_never_raises_and_says_why_it_is_unavailable(handler, reason):
+    http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    launch = DispatchLauncher("http://dispatch.test", TOKEN, MemoryInbox(), http=http)
+    try:
+        status = await launch.get_queue_status("H100_BK")
+    finally:
+        await http.aclose()
+    assert (status.runner, status.gpu, status.status) == ("Dispatch", "H100_BK", "unavailable")
+    assert (status.queued_jobs, status.running_jobs, status.available_runners) == (None,) * 3
+    assert reason in status.error
+
+
+async def test_queue_status_of_a_gpu_it_cannot_name_is_unavailable_not_an_exception():
+    class Unnamed:
+        @property
+        def name(self):
+            raise RuntimeError("no name")
+
+    http = httpx.AsyncClient(transport=httpx.MockTransport(answering(200, b"{}")))
+    launch = DispatchLauncher("http://dispatch.test", TOKEN, MemoryInbox(), http=http)
+    try:
+        status = await launch.get_queue_status(Unnamed())
+    finally:
+        await http.aclose()
+    assert (status.runner, status.gpu, status.status) == ("Dispatch", "?", "unavailable")
+    assert "cannot name the GPU: RuntimeError: no name" in status.error
+
+
+@pytest.mark.parametrize("store", ["sqlite", "postgres"])
+async def test_a_callback_received_by_another_process_reaches_the_waiting_launcher(
+    store, request, tmp_path: Path
+):
+    """Process A serves the callback route on an inbox (a SQLite file, or a Postgres
+    database); this process's launcher waits on its own inbox on the same store. The fake
+    API sends the signed callbacks, as the service does, before it answers the submission."""
+    port_file, secret = tmp_path / "port", new_secret()
+    if store == "sqlite":
+        db = str(tmp_path / "inbox.sqlite3")
+        inbox = SqliteInbox(db, poll_interval=0.05)
+    else:
+        db = request.getfixturevalue("postgres_url")
+        inbox = PostgresInbox(db)
     server = subprocess.Popen(
         [
             sys.executable,
             str(Path(__file__).with_name("serve_callbacks.py")),
-            str(db),
+            db,
             str(port_file),
         ],
         env={**os.environ, "CALLBACK_SECRET": secret},
@@ -423,7 +695,6 @@ async def test_a_callback_received_by_another_process_reaches_the_waiting_launch
 
         fake = FakeApi(on_submit=on_submit)
         with ServerThread(fake) as api:
-            inbox = SqliteInbox(db, poll_interval=0.05)
             result = await run(launcher(api, inbox, fallback_after=60))
         assert delivered == [204, 204]
         assert full_result_to_json(result) == FULL_RESULT
@@ -431,3 +702,5 @@ async def test_a_callback_received_by_another_process_reaches_the_waiting_launch
     finally:
         server.terminate()
         server.wait(10)
+        if store == "postgres":
+            await inbox.aclose()

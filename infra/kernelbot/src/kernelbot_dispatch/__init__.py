@@ -4,10 +4,21 @@ callback route that receives its signed job callbacks, joined by an inbox."""
 from .callbacks import CallbackApp, callback_app
 from .events import CallbackEvent
 from .gpus import GPU_TO_SM, DispatchGPU, register_gpus
-from .inbox import DEFAULT_RETENTION, Inbox, MemoryInbox, SqliteInbox
+from .inbox import DEFAULT_RETENTION, Inbox, MemoryInbox, RecoverableInbox, SqliteInbox
 from .launcher import DispatchError, DispatchLauncher, gpu_name
 from .queue_status import RunnerQueueStatus
 from .results import FullResult, full_result_from_json, full_result_to_json
+
+
+def __getattr__(name: str):
+    # PostgresInbox needs psycopg (the `postgres` extra): imported only when asked for,
+    # and left out of __all__ so that `import *` works without it.
+    if name == "PostgresInbox":
+        from .postgres import PostgresInbox
+
+        return PostgresInbox
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "DEFAULT_RETENTION",
@@ -20,6 +31,7 @@ __all__ = [
     "GPU_TO_SM",
     "Inbox",
     "MemoryInbox",
+    "RecoverableInbox",
     "RunnerQueueStatus",
     "SqliteInbox",
     "callback_app",

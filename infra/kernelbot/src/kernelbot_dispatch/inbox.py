@@ -7,13 +7,18 @@ store reachable by both fits behind the :class:`Inbox` protocol:
 
 * :class:`MemoryInbox`: one process (any number of threads and event loops);
 * :class:`SqliteInbox`: several processes on one host sharing a file;
-* several hosts: implement the two methods on the database kernelbot already shares
-  (e.g. a Postgres table keyed by run id, ``LISTEN/NOTIFY`` or polling to wake waiters).
+* :class:`~.postgres.PostgresInbox`: several hosts sharing a PostgreSQL database
+  (``LISTEN/NOTIFY`` wakes the waiters; the ``postgres`` extra);
+* any other store: implement the two methods on it.
 
 Each inbox keeps only the newest state per run: a callback whose state is not above the
 one held (a redelivery, or an earlier state arriving late) changes nothing. It keeps
 events for runs nobody waits on yet, so a callback that beats the submission's answer
 is waiting for the launcher when it starts to listen.
+
+The inboxes here also remember which runs' results were handed to kernelbot
+(:class:`RecoverableInbox`: ``take``), so that after a restart the launcher's ``recover``
+can list the ended runs nobody took: those that ended while kernelbot was down.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import time
 from collections import OrderedDict
 from typing import Protocol, runtime_checkable
 
-from .events import CallbackEvent
+from .events import TERMINAL_RANK, CallbackEvent
 
 #: How long a run's newest event is kept: longer than any job lives (the service ends an
 #: open job after ``JOB_MAX_AGE_SECS``, 6 h by default) and than redelivery lasts (24 h).
@@ -45,6 +50,20 @@ class Inbox(Protocol):
         ...
 
 
+@runtime_checkable
+class RecoverableInbox(Inbox, Protocol):
+    """An inbox that also knows which runs' results kernelbot was given."""
+
+    async def take(self, run_id: str) -> bool:
+        """Records that the run's result was handed to kernelbot; True the first time."""
+        ...
+
+    async def untaken(self, min_age: float = 0.0) -> list[CallbackEvent]:
+        """The ended runs' events nobody took, recorded at least ``min_age`` s ago, oldest
+        first."""
+        ...
+
+
 def _advances(held: CallbackEvent | None, new: CallbackEvent) -> bool:
     return held is None or (new.id != held.id and new.rank > held.rank)
 
@@ -58,6 +77,8 @@ class MemoryInbox:
         self._lock = threading.Lock()
         # run id -> (received at, event), oldest first.
         self._events: OrderedDict[str, tuple[float, CallbackEvent]] = OrderedDict()
+        # run id -> taken at, oldest first.
+        self._taken: OrderedDict[str, float] = OrderedDict()
         self._waiters: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Future]]] = {}
 
     async def put(self, event: CallbackEvent) -> bool:
@@ -80,6 +101,31 @@ class MemoryInbox:
             if len(self._events) <= self._max_runs and now - received < self._retention:
                 break
             self._events.popitem(last=False)
+        while self._taken:
+            taken = next(iter(self._taken.values()))
+            if len(self._taken) <= self._max_runs and now - taken < self._retention:
+                break
+            self._taken.popitem(last=False)
+
+    async def take(self, run_id: str) -> bool:
+        now = time.monotonic()
+        with self._lock:
+            if run_id in self._taken:
+                return False
+            self._taken[run_id] = now
+            self._prune(now)
+            return True
+
+    async def untaken(self, min_age: float = 0.0) -> list[CallbackEvent]:
+        now = time.monotonic()
+        with self._lock:
+            return [
+                event
+                for received, event in self._events.values()
+                if event.rank >= TERMINAL_RANK
+                and event.run_id not in self._taken
+                and now - received >= min_age
+            ]
 
     async def wait(self, run_id: str, after_rank: int, timeout: float) -> CallbackEvent | None:
         loop = asyncio.get_running_loop()
@@ -142,6 +188,13 @@ class SqliteInbox:
                 "CREATE INDEX IF NOT EXISTS callback_events_received"
                 " ON callback_events (received_at)"
             )
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS taken_runs ("
+                " run_id TEXT PRIMARY KEY, taken_at REAL NOT NULL)"
+            )
+            db.execute(
+                "CREATE INDEX IF NOT EXISTS taken_runs_taken ON taken_runs (taken_at)"
+            )
 
     def _connect(self) -> _Connection:
         return _Connection(self.path)
@@ -170,8 +223,36 @@ class SqliteInbox:
             ).fetchone()
         return None if row is None else CallbackEvent.from_body(row[0], json.loads(row[1]))
 
+    def _take(self, run_id: str) -> bool:
+        now = time.time()
+        with self._connect() as db:
+            taken = db.execute(
+                "INSERT INTO taken_runs (run_id, taken_at) VALUES (?, ?)"
+                " ON CONFLICT (run_id) DO NOTHING",
+                (run_id, now),
+            ).rowcount
+            db.execute("DELETE FROM taken_runs WHERE taken_at < ?", (now - self.retention,))
+        return taken > 0
+
+    def _untaken(self, min_age: float) -> list[CallbackEvent]:
+        with self._connect() as db:
+            rows = db.execute(
+                "SELECT event_id, body FROM callback_events e WHERE rank >= ?"
+                " AND received_at <= ?"
+                " AND NOT EXISTS (SELECT 1 FROM taken_runs t WHERE t.run_id = e.run_id)"
+                " ORDER BY received_at",
+                (TERMINAL_RANK, time.time() - min_age),
+            ).fetchall()
+        return [CallbackEvent.from_body(row[0], json.loads(row[1])) for row in rows]
+
     async def put(self, event: CallbackEvent) -> bool:
         return await asyncio.to_thread(self._put, event)
+
+    async def take(self, run_id: str) -> bool:
+        return await asyncio.to_thread(self._take, run_id)
+
+    async def untaken(self, min_age: float = 0.0) -> list[CallbackEvent]:
+        return await asyncio.to_thread(self._untaken, min_age)
 
     async def wait(self, run_id: str, after_rank: int, timeout: float) -> CallbackEvent | None:
         loop = asyncio.get_running_loop()

@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import math
 import random
 import uuid
+from collections.abc import Iterable
 from typing import Any
 
 import httpx
@@ -20,7 +22,7 @@ import httpx
 from . import queue_status
 from .events import STATE_RANK, TERMINAL_RANK, CallbackEvent
 from .gpus import RUNNER, DispatchGPU
-from .inbox import Inbox
+from .inbox import Inbox, RecoverableInbox
 from .queue_status import RunnerQueueStatus
 from .results import FullResult, failed_result, full_result_from_json
 
@@ -40,6 +42,17 @@ log = logging.getLogger(__name__)
 
 #: Statuses worth another try with the same run id (the API's idempotency key).
 RETRYABLE = {429, 500, 502, 503, 504}
+
+#: kernelbot's timeout for a mode the config gives none (the runner's default too).
+DEFAULT_MODE_TIMEOUT = 180.0
+#: The runner's budget for one whole evaluation, every compile and run: no config makes
+#: it run longer (it clamps each timeout to it, and stops there).
+EVALUATION_BUDGET = 16 * 60.0
+#: The service's ``QUEUE_TIMEOUT_SECS`` by default: how long a build may wait for an agent.
+QUEUE_TIMEOUT = 900.0
+#: What a run may take beyond its queue wait and its config's timeouts: the image pull,
+#: compiles, the upload, the service's processing and callback, an agent-lost retry.
+DEADLINE_MARGIN = 900.0
 
 
 class DispatchError(Exception):
@@ -87,6 +100,38 @@ def _json_object(answer: httpx.Response) -> dict[str, Any]:
     return body if isinstance(body, dict) else {}
 
 
+def _mode_timeout(config: dict, key: str) -> float:
+    """One of the config's timeouts as the runner reads it: a positive number of seconds
+    (clamped to the evaluation's budget), else kernelbot's default."""
+    value = config.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return DEFAULT_MODE_TIMEOUT
+    if not math.isfinite(value) or value <= 0:
+        return DEFAULT_MODE_TIMEOUT
+    return min(float(value), EVALUATION_BUDGET)
+
+
+def evaluation_secs(config: Any) -> float:
+    """How long the runner may take over ``config``: the timeouts of the modes it runs
+    (a leaderboard or private run: test, benchmark and ranked; profile: the benchmark
+    timeout per benchmark), at most the runner's whole budget."""
+    if not isinstance(config, dict):
+        return EVALUATION_BUDGET
+    mode = config.get("mode")
+    if mode == "test":
+        total = _mode_timeout(config, "test_timeout")
+    elif mode == "benchmark":
+        total = _mode_timeout(config, "benchmark_timeout")
+    elif mode == "profile":
+        benchmarks = config.get("benchmarks")
+        runs = len(benchmarks) if isinstance(benchmarks, list) else 1
+        total = _mode_timeout(config, "benchmark_timeout") * max(1, runs)
+    else:  # leaderboard, private
+        keys = ("test_timeout", "benchmark_timeout", "ranked_timeout")
+        total = sum(_mode_timeout(config, key) for key in keys)
+    return min(total, EVALUATION_BUDGET)
+
+
 def _link(build: Any) -> str:
     if isinstance(build, dict) and build.get("web_url"):
         return f"build [#{build.get('number')}](<{build['web_url']}>)"
@@ -98,6 +143,12 @@ class DispatchLauncher(_Base):
 
     ``http`` may be a shared ``httpx.AsyncClient``; the token is sent per request. Without
     one the launcher makes its own (close it with :meth:`aclose`).
+
+    A run that has not ended by its deadline (:meth:`deadline_for`: the queue's wait,
+    ``max_queue_secs`` when set, else the service's ``queue_timeout``; plus the config's
+    timeouts; plus ``deadline_margin``) is looked up once more, then canceled, and
+    ``run_submission`` returns a failed result instead of waiting on. ``max_queue_secs``,
+    when set, is sent with each submission (the service takes 1 to 3600).
     """
 
     def __init__(
@@ -116,6 +167,9 @@ class DispatchLauncher(_Base):
         request_timeout: float = 30.0,
         cancel_timeout: float = 5.0,
         cancel_window: float = 60.0,
+        queue_timeout: float = QUEUE_TIMEOUT,
+        max_queue_secs: int | None = None,
+        deadline_margin: float = DEADLINE_MARGIN,
     ):
         super().__init__(name=name, gpus=gpus or DispatchGPU)
         self.api_url = api_url.rstrip("/")
@@ -130,6 +184,9 @@ class DispatchLauncher(_Base):
         self._own_http = http is None
         self._http = http or httpx.AsyncClient(timeout=request_timeout)
         self.cancel_window = cancel_window
+        self.queue_timeout = queue_timeout
+        self.max_queue_secs = max_queue_secs
+        self.deadline_margin = deadline_margin
         self._cancels: set[asyncio.Task] = set()
 
     async def aclose(self) -> None:
@@ -141,15 +198,21 @@ class DispatchLauncher(_Base):
 
     # -- kernelbot's launcher interface -------------------------------------------------
 
-    async def run_submission(self, config: dict, gpu_type: Any, status: Any) -> FullResult:
+    async def run_submission(
+        self, config: dict, gpu_type: Any, status: Any, *, run_id: str | None = None
+    ) -> FullResult:
         """Submits ``config`` to ``gpu_type``'s queue and returns kernelbot's ``FullResult``.
 
-        The run id is chosen here, before the POST: it is the API's idempotency key (a
-        retried POST cannot make a second job) and callbacks may arrive before the answer
-        (the inbox holds them). Cancelling the task cancels the job.
+        The run id is chosen before the POST: it is the API's idempotency key (a retried
+        POST cannot make a second job) and callbacks may arrive before the answer (the
+        inbox holds them). By default it is a fresh ``kb-<uuid hex>``; kernelbot may name
+        the run itself (``run_id``: 1 to 64 of ``A-Za-z0-9_.-``, unique per run), so that
+        after a restart it knows whose result :meth:`recover` hands it. Cancelling the task
+        cancels the job. However it ends, the run is recorded in the inbox as taken.
         """
-        run_id = new_run_id()
+        run_id = run_id or new_run_id()
         gpu = gpu_name(gpu_type)
+        deadline = asyncio.get_running_loop().time() + self.deadline_for(config)
         await status.push(f"⏳ Submitting to kernelbot-dispatch ({gpu})")
         try:
             try:
@@ -161,16 +224,73 @@ class DispatchLauncher(_Base):
                 return failed_result(str(e))
             await self._show_accepted(accepted, gpu, status)
             ended = STATE_RANK.get(str(accepted.get("state")), 0) >= TERMINAL_RANK
-            return await self._follow(run_id, gpu, status, poll_now=ended)
+            return await self._follow(run_id, gpu, status, deadline, poll_now=ended)
         except asyncio.CancelledError:
             await self._cancel(run_id)
             raise
+        finally:
+            await self._hand_over(run_id)
+
+    async def recover(
+        self, run_ids: Iterable[str] | None = None, *, settle: float = 60.0
+    ) -> dict[str, FullResult]:
+        """Results of runs that ended while nobody waited on them (kernelbot was down), by
+        run id, as ``run_submission`` returns them.
+
+        Without ``run_ids``: the ended runs the inbox holds that nobody took (no launcher
+        returned them, no earlier ``recover`` did), recorded at least ``settle`` seconds
+        ago (a launcher still waiting on a run takes it at once; ``settle`` keeps this from
+        taking it first). This needs a :class:`~.inbox.RecoverableInbox` (the package's
+        inboxes all are).
+
+        With ``run_ids``: each of those runs that has ended, from the inbox, else from
+        ``GET /submissions/{run_id}``, taken or not. A run still open, one the service does
+        not know, or one it cannot be asked about now is left out: ask again later.
+
+        Every run returned is recorded as taken, so a later ``recover()`` leaves it out.
+        """
+        if run_ids is None:
+            return await self._recover_untaken(settle)
+        ids = list(dict.fromkeys(run_ids))
+        limit = asyncio.Semaphore(8)
+
+        async def ended(run_id: str) -> FullResult | None:
+            async with limit:
+                return await self._ended(run_id)
+
+        found = await asyncio.gather(*(ended(run_id) for run_id in ids))
+        results = {}
+        for run_id, result in zip(ids, found):
+            if result is not None:
+                await self._hand_over(run_id)
+                results[run_id] = result
+        return results
+
+    def deadline_for(self, config: Any) -> float:
+        """Seconds ``run_submission`` waits for ``config``'s run before giving it up: the
+        queue's wait, the evaluation's (:func:`evaluation_secs`) and the margin."""
+        queue = self.max_queue_secs if self.max_queue_secs is not None else self.queue_timeout
+        return queue + evaluation_secs(config) + self.deadline_margin
 
     async def get_queue_status(self, gpu: Any, config: dict | None = None) -> RunnerQueueStatus:
         """kernelbot's ``RunnerQueueStatus`` for the queue behind ``gpu`` (``config`` is not
         needed: one queue serves a GPU): jobs queued and running, idle connected agents;
-        ``status="unavailable"`` with the reason when the service cannot say."""
-        name = gpu_name(gpu)
+        ``status="unavailable"`` with the reason when the service cannot say. It never
+        raises: whatever goes wrong (no answer, an error status, a body that is not a JSON
+        object, a bug) is an unavailable status naming it."""
+        try:
+            name = gpu_name(gpu)
+        except Exception as e:
+            reason = f"cannot name the GPU: {type(e).__name__}: {e}"
+            return queue_status.unavailable(self.name, "?", reason)
+        try:
+            return await self._queue_status(name)
+        except Exception as e:
+            log.warning("queue status of %s", name, exc_info=True)
+            reason = f"cannot read kernelbot-dispatch's queue status: {type(e).__name__}: {e}"
+            return queue_status.unavailable(self.name, name, reason)
+
+    async def _queue_status(self, name: str) -> RunnerQueueStatus:
         try:
             answer = await self._http.get(
                 f"{self.api_url}/queues/{name}", headers=self._auth, timeout=self.request_timeout
@@ -180,13 +300,61 @@ class DispatchLauncher(_Base):
             return queue_status.unavailable(self.name, name, reason)
         if answer.status_code != 200:
             return queue_status.unavailable(self.name, name, _api_error(answer)[1])
-        return queue_status.available(self.name, name, _json_object(answer))
+        try:
+            body = answer.json()
+        except ValueError:  # not JSON, or not UTF-8
+            body = None
+        if not isinstance(body, dict):
+            reason = "kernelbot-dispatch answered 200 without a JSON object"
+            return queue_status.unavailable(self.name, name, reason)
+        return queue_status.available(self.name, name, body)
+
+    # -- recovering ------------------------------------------------------------------------
+
+    async def _recover_untaken(self, settle: float) -> dict[str, FullResult]:
+        inbox = self.inbox
+        if not isinstance(inbox, RecoverableInbox):
+            raise TypeError(
+                f"recover() without run ids needs an inbox that lists ended runs "
+                f"(take and untaken); {type(inbox).__name__} has not"
+            )
+        results = {}
+        for event in await inbox.untaken(settle):
+            if await inbox.take(event.run_id):  # another process may recover it too
+                results[event.run_id] = _result_of_callback(event)
+        return results
+
+    async def _ended(self, run_id: str) -> FullResult | None:
+        """The run's result if it has ended: from its callback, else from the service."""
+        try:
+            event = await self.inbox.wait(run_id, TERMINAL_RANK - 1, 0)
+        except Exception:
+            log.warning("reading the inbox for %s", run_id, exc_info=True)
+            event = None
+        if event is not None:
+            return _result_of_callback(event)
+        view = await self._poll(run_id) or {}
+        if STATE_RANK.get(str(view.get("state")), -1) >= TERMINAL_RANK:
+            return _result_of_view(view)
+        return None
+
+    async def _hand_over(self, run_id: str) -> None:
+        """Records in the inbox that kernelbot has had the run's outcome (best effort: a
+        run not recorded may only be recovered twice)."""
+        if not isinstance(self.inbox, RecoverableInbox):
+            return
+        try:
+            await asyncio.wait_for(self.inbox.take(run_id), self.cancel_timeout)
+        except Exception:
+            log.warning("recording %s as taken", run_id, exc_info=True)
 
     # -- submitting ------------------------------------------------------------------------
 
     async def _submit(self, run_id: str, gpu: str, config: dict) -> dict[str, Any]:
         """POSTs the submission, retrying what may pass later; the 200/202 answer's body."""
-        body = {"run_id": run_id, "gpu": gpu, "config": config}
+        body: dict[str, Any] = {"run_id": run_id, "gpu": gpu, "config": config}
+        if self.max_queue_secs is not None:
+            body["max_queue_secs"] = self.max_queue_secs
         problem = "no attempt made"
         answer: httpx.Response | None = None
         # Whether an attempt may have recorded the job (and built it) before failing: one
@@ -275,21 +443,25 @@ class DispatchLauncher(_Base):
     # -- waiting ---------------------------------------------------------------------------
 
     async def _follow(
-        self, run_id: str, gpu: str, status: Any, *, poll_now: bool = False
+        self, run_id: str, gpu: str, status: Any, deadline: float, *, poll_now: bool = False
     ) -> FullResult:
         """Waits for the run's end: callbacks first, polling after ``fallback_after`` s of
-        silence (at once with ``poll_now``: a repeated run id whose job has ended). Every
-        newer state, from either, updates the status line."""
+        silence (at once with ``poll_now``: a repeated run id whose job has ended), until
+        ``deadline`` (the loop's clock). Every newer state, from either, updates the status
+        line."""
         loop = asyncio.get_running_loop()
         rank = STATE_RANK["submitted"]
         last_news = loop.time()
         next_poll: float | None = last_news if poll_now else None
         while True:
             now = loop.time()
+            if now >= deadline:
+                return await self._give_up(run_id, gpu, status, rank)
             if next_poll is None and now - last_news >= self.fallback_after:
                 log.info("no callback for %s in %.0f s: polling", run_id, now - last_news)
                 next_poll = now
             until = next_poll if next_poll is not None else last_news + self.fallback_after
+            until = min(until, deadline)
             try:
                 event = await self.inbox.wait(run_id, rank, max(0.0, until - now))
             except Exception:  # a store hiccup must not lose the run: polling still works
@@ -311,6 +483,32 @@ class DispatchLauncher(_Base):
                     await self._show(view, gpu, status)
                     if rank >= TERMINAL_RANK:
                         return _result_of_view(view)
+
+    async def _give_up(self, run_id: str, gpu: str, status: Any, rank: int) -> FullResult:
+        """The deadline passed: one last look at the run (its callback may have come this
+        instant, or its end without a callback), else cancel it (nobody will read its
+        result) and say so."""
+        try:
+            event = await self.inbox.wait(run_id, TERMINAL_RANK - 1, 0)
+        except Exception:
+            log.warning("reading the inbox for %s", run_id, exc_info=True)
+            event = None
+        if event is not None:
+            await self._show(event.data, gpu, status)
+            return _result_of_callback(event)
+        view = await self._poll(run_id) or {}
+        if STATE_RANK.get(str(view.get("state")), -1) >= TERMINAL_RANK:
+            await self._show(view, gpu, status)
+            return _result_of_view(view)
+        log.warning("run %s has not ended by its deadline: canceling it", run_id)
+        await self._cancel(run_id)
+        state = view.get("state") or next(s for s, r in STATE_RANK.items() if r == rank)
+        error = (
+            f"kernelbot-dispatch gave no result in time: run {run_id} was still {state} at "
+            f"its deadline, and was canceled"
+        )
+        await status.update(f"❌ No result in time on {gpu}: canceled")
+        return failed_result(error)
 
     async def _poll(self, run_id: str) -> dict[str, Any] | None:
         try:
