@@ -13,27 +13,33 @@ use crate::time::Millis;
 /// Of the token's requests left in Buildkite's window (50 a minute by default), those a click
 /// leaves to submissions, finishes and the sweep.
 pub(crate) const QUOTA_RESERVE: i64 = 20;
-/// A kept URL is used until this long before it expires: time for the browser to follow it.
+/// A kept URL is used until this long before it expires (a quarter of a short life): time
+/// for the browser to follow it.
 const URL_MARGIN_MS: Millis = 60_000;
-/// A storage URL that says nothing of its expiry is taken to last this long (Buildkite's
-/// managed storage signs URLs for 10 minutes).
-const URL_DEFAULT_LIFE_MS: Millis = 10 * 60_000;
-/// One instance's claim to fetch a link's URL holds the others off this long.
-pub(crate) const CLAIM_MS: Millis = 10_000;
+/// A storage URL that says nothing of its expiry is taken to last this long (the shortest
+/// Buildkite's artifact API is known to sign for).
+const URL_DEFAULT_LIFE_MS: Millis = 60_000;
+/// However long a URL is signed for, it is kept at most this long.
+const URL_MAX_KEPT_MS: Millis = 10 * 60_000;
+/// One instance's claim to fetch a link's URL holds the others off this long: longer than a
+/// Buildkite call may take (10 s) with the store's reads and writes around it.
+pub(crate) const CLAIM_MS: Millis = 20_000;
 /// When Buildkite's window resets, if it did not say.
 const DEFAULT_RESET_MS: Millis = 60_000;
 
-pub(crate) const QUOTA_KEY: &str = "buildkite-quota";
+/// Where the quota is kept: `~` is not allowed in a run id, so it never meets a job.
+pub(crate) const QUOTA_KEY: &str = "~buildkite-quota";
 
-/// Where run `run_id`'s profile `index` URL is kept.
+/// Where run `run_id`'s profile `index` URL is kept (`~`: never a job's key).
 pub(crate) fn url_key(run_id: &RunId, index: usize) -> String {
-    format!("profile-url/{}/{index}", run_id.as_str())
+    format!("~profile-url/{}/{index}", run_id.as_str())
 }
 
-/// A storage URL, and until when it may be handed out.
+/// A storage URL, the artifact it is of, and until when it may be handed out.
 #[derive(Debug, PartialEq, Serialize, Deserialize)]
 pub(crate) struct KeptUrl {
     pub(crate) url: String,
+    pub(crate) artifact_id: String,
     pub(crate) until: Millis,
 }
 
@@ -48,7 +54,9 @@ pub(crate) enum Next {
     Wait,
 }
 
-pub(crate) fn next(entry: Option<&CacheEntry>, now: Millis) -> Next {
+/// What a click on the link to `artifact_id` does at `now`, given what is kept under its key
+/// (a URL kept for another artifact, as after a run id's reuse, is not this one's).
+pub(crate) fn next(entry: Option<&CacheEntry>, artifact_id: &str, now: Millis) -> Next {
     let Some(entry) = entry else {
         return Next::Claim { expected: None };
     };
@@ -57,7 +65,7 @@ pub(crate) fn next(entry: Option<&CacheEntry>, now: Millis) -> Next {
         .as_deref()
         .and_then(|v| serde_json::from_str(v).ok());
     match kept {
-        Some(k) if now < k.until => Next::Use(k.url),
+        Some(k) if now < k.until && k.artifact_id == artifact_id => Next::Use(k.url),
         _ if now - entry.claimed_at < CLAIM_MS && entry.claimed_at > entry.fetched_at => Next::Wait,
         _ => Next::Claim {
             expected: Some(entry.claimed_at),
@@ -66,8 +74,8 @@ pub(crate) fn next(entry: Option<&CacheEntry>, now: Millis) -> Next {
 }
 
 /// Until when `url` (obtained at `now`) may be handed out: its own expiry (S3's
-/// `X-Amz-Date` + `X-Amz-Expires`, or Google's `X-Goog-Date` + `X-Goog-Expires`) less a
-/// margin, else Buildkite's usual life.
+/// `X-Amz-Expires`, from its `X-Amz-Date` or else from now; Google's `X-Goog-*` alike; else
+/// a minute) less a margin of a quarter of its life, a minute at most.
 pub(crate) fn usable_until(url: &url::Url, now: Millis) -> Millis {
     let param = |names: [&str; 2]| {
         url.query_pairs()
@@ -75,17 +83,17 @@ pub(crate) fn usable_until(url: &url::Url, now: Millis) -> Millis {
             .map(|(_, v)| v.into_owned())
     };
     let signed_at = param(["X-Amz-Date", "X-Goog-Date"]).and_then(|d| basic_iso8601(&d));
-    let life = param(["X-Amz-Expires", "X-Goog-Expires"]).and_then(|s| s.parse::<i64>().ok());
-    let expires = match (signed_at, life) {
-        (Some(at), Some(secs)) => at.saturating_add(secs.saturating_mul(1000)),
-        _ => now + URL_DEFAULT_LIFE_MS,
-    };
-    (expires - URL_MARGIN_MS).min(now + URL_DEFAULT_LIFE_MS)
+    let life = param(["X-Amz-Expires", "X-Goog-Expires"])
+        .and_then(|s| s.parse::<i64>().ok())
+        .map_or(URL_DEFAULT_LIFE_MS, |secs| secs.saturating_mul(1000));
+    let from = signed_at.unwrap_or(now);
+    let margin = (life / 4).min(URL_MARGIN_MS);
+    (from.saturating_add(life) - margin).min(now + URL_MAX_KEPT_MS)
 }
 
 /// `20261125T133000Z` as milliseconds since the epoch.
 fn basic_iso8601(text: &str) -> Option<Millis> {
-    let t = text.strip_suffix('Z')?;
+    let t = text.strip_suffix('Z').filter(|t| t.is_ascii())?;
     let (date, time) = t.split_once('T')?;
     if date.len() != 8 || time.len() != 6 {
         return None;
@@ -147,6 +155,7 @@ mod tests {
     fn kept(until: Millis) -> Option<KeptUrl> {
         Some(KeptUrl {
             url: "https://s3/zip".into(),
+            artifact_id: "a1".into(),
             until,
         })
     }
@@ -178,23 +187,40 @@ mod tests {
             (Some(entry(None, 0, 0)), Next::Claim { expected: Some(0) }),
         ];
         for (stored, expected) in table {
-            assert_eq!(next(stored.as_ref(), now), expected, "{stored:?}");
+            assert_eq!(next(stored.as_ref(), "a1", now), expected, "{stored:?}");
         }
+        // A URL kept for another artifact (a run id used again) is not this link's.
+        let other = entry(kept(now + 60_000), 90_000, 90_000);
+        assert_eq!(
+            next(Some(&other), "a2", now),
+            Next::Claim {
+                expected: Some(90_000)
+            }
+        );
     }
 
     #[test]
     fn a_url_is_used_until_shortly_before_it_expires() {
         let now = 1_764_077_400_000; // 2025-11-25T13:30:00Z
         let s3 = "https://bucket.s3.amazonaws.com/zip?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Date=20251125T133000Z&X-Amz-Expires=600&X-Amz-Signature=ab";
+        let minute =
+            "https://bucket.s3.amazonaws.com/zip?X-Amz-Date=20251125T133000Z&X-Amz-Expires=60";
         let gcs =
             "https://storage.googleapis.com/b/zip?X-Goog-Date=20251125T132900Z&X-Goog-Expires=300";
         let long =
             "https://bucket.s3.amazonaws.com/zip?X-Amz-Date=20251125T133000Z&X-Amz-Expires=604800";
+        let undated = "https://bucket.s3.amazonaws.com/zip?X-Amz-Expires=60";
         for (url, until) in [
             (s3, now + 540_000),
+            (minute, now + 45_000),
             (gcs, now + 180_000),
-            (long, now + URL_DEFAULT_LIFE_MS),
-            ("https://storage/zip", now + 540_000),
+            (long, now + URL_MAX_KEPT_MS),
+            (undated, now + 45_000),
+            ("https://storage/zip", now + 45_000),
+            (
+                "https://s3/zip?X-Amz-Date=2025112éT133000Z&X-Amz-Expires=60",
+                now + 45_000,
+            ),
             (
                 "https://s3/zip?X-Amz-Date=garbage&X-Amz-Expires=600",
                 now + 540_000,

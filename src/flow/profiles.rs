@@ -142,15 +142,9 @@ async fn storage_url(
     loop {
         let now = d.clock.now();
         let entry = d.store.cached(key).await.map_err(DispatchError::from)?;
-        match clicks::next(entry.as_ref(), now) {
+        match clicks::next(entry.as_ref(), artifact.artifact_id, now) {
             Next::Use(url) => return Ok(url),
-            Next::Wait if waiting.remaining().is_zero() => {
-                return Err(ProfileError::Busy { retry_after: 1 });
-            }
-            Next::Wait => {
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_millis(400));
-            }
+            Next::Wait => {}
             Next::Claim { expected } => {
                 let claim = CacheEntry {
                     claimed_at: now,
@@ -162,27 +156,73 @@ async fn storage_url(
                 };
                 let claimed = d.store.put_cached(key, &claim, expected).await;
                 if claimed.map_err(DispatchError::from)? {
-                    let fetched = match spend(d, now).await {
-                        Ok(()) => fetch(d, key, &claim, artifact, deadline).await,
-                        Err(e) => Err(e),
-                    };
-                    if fetched.is_err() {
-                        release(d, key, &claim).await;
-                    }
-                    return fetched;
+                    return fetch_claimed(d, key, &claim, artifact, deadline).await;
                 }
+                // Another click claimed first: wait for its URL, as any waiter does.
             }
         }
+        if waiting.remaining().is_zero() {
+            return Err(ProfileError::Busy { retry_after: 1 });
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(400));
     }
 }
 
+/// Fetches the URL for the claim this instance holds; a click refused or failed gives the
+/// claim back.
+async fn fetch_claimed(
+    d: &Deps,
+    key: &str,
+    claim: &CacheEntry,
+    artifact: &Artifact<'_>,
+    deadline: Deadline,
+) -> Result<String, ProfileError> {
+    let fetched = match spend(d, claim.claimed_at).await {
+        Ok(()) => fetch(d, key, claim, artifact, deadline).await,
+        Err(e) => Err(e),
+    };
+    if fetched.is_err() {
+        release(d, key, claim).await;
+    }
+    fetched
+}
+
 /// Whether this instance may spend a Buildkite call on a click now: the quota's reserve
-/// is left alone, and one instance fetches so many a minute.
+/// is left alone (the call is taken from the kept count first, so clicks at once on other
+/// instances see it spent), and one instance fetches so many a minute.
 async fn spend(d: &Deps, now: Millis) -> Result<(), ProfileError> {
-    let quota = d.store.cached(clicks::QUOTA_KEY).await;
-    let quota = quota.map_err(DispatchError::from)?.and_then(|e| parse(&e));
-    clicks::quota_allows(quota.as_ref(), now)
-        .map_err(|retry_after| ProfileError::Busy { retry_after })?;
+    let mut taken = false;
+    for _ in 0..3 {
+        let entry = d.store.cached(clicks::QUOTA_KEY).await;
+        let entry = entry.map_err(DispatchError::from)?;
+        let quota: Option<clicks::Quota> = entry.as_ref().and_then(parse);
+        clicks::quota_allows(quota.as_ref(), now)
+            .map_err(|retry_after| ProfileError::Busy { retry_after })?;
+        let (Some(entry), Some(quota)) = (entry, quota) else {
+            taken = true; // nothing known yet: this call will tell
+            break;
+        };
+        let less = clicks::Quota {
+            remaining: quota.remaining - 1,
+            ..quota
+        };
+        let write = CacheEntry {
+            value: serde_json::to_string(&less).ok(),
+            fetched_at: entry.fetched_at,
+            claimed_at: now.max(entry.claimed_at + 1),
+        };
+        let put = d
+            .store
+            .put_cached(clicks::QUOTA_KEY, &write, Some(entry.claimed_at));
+        if put.await.map_err(DispatchError::from)? {
+            taken = true;
+            break;
+        }
+    }
+    if !taken {
+        return Err(ProfileError::Busy { retry_after: 1 });
+    }
     d.profile_clicks
         .allow(now)
         .map_err(|retry_after| ProfileError::TooMany { retry_after })
@@ -239,6 +279,7 @@ async fn fetch(
     let url = url.map_err(DispatchError::from)?;
     let kept = clicks::KeptUrl {
         url: url.to_string(),
+        artifact_id: artifact.artifact_id.to_owned(),
         until: clicks::usable_until(&url, now),
     };
     let entry = CacheEntry {

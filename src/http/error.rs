@@ -126,7 +126,7 @@ impl From<ProfileError> for ApiError {
                 reset,
             })) => Self::Busy {
                 message: "Buildkite's rate limit was reached; try again later".into(),
-                retry_after: reset.map_or(60, |r| r.as_secs().max(1)),
+                retry_after: reset.map_or(60, |r| r.as_secs().clamp(1, 60)),
             },
             // Buildkite busy or unreachable: a click may be tried again in a moment.
             ProfileError::Dispatch(DispatchError::Buildkite(

@@ -452,8 +452,10 @@ async fn download(
         return (status, [(header::CONTENT_TYPE, "text/html")], body).into_response();
     }
     let number = s.builds[i].number;
+    // Presigned as S3 signs: when, and for how long (a minute), on the stand-in's clock.
+    let signed_at = amz_date(s.clock.now());
     let url = format!(
-        "{}/storage/{number}/{id}?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Expires=60&X-Amz-Signature=abc123",
+        "{}/storage/{number}/{id}?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Date={signed_at}&X-Amz-Expires={STORAGE_URL_SECS}&X-Amz-Signature=abc123",
         s.base
     );
     (
@@ -462,6 +464,52 @@ async fn download(
         Json(json!({"url": url})),
     )
         .into_response()
+}
+
+/// How long a storage URL the stand-in hands out is valid.
+const STORAGE_URL_SECS: i64 = 60;
+
+/// `ms` as S3's `X-Amz-Date` (`20261125T133000Z`).
+fn amz_date(ms: i64) -> String {
+    let text = crate::time::rfc3339(ms);
+    let whole = text
+        .split('.')
+        .next()
+        .unwrap_or(&text)
+        .trim_end_matches('Z');
+    format!("{}Z", whole.replace(['-', ':'], ""))
+}
+
+/// Whether a presigned URL's query says it expired before `now` (as S3 checks).
+fn presign_expired(query: &str, now: i64) -> bool {
+    let param = |name: &str| {
+        url::form_urlencoded::parse(query.as_bytes())
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.into_owned())
+    };
+    let (Some(date), Some(secs)) = (param("X-Amz-Date"), param("X-Amz-Expires")) else {
+        return false;
+    };
+    let signed = date
+        .strip_suffix('Z')
+        .filter(|d| d.len() == 15 && d.is_ascii())
+        .map(|d| {
+            format!(
+                "{}-{}-{}T{}:{}:{}Z",
+                &d[..4],
+                &d[4..6],
+                &d[6..8],
+                &d[9..11],
+                &d[11..13],
+                &d[13..]
+            )
+        })
+        .and_then(|t| humantime::parse_rfc3339(&t).ok())
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok());
+    match (signed, secs.parse::<i64>()) {
+        (Some(at), Ok(secs)) => now > at.as_millis() as i64 + secs * 1000,
+        _ => true,
+    }
 }
 
 async fn storage(
@@ -484,6 +532,15 @@ async fn storage(
     if let Some((status, body)) = s.storage_failure.clone() {
         let status = StatusCode::from_u16(status).unwrap_or(StatusCode::FORBIDDEN);
         return (status, [(header::CONTENT_TYPE, "application/xml")], body).into_response();
+    }
+    if presign_expired(req.uri().query().unwrap_or_default(), s.clock.now()) {
+        let xml = "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>AccessDenied</Code><Message>Request has expired</Message></Error>";
+        return (
+            StatusCode::FORBIDDEN,
+            [(header::CONTENT_TYPE, "application/xml")],
+            xml,
+        )
+            .into_response();
     }
     let bytes = s
         .index_of(number)
