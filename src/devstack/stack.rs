@@ -41,18 +41,51 @@ pub enum StoreKind {
 pub async fn open_store(
     kind: StoreKind,
 ) -> Result<(Arc<dyn JobStore>, Option<tempfile::TempDir>), BoxError> {
+    let (store, dir, _) = fresh_store(kind).await?;
+    Ok((store, dir))
+}
+
+/// A store as [`open_store`] opens it, with the environment that names it to a function.
+async fn fresh_store(kind: StoreKind) -> Result<OpenedStore, BoxError> {
     Ok(match kind {
         StoreKind::Sqlite => {
             let dir = tempfile::tempdir()?;
-            (Arc::new(SqliteStore::open(dir.path())?), Some(dir))
+            let env = [("KERNELBOT_DATA_DIR", dir.path().display().to_string())];
+            (
+                Arc::new(SqliteStore::open(dir.path())?),
+                Some(dir),
+                named(env),
+            )
         }
         StoreKind::Dynamo => {
             let client = super::moto::client()?;
             let table = format!("jobs-{}", uuid::Uuid::new_v4().simple());
             super::moto::create_table(&client, &table).await?;
-            (Arc::new(DynamoStore::new(client, table)), None)
+            // The credentials and region the moto client uses.
+            let env = [
+                ("JOBS_TABLE", table.clone()),
+                (
+                    "AWS_ENDPOINT_URL_DYNAMODB",
+                    super::moto::endpoint()?.to_owned(),
+                ),
+                ("AWS_REGION", "us-east-1".into()),
+                ("AWS_ACCESS_KEY_ID", "test".into()),
+                ("AWS_SECRET_ACCESS_KEY", "test".into()),
+            ];
+            (Arc::new(DynamoStore::new(client, table)), None, named(env))
         }
     })
+}
+
+/// A store, its temp dir (SQLite), and the environment that names it.
+type OpenedStore = (
+    Arc<dyn JobStore>,
+    Option<tempfile::TempDir>,
+    BTreeMap<String, String>,
+);
+
+fn named<const N: usize>(vars: [(&str, String); N]) -> BTreeMap<String, String> {
+    vars.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
 }
 
 pub struct Stack {
@@ -73,6 +106,9 @@ pub struct Stack {
     pub clock: Clock,
     /// Every metric the three functions published (EMF objects).
     metrics: Arc<Mutex<Vec<Value>>>,
+    /// What a function started as a process of its own needs to be one of this stack's:
+    /// the stand-ins, the secrets and the store.
+    pub env: BTreeMap<String, String>,
     _dir: Option<tempfile::TempDir>,
 }
 
@@ -172,7 +208,7 @@ impl Stack {
         }
         let clock = Clock::default();
         let stand_ins = StandIns::start(&clock).await?;
-        let (store, dir) = open_store(kind).await?;
+        let (store, dir, store_env) = fresh_store(kind).await?;
         let mut env = stand_ins.env(vars);
         let metrics = Arc::new(Mutex::new(Vec::new()));
         let wiring = Wiring {
@@ -189,6 +225,7 @@ impl Stack {
             .or_insert_with(|| submit_url.clone());
         let webhook_router = http::webhook::router(deps(&env, Role::Webhook).await?);
         let sweeper = deps(&env, Role::Sweep).await?;
+        env.extend(store_env);
         Ok(Self {
             submit_url,
             webhook_url: format!(
@@ -205,6 +242,7 @@ impl Stack {
             client: reqwest::Client::new(),
             clock,
             metrics,
+            env,
             _dir: dir,
         })
     }

@@ -5,7 +5,7 @@ use tracing::{Instrument, info, warn};
 
 use super::advance::{advance, build_ref};
 use super::cancel::stop_build;
-use super::outcome::outcome_with;
+use super::outcome::read_outcome;
 use super::rules::signal::{Signal, progress_of, signal_of};
 use super::{Deps, DispatchError, deliver};
 use crate::buildkite::{Build, VerifyError, WebhookEvent};
@@ -151,7 +151,12 @@ async fn on_build_signal(
         if progress_of(&current) != JobState::Finished {
             return Ok(EventOutcome::Ignored("build has not finished"));
         }
-        t = t.with_outcome(outcome_with(d, &job.run_id, &current, artifacts, bk_deadline).await?);
+        let read = read_outcome(d, &job, &current, Some(artifacts), bk_deadline).await?;
+        // None: it ended meanwhile; the transition changes nothing, and what it owes is sent.
+        if let Some(read) = read {
+            t = t.with_outcome(read.outcome?);
+            return advance(d, &read.job, t, deadline).await;
+        }
     }
     advance(d, &job, t, deadline).await
 }

@@ -5,7 +5,7 @@ use tracing::info;
 
 use super::advance::{EventOutcome, advance, build_ref};
 use super::cancel::stop_build;
-use super::outcome::outcome_of;
+use super::outcome::read_outcome;
 use super::rules::ending::{Overdue, overdue};
 use super::rules::signal::progress_of;
 use super::{Deps, DispatchError, deliver};
@@ -103,15 +103,22 @@ pub(crate) async fn follow(
     advance(d, job, t, deadline).await
 }
 
-/// Finishes `job` with its ended build's outcome. A result that cannot be read is tried
-/// again on later passes, until the job's maximum age: then it ends as `error`.
+/// Finishes `job` with its ended build's outcome. A result that Buildkite keeps from us is
+/// tried again on later passes, until the job's maximum age: then it ends as `error`. One
+/// whose reads never come back ends so after a few (see [`read_outcome`]).
 async fn finish(
     d: &Deps,
     job: &Job,
     build: &Build,
     deadline: Deadline,
 ) -> Result<EventOutcome, DispatchError> {
-    let outcome = match outcome_of(d, &job.run_id, build, d.buildkite_deadline(deadline)).await {
+    let t = Transition::to(JobState::Finished, d.clock.now()).with_build(build_ref(build));
+    let bk_deadline = d.buildkite_deadline(deadline);
+    let Some(read) = read_outcome(d, job, build, None, bk_deadline).await? else {
+        // It ended meanwhile: the transition changes nothing, and what it owes is sent.
+        return advance(d, job, t, deadline).await;
+    };
+    let outcome = match read.outcome {
         Ok(outcome) => outcome,
         Err(DispatchError::Buildkite(e @ BuildkiteError::Unavailable(_)))
             if overdue_now(d, job.timeline()) == Some(Overdue::Expired) =>
@@ -127,10 +134,7 @@ async fn finish(
         }
         Err(e) => return Err(e),
     };
-    let t = Transition::to(JobState::Finished, d.clock.now())
-        .with_build(build_ref(build))
-        .with_outcome(outcome);
-    advance(d, job, t, deadline).await
+    advance(d, &read.job, t.with_outcome(outcome), deadline).await
 }
 
 pub(crate) fn overdue_now(d: &Deps, job: Timeline) -> Option<Overdue> {

@@ -1,14 +1,15 @@
 //! A finished build's outcome: its final state, and the `result.json` it left, read through
-//! the API's 302 to artifact storage.
+//! the API's 302 to artifact storage, a bounded number of times a job.
 
 use std::collections::BTreeMap;
 
-use tracing::info;
+use tracing::{info, warn};
 
 use super::profiles;
+use super::rules::ending::{count_attempt, give_back_attempt, unread_outcome};
 use super::{Deps, DispatchError};
 use crate::buildkite::{Artifact, Build, BuildkiteError, beside, pick_result};
-use crate::jobs::RunId;
+use crate::jobs::{Job, RunId, Updated, update_seen};
 use crate::result::{ArtifactRef, FullResult, Outcome};
 use crate::retry::Deadline;
 
@@ -48,22 +49,67 @@ impl FetchError {
     }
 }
 
-/// The outcome of a finished build as the REST API shows it (with its jobs). Only
-/// Buildkite being unreachable is an error (so the sweep can try again later); a missing
-/// or unreadable result is part of the outcome.
-pub(crate) async fn outcome_of(
-    d: &Deps,
-    run_id: &RunId,
-    build: &Build,
-    deadline: Deadline,
-) -> Result<Outcome, DispatchError> {
-    let artifacts = d.buildkite.list_artifacts(build.number, deadline).await;
-    outcome_with(d, run_id, build, artifacts, deadline).await
+/// A read of a finished job's outcome, and the job as it was last written.
+pub(crate) struct Read {
+    pub(crate) job: Job,
+    pub(crate) outcome: Result<Outcome, DispatchError>,
 }
 
-/// [`outcome_of`], with the build's artifacts already listed (a caller that reads the build
-/// and lists its artifacts side by side saves a round trip).
-pub(crate) async fn outcome_with(
+/// The outcome of `job`'s ended `build` (its artifacts listed already by a caller that read
+/// the build beside them, or `None`), read at most `MAX_FINISH_ATTEMPTS` times. Each read
+/// is counted on the job before it begins, so one that never comes back (the function
+/// crashed or ran out of time on it) still counts, and the job then ends as `error` rather
+/// than take down every later try; one that fails in a way to try again is given back.
+/// `None`: the job has ended meanwhile, or is gone.
+pub(crate) async fn read_outcome(
+    d: &Deps,
+    job: &Job,
+    build: &Build,
+    artifacts: Option<Result<Vec<Artifact>, BuildkiteError>>,
+    deadline: Deadline,
+) -> Result<Option<Read>, DispatchError> {
+    let store = d.store.as_ref();
+    let job = match update_seen(store, job, count_attempt).await? {
+        Updated::Written(job) => job,
+        Updated::Unchanged(job) if !job.state.is_terminal() => {
+            let attempts = job.finish_attempts;
+            warn!(
+                attempts,
+                "its result's reads never came back; the job ends without one"
+            );
+            let outcome = unread_outcome(build.final_state()).with_timings(build.timings());
+            return Ok(Some(Read {
+                job,
+                outcome: Ok(outcome),
+            }));
+        }
+        _ => return Ok(None),
+    };
+    let artifacts = match artifacts {
+        Some(listed) => listed,
+        None => d.buildkite.list_artifacts(build.number, deadline).await,
+    };
+    let outcome = outcome_with(d, &job.run_id, build, artifacts, deadline).await;
+    if outcome.is_ok() {
+        return Ok(Some(Read { job, outcome }));
+    }
+    let given_back = match update_seen(store, &job, give_back_attempt).await {
+        Ok(updated) => updated.job(),
+        Err(e) => {
+            warn!(error = %e, "the result's read could not be given back");
+            None
+        }
+    };
+    Ok(Some(Read {
+        job: given_back.unwrap_or(job),
+        outcome,
+    }))
+}
+
+/// The outcome of a finished build as the REST API shows it (with its jobs), from its
+/// artifacts' listing. Only Buildkite being unreachable is an error (so the sweep can try
+/// again later); a missing or unreadable result is part of the outcome.
+async fn outcome_with(
     d: &Deps,
     run_id: &RunId,
     build: &Build,

@@ -58,6 +58,10 @@ pub struct Job {
     pub max_queue_secs: Option<u64>,
     /// Someone asked to cancel the job; its build is canceled until it ends.
     pub cancel_requested: bool,
+    /// Reads of its ended build's result begun and not given back: each is counted before it
+    /// begins, so one that never came back (its function crashed or ran out of time) stays
+    /// counted, and a job whose reads keep dying ends without one.
+    pub finish_attempts: u32,
     /// A `private` run (`config.mode`): Discord shows its verdict and build link only.
     pub private: bool,
     /// Why a submission failed (`failed` only).
@@ -93,6 +97,7 @@ impl Job {
             scheduled_at: None,
             max_queue_secs: None,
             cancel_requested: false,
+            finish_attempts: 0,
             private: false,
             failure: None,
             outcome: None,

@@ -92,6 +92,9 @@ pub struct JobRecord {
     pub(crate) max_queue_secs: Option<u64>,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub(crate) cancel_requested: bool,
+    /// Reads of the ended build's result begun (see [`Job::finish_attempts`]).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub(crate) finish_attempts: u32,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub(crate) private: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -228,6 +231,7 @@ impl JobRecord {
             scheduled_at: job.scheduled_at,
             max_queue_secs: job.max_queue_secs,
             cancel_requested: job.cancel_requested,
+            finish_attempts: job.finish_attempts,
             private: job.private,
             failure: job.failure.clone(),
             outcome: encoded.json,
@@ -406,6 +410,7 @@ impl JobRecord {
             scheduled_at: self.scheduled_at,
             max_queue_secs: self.max_queue_secs,
             cancel_requested: self.cancel_requested,
+            finish_attempts: self.finish_attempts,
             private: self.private,
             failure: self.failure,
             outcome: decode_outcome(self.outcome.as_deref(), self.outcome_z.as_deref())?
@@ -488,6 +493,17 @@ mod tests {
         assert_eq!(record.clone().into_job().unwrap(), owing);
         owing.callback.as_mut().unwrap().delivery.status = DeliveryStatus::Delivered;
         assert_eq!(JobRecord::from_job(&owing, "w").sweep_shard, None);
+    }
+
+    #[test]
+    fn a_job_s_result_reads_round_trip_and_take_no_field_until_one_begins() {
+        let mut job = job(JobState::Running);
+        let record = serde_json::to_value(JobRecord::from_job(&job, "w")).unwrap();
+        assert!(record.get("finish_attempts").is_none(), "{record}");
+        job.finish_attempts = 2;
+        let record = JobRecord::from_job(&job, "w");
+        assert_eq!(record.finish_attempts, 2);
+        assert_eq!(record.into_job().unwrap(), job);
     }
 
     #[test]

@@ -2,7 +2,9 @@
 //! wants: a stack that does not start, a job that is not there or a sweep pass that fails
 //! is the test's failure, said at once.
 
+use std::io::Read;
 use std::ops::Deref;
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -134,4 +136,40 @@ pub(crate) fn inflated_result() -> FullResult {
         result.runs.insert(name.into(), eval);
     }
     result
+}
+
+/// The high-water mark of resident memory of process `pid`, in KiB, while it lives.
+pub(crate) fn high_water_kib(pid: u32) -> Option<i64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Runs `command` to its end: its peak resident memory in KiB, whether it succeeded, and
+/// what it printed.
+///
+/// The peak is the process's own `VmHWM`, read until it exits: `wait4`'s `ru_maxrss` would
+/// also count the test process, whose memory a spawned child shares until it execs.
+pub(crate) fn run_measured(mut command: Command) -> (i64, bool, String) {
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the binary starts");
+    let pid = child.id();
+    let mut out = child.stdout.take().expect("its output");
+    let reader = std::thread::spawn(move || {
+        let mut printed = String::new();
+        out.read_to_string(&mut printed).map(|_| printed)
+    });
+    // The mark only rises: the last reading before the process exits is its peak, but for
+    // what it does in its last millisecond (print its summary).
+    let mut peak = 0;
+    while child.try_wait().expect("it is waited on").is_none() {
+        peak = peak.max(high_water_kib(pid).unwrap_or(0));
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let printed = reader.join().expect("read").expect("its output");
+    let succeeded = child.wait().expect("it exited").success();
+    (peak, succeeded, printed)
 }

@@ -1,8 +1,7 @@
 //! A sweep pass's peak memory over a backlog of owed jobs with the largest results a
 //! submission can make: the `sweep` binary's own high-water mark, on both stores.
 
-use std::io::Read;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use aws_sdk_dynamodb::types::{AttributeValue, PutRequest, WriteRequest};
 use kernelbot_dispatch::devstack::moto;
@@ -12,7 +11,7 @@ use kernelbot_dispatch::jobs::{
 use kernelbot_dispatch::result::Outcome;
 use serde_json::{Value, json};
 
-use crate::support::{StoreKind, inflated_result};
+use crate::support::{StoreKind, inflated_result, run_measured};
 
 /// The stored record of a finished job that owes its report, with an inflated result.
 fn owed_record() -> Value {
@@ -173,20 +172,11 @@ async fn dynamo_tried(table: &str) -> usize {
     pages.expect("scanned").len()
 }
 
-/// The high-water mark of resident memory of process `pid`, in KiB, while it lives.
-fn high_water_kib(pid: u32) -> Option<i64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
-}
-
 /// One pass of the `sweep` binary with `env`, Discord unreachable: its peak resident memory
 /// in KiB, and its summary line.
-///
-/// The peak is the process's own `VmHWM`, read until it exits: `wait4`'s `ru_maxrss` would
-/// also count the test process, whose memory a spawned child shares until it execs.
 fn sweep_peak_rss(env: Vec<(&'static str, String)>) -> (i64, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sweep"))
+    let mut sweep = Command::new(env!("CARGO_BIN_EXE_sweep"));
+    sweep
         .env_clear()
         .envs(env)
         .env("BUILDKITE_ORG", "o")
@@ -195,26 +185,9 @@ fn sweep_peak_rss(env: Vec<(&'static str, String)>) -> (i64, String) {
         // Nothing listens on the discard port: every send fails at once.
         .env("DISCORD_API_URL", "http://127.0.0.1:9/api/v10")
         .env("SWEEP_PASS_SECS", "20")
-        .env("RUST_LOG", "error")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("sweep starts");
-    let pid = child.id();
-    let mut out = child.stdout.take().expect("its output");
-    let reader = std::thread::spawn(move || {
-        let mut summary = String::new();
-        out.read_to_string(&mut summary).map(|_| summary)
-    });
-    // The mark only rises: the last reading before the process exits is its peak, but for
-    // what it does in its last millisecond (print its summary).
-    let mut peak = 0;
-    while child.try_wait().expect("it is waited on").is_none() {
-        peak = peak.max(high_water_kib(pid).unwrap_or(0));
-        std::thread::sleep(std::time::Duration::from_millis(1));
-    }
-    let summary = reader.join().expect("read").expect("its output");
-    assert!(child.wait().expect("it exited").success(), "{summary}");
+        .env("RUST_LOG", "error");
+    let (peak, succeeded, summary) = run_measured(sweep);
+    assert!(succeeded, "{summary}");
     (peak, summary)
 }
 

@@ -1,7 +1,14 @@
 //! Kernelbot's `result.json` (`FullResult`) and the verdict we draw from it.
 //!
 //! Parsing is tolerant: every field has a default and unknown fields are ignored, so a
-//! runner that adds fields (or an older one that lacks some) still yields a report.
+//! runner that adds fields (or an older one that lacks some) still yields a report. It is
+//! bounded: [`FullResult::parse`] keeps each field within its cap ([`caps`]) as the file is
+//! read ([`capped`]), so no file, whatever it holds, costs more than its caps keep.
+
+mod capped;
+#[cfg(test)]
+mod oracle;
+mod render;
 
 use std::collections::BTreeMap;
 
@@ -87,31 +94,12 @@ pub struct ProfileResult {
 }
 
 impl FullResult {
-    /// Parses `result.json`, capping every field the evaluated program could fill, so no
-    /// file (whatever it claims) makes the stored job or the report unbounded.
+    /// Parses `result.json`, capping every field the evaluated program could fill as it is
+    /// read, so no file (whatever it claims) makes the stored job, the report or the reading
+    /// itself unbounded. What it keeps is what reading the whole file and then cutting each
+    /// field to its cap would keep.
     pub fn parse(bytes: &[u8]) -> Result<Self, serde_json::Error> {
-        let mut parsed: Self = serde_json::from_slice(bytes)?;
-        parsed.cap();
-        Ok(parsed)
-    }
-
-    fn cap(&mut self) {
-        cap(&mut self.error, caps::TEXT);
-        self.system.cap();
-        self.runs.retain(|name, _| name.len() <= caps::NAME);
-        if self.runs.len() > caps::RUNS {
-            // Kernelbot's own runs are kept first.
-            let keep: Vec<String> = self
-                .ordered_runs()
-                .into_iter()
-                .take(caps::RUNS)
-                .map(|(name, _)| name.to_owned())
-                .collect();
-            self.runs.retain(|name, _| keep.contains(name));
-        }
-        for eval in self.runs.values_mut() {
-            eval.cap();
-        }
+        capped::parse(bytes)
     }
 
     /// Drops what is bulky but not needed to report: captured logs and profiler traces.
@@ -134,13 +122,6 @@ impl FullResult {
 
     /// Runs in the order kernelbot performs them, then any others by name.
     pub fn ordered_runs(&self) -> Vec<(&str, &EvalResult)> {
-        let rank = |name: &str| match name {
-            "test" => 0,
-            "benchmark" => 1,
-            n if n.starts_with("profile") => 2,
-            "leaderboard" => 3,
-            _ => 4,
-        };
         let mut runs: Vec<_> = self.runs.iter().map(|(k, v)| (k.as_str(), v)).collect();
         runs.sort_by_key(|(name, _)| rank(name));
         runs
@@ -234,88 +215,14 @@ pub mod caps {
     pub const RUNS: usize = 32;
 }
 
-impl SystemInfo {
-    fn cap(&mut self) {
-        for s in [
-            &mut self.gpu,
-            &mut self.cpu,
-            &mut self.runtime,
-            &mut self.platform,
-            &mut self.torch,
-            &mut self.hostname,
-        ] {
-            cap(s, caps::SHORT);
-        }
-    }
-}
-
-impl EvalResult {
-    fn cap(&mut self) {
-        for t in [self.start.as_mut(), self.end.as_mut()]
-            .into_iter()
-            .flatten()
-        {
-            cap(t, caps::SHORT);
-        }
-        if let Some(c) = self.compilation.as_mut() {
-            cap(&mut c.nvcc_version, caps::SHORT);
-            cap(&mut c.command, caps::TEXT);
-            cap(&mut c.stdout, caps::LOG);
-            cap(&mut c.stderr, caps::LOG);
-        }
-        if let Some(r) = self.run.as_mut() {
-            cap(&mut r.command, caps::TEXT);
-            cap(&mut r.stdout, caps::LOG);
-            cap(&mut r.stderr, caps::LOG);
-            r.cap_result();
-        }
-        if let Some(p) = self.profile.as_mut() {
-            cap(&mut p.profiler, caps::SHORT);
-            if let Some(t) = p.trace.as_mut() {
-                cap(t, caps::LOG);
-            }
-            if let Some(u) = p.download_url.as_mut() {
-                cap(u, caps::TEXT);
-            }
-        }
-    }
-}
-
-impl RunResult {
-    /// Keeps at most [`caps::ENTRIES`] entries with short keys; every value becomes text of
-    /// at most [`caps::VALUE`] characters (the pipe protocol only ever carries text).
-    /// The profiler's reports are the exception: kept whole up to [`caps::REPORTS`] in all,
-    /// and beyond that dropped with a note in `<key>_dropped`.
-    fn cap_result(&mut self) {
-        let entries = std::mem::take(&mut self.result);
-        let mut reports_left = caps::REPORTS;
-        let mut kept = BTreeMap::new();
-        for (k, v) in entries
-            .into_iter()
-            .filter(|(k, _)| k.len() <= caps::NAME)
-            .take(caps::ENTRIES)
-        {
-            let mut text = match v {
-                serde_json::Value::String(s) => s,
-                other => other.to_string(),
-            };
-            if is_report(&k) {
-                if text.len() > reports_left {
-                    let note = format!(
-                        "{} bytes: over the {} KiB kept",
-                        text.len(),
-                        caps::REPORTS / 1024
-                    );
-                    kept.insert(format!("{k}_dropped"), serde_json::Value::String(note));
-                    continue;
-                }
-                reports_left -= text.len();
-            } else {
-                cap(&mut text, caps::VALUE);
-            }
-            kept.insert(k, serde_json::Value::String(text));
-        }
-        self.result = kept;
+/// Where a run comes in kernelbot's order (then by name): its own runs first.
+fn rank(name: &str) -> u8 {
+    match name {
+        "test" => 0,
+        "benchmark" => 1,
+        n if n.starts_with("profile") => 2,
+        "leaderboard" => 3,
+        _ => 4,
     }
 }
 

@@ -87,6 +87,17 @@ impl BuildkiteStandin {
         self.lock().download_failure = Some((status, body.to_owned()));
     }
 
+    /// Downloads of build `number`'s artifacts never answer: a read that never comes back
+    /// (`false`: they answer again).
+    pub fn stall_downloads(&self, number: u64, stalled: bool) {
+        let mut s = self.lock();
+        if stalled {
+            s.stalled_downloads.insert(number);
+        } else {
+            s.stalled_downloads.remove(&number);
+        }
+    }
+
     /// The artifact download endpoint answers its 302 again.
     pub fn clear_download_failure(&self) {
         self.lock().download_failure = None;

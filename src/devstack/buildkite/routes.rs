@@ -435,21 +435,38 @@ async fn download(
     Path((_o, _p, number, job, id)): Path<(String, String, String, String, String)>,
     req: Request,
 ) -> Response {
-    let mut s = lock(&inner);
-    let i = match read_build(&mut s, &req, &number) {
+    let answer = download_locked(&mut lock(&inner), &req, &number, &job, &id);
+    match answer {
+        Some(response) => response,
+        None => std::future::pending().await,
+    }
+}
+
+/// The answer to a download; `None` for one that never comes (a stalled build's).
+fn download_locked(
+    s: &mut Inner,
+    req: &Request,
+    number: &str,
+    job: &str,
+    id: &str,
+) -> Option<Response> {
+    let i = match read_build(s, req, number) {
         Ok(i) => i,
-        Err(r) => return *r,
+        Err(r) => return Some(*r),
     };
+    if s.stalled_downloads.contains(&s.builds[i].number) {
+        return None;
+    }
     if !s.builds[i]
         .artifacts
         .iter()
         .any(|a| a.id == id && a.job_id == job)
     {
-        return bk_error(StatusCode::NOT_FOUND, "Not Found");
+        return Some(bk_error(StatusCode::NOT_FOUND, "Not Found"));
     }
     if let Some((status, body)) = s.download_failure.clone() {
         let status = StatusCode::from_u16(status).unwrap_or(StatusCode::NOT_FOUND);
-        return (status, [(header::CONTENT_TYPE, "text/html")], body).into_response();
+        return Some((status, [(header::CONTENT_TYPE, "text/html")], body).into_response());
     }
     let number = s.builds[i].number;
     // Presigned as S3 signs: when, and for how long (a minute), on the stand-in's clock.
@@ -458,12 +475,14 @@ async fn download(
         "{}/storage/{number}/{id}?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Date={signed_at}&X-Amz-Expires={STORAGE_URL_SECS}&X-Amz-Signature=abc123",
         s.base
     );
-    (
-        StatusCode::FOUND,
-        [(header::LOCATION, url.clone())],
-        Json(json!({"url": url})),
+    Some(
+        (
+            StatusCode::FOUND,
+            [(header::LOCATION, url.clone())],
+            Json(json!({"url": url})),
+        )
+            .into_response(),
     )
-        .into_response()
 }
 
 /// How long a storage URL the stand-in hands out is valid.

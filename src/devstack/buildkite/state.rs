@@ -1,7 +1,7 @@
 //! The stand-in's state: the builds it holds, the faults queued for its answers, and the
 //! JSON it shows them as, as Buildkite's REST API and webhooks do.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -88,6 +88,8 @@ pub(super) struct Inner {
     pub(super) storage_failure: Option<(u16, String)>,
     /// What the artifact download endpoint answers, when set: status and body (HTML, say).
     pub(super) download_failure: Option<(u16, String)>,
+    /// Builds whose artifact downloads never answer.
+    pub(super) stalled_downloads: HashSet<u64>,
     pub(super) storage_downloads: usize,
     pub(super) api_calls: Vec<String>,
     pub(super) autorun: Option<AutoRun>,
@@ -127,6 +129,7 @@ impl Inner {
             storage_auth_rejections: 0,
             storage_failure: None,
             download_failure: None,
+            stalled_downloads: HashSet::new(),
             storage_downloads: 0,
             api_calls: Vec::new(),
             autorun: None,

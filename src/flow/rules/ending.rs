@@ -1,4 +1,5 @@
-//! When a job ends without its build's word: a deadline passed, or a user canceled it.
+//! When a job ends without its build's word: a deadline passed, a user canceled it, or its
+//! result's reads never came back.
 
 use crate::jobs::{Job, JobState, Timeline, Transition};
 use crate::result::{Outcome, Verdict};
@@ -33,6 +34,38 @@ pub(crate) fn overdue(
     let waiting_since = job.scheduled_at?;
     (job.state == JobState::Scheduled && now - waiting_since >= limit)
         .then_some(Overdue::QueueTimeout)
+}
+
+/// Reads of its ended build's result a job gets. One that never comes back (its function
+/// crashed or ran out of time on it) is tried again by the next webhook or pass, but not
+/// for ever: the job then ends without it.
+pub(crate) const MAX_FINISH_ATTEMPTS: u32 = 3;
+
+/// `job` with one more read of its result counted, written before the read begins; `None`
+/// when it has ended, or its reads are spent (it then ends as [`unread_outcome`] says).
+pub(crate) fn count_attempt(job: &Job) -> Option<Job> {
+    if job.state.is_terminal() || job.finish_attempts >= MAX_FINISH_ATTEMPTS {
+        return None;
+    }
+    let mut next = job.clone();
+    next.finish_attempts += 1;
+    Some(next)
+}
+
+/// `job` with a counted read given back: it failed in a way to try again (Buildkite
+/// unreachable, the pass's budget spent), which says nothing about the result itself.
+pub(crate) fn give_back_attempt(job: &Job) -> Option<Job> {
+    if job.state.is_terminal() || job.finish_attempts == 0 {
+        return None;
+    }
+    let mut next = job.clone();
+    next.finish_attempts -= 1;
+    Some(next)
+}
+
+/// How a job ends whose reads of its result are spent.
+pub(crate) fn unread_outcome(build_state: &str) -> Outcome {
+    Outcome::decided(build_state, Verdict::Error, "its result could not be read")
 }
 
 /// What asking to cancel `job` does to it: `None` when it has ended (or was already asked).
@@ -109,6 +142,37 @@ mod tests {
         );
         assert_eq!(request_cancel(&asked, 6), None, "asked once");
         assert_eq!(request_cancel(&job(JobState::Finished), 6), None);
+    }
+
+    #[test]
+    fn a_result_is_read_a_bounded_number_of_times() {
+        // (state, reads counted so far, counted after one more begins; None: none begins)
+        for (state, counted, next) in [
+            (JobState::Running, 0, Some(1)),
+            (JobState::Running, 2, Some(3)),
+            (JobState::Running, 3, None),
+            (JobState::Scheduled, 7, None),
+            (JobState::Finished, 0, None),
+        ] {
+            let mut j = job(state);
+            j.finish_attempts = counted;
+            let after = count_attempt(&j).map(|j| j.finish_attempts);
+            assert_eq!(after, next, "{state:?}, {counted}");
+        }
+        // (state, reads counted, counted once one is given back)
+        for (state, counted, next) in [
+            (JobState::Running, 2, Some(1)),
+            (JobState::Running, 0, None),
+            (JobState::Failed, 2, None),
+        ] {
+            let mut j = job(state);
+            j.finish_attempts = counted;
+            let after = give_back_attempt(&j).map(|j| j.finish_attempts);
+            assert_eq!(after, next, "{state:?}, {counted}");
+        }
+        let spent = unread_outcome("passed");
+        assert_eq!(spent.verdict, Verdict::Error);
+        assert_eq!(spent.error.as_deref(), Some("its result could not be read"));
     }
 
     #[test]

@@ -152,6 +152,8 @@ async fn follow_builds(
 
 /// Follows the builds no live listing showed, from the bookmark the last pass left; where
 /// the budget runs out, the bookmark is left for the next pass, so every job is reached.
+/// The bookmark moves past each job before its work begins: a job whose work kills the pass
+/// holds back no other.
 async fn follow_ended(
     d: &Deps,
     ended: Vec<&Listed>,
@@ -168,13 +170,17 @@ async fn follow_ended(
     let Some(done) = listed else {
         return Ok(());
     };
-    for listed in &ended {
+    for (i, listed) in ended.iter().enumerate() {
         if deadline.remaining() < PASS_RESERVE || d.buildkite.over_budget() {
             return set_cursor(d, Some(&bookmark(listed))).await;
         }
         let Some(job) = read_open(d, listed, report).await? else {
             continue;
         };
+        // Saved before the job's result is read: should the pass die on it, the next one
+        // goes on past it and comes round to it last.
+        let past = ended[(i + 1) % ended.len()];
+        set_cursor(d, Some(&bookmark(past))).await?;
         report.checked += 1;
         let result = match done.get(&number(listed)) {
             Some(build) => follow(d, &job, build, deadline).await,

@@ -1,8 +1,9 @@
 //! One sweep pass: deferred creates and open jobs whose webhooks never came ([`builds`]),
 //! then every report and callback still owed ([`deliveries`]). A pass lists jobs without
 //! their large parts and reads each whole only to act on it. One job's trouble is counted and logged; it
-//! does not stop the pass. A pipeline- or store-level error does, changing nothing, so the
-//! pass exits non-zero naming the cause.
+//! does not stop the pass, and a job whose work kills the pass holds back no other: the
+//! bookmark moves past it first. A pipeline- or store-level error stops the pass, changing
+//! nothing, so the pass exits non-zero naming the cause.
 
 mod builds;
 mod deliveries;
