@@ -174,6 +174,7 @@ pub(super) fn run_config(config: &EvalConfig, eval: &Evaluation) -> FullResult {
         error: String::new(),
         system,
         runs,
+        infra: None,
     }
 }
 
@@ -331,6 +332,7 @@ fn evaluate(eval: &Evaluation, config: &EvalConfig, step: Step, device_count: i6
                 compilation: Some(failed),
                 run: None,
                 profile: None,
+                conditions: None,
             };
         }
     };
@@ -352,6 +354,7 @@ fn evaluate(eval: &Evaluation, config: &EvalConfig, step: Step, device_count: i6
         compilation,
         run: Some(run),
         profile,
+        conditions: None,
     }
 }
 

@@ -7,6 +7,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+pub mod health;
+pub use health::{Conditions, GpuProcess, GpuReading, InfraFailure};
+
 /// Largest captured stdout/stderr we keep per run, as kernelbot's `_limit_length` does.
 pub const MAX_LOG_CHARS: usize = 16 * 1024;
 
@@ -26,6 +29,9 @@ pub struct FullResult {
     pub error: String,
     pub system: SystemInfo,
     pub runs: BTreeMap<String, EvalResult>,
+    /// Ours, not kernelbot's: set when the GPU node, not the submission, stopped the job.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub infra: Option<InfraFailure>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -48,6 +54,9 @@ pub struct EvalResult {
     pub compilation: Option<CompileResult>,
     pub run: Option<RunResult>,
     pub profile: Option<ProfileResult>,
+    /// Ours, not kernelbot's: the GPUs' clocks, temperature and power around a timed run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub conditions: Option<Conditions>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -98,6 +107,9 @@ impl FullResult {
     fn cap(&mut self) {
         cap(&mut self.error, caps::TEXT);
         self.system.cap();
+        if let Some(infra) = self.infra.as_mut() {
+            infra.cap();
+        }
         self.runs.retain(|name, _| name.len() <= caps::NAME);
         if self.runs.len() > caps::RUNS {
             // Kernelbot's own runs are kept first.
@@ -268,6 +280,9 @@ impl EvalResult {
             cap(&mut r.stdout, caps::LOG);
             cap(&mut r.stderr, caps::LOG);
             r.cap_result();
+        }
+        if let Some(c) = self.conditions.as_mut() {
+            c.cap();
         }
         if let Some(p) = self.profile.as_mut() {
             cap(&mut p.profiler, caps::SHORT);
