@@ -1,13 +1,16 @@
 //! The GPUs' health, read through their vendors' tools: pure parsers of `nvidia-smi`'s CSV
-//! and `amd-smi`'s JSON ([`nvidia`], [`amd`]), the pre-flight decision ([`preflight`]),
-//! and the only I/O, running the tools ([`probe`]) and the pre-flight as the runner runs
-//! it ([`gate`]).
+//! and `amd-smi`'s JSON ([`nvidia`], [`amd`]), the pre-flight's and the measurements'
+//! decisions ([`preflight`], [`measure`]), and the only I/O, running the tools ([`probe`]),
+//! the pre-flight as the runner runs it ([`gate`]) and the readings around timed runs
+//! ([`watch`]).
 
 pub(crate) mod amd;
 pub(crate) mod gate;
+pub(crate) mod measure;
 pub(crate) mod nvidia;
 pub(crate) mod preflight;
 pub(crate) mod probe;
+pub(crate) mod watch;
 
 /// Output of a GPU tool that cannot be read: why, and the raw line (or document) it was in,
 /// so an operator sees what the tool said.

@@ -50,8 +50,8 @@ pub mod exit {
     /// `result.json` could not be written.
     pub(crate) const CANNOT_WRITE_RESULT: i32 = 3;
     /// The GPU node, not the submission, failed (`EX_TEMPFAIL`): the pre-flight refused the
-    /// GPUs. `result.json` holds `infra` with the stage, reason and readings; the pipeline
-    /// retries the job automatically on this code.
+    /// GPUs, or a leaderboard run was throttled twice. `result.json` holds `infra` with the
+    /// stage, reason and readings; the pipeline retries the job automatically on this code.
     pub const INFRA: i32 = 75;
 }
 
@@ -80,16 +80,9 @@ pub fn failure(error: impl Into<String>) -> FullResult {
 /// An infrastructure failure's result: no runs, `infra` saying what failed, and a sentence
 /// that puts the blame where it belongs.
 pub(crate) fn infra_failure(infra: InfraFailure) -> FullResult {
-    let stage = match infra.stage.as_str() {
-        "preflight" => "The GPU failed its pre-flight check, so nothing of the submission ran",
-        _ => "The GPU could not be measured under fair conditions",
-    };
     FullResult {
         success: false,
-        error: format!(
-            "{stage} (infrastructure failure, not your code): {}",
-            infra.detail
-        ),
+        error: infra.sentence(),
         system: system::detect(),
         infra: Some(infra),
         ..Default::default()
@@ -109,12 +102,19 @@ fn checked_evaluation(
             eprintln!("Pre-flight failed ({}): {}", infra.reason, infra.detail);
             (infra_failure(infra), None, exit::INFRA)
         }
-        Gate::Go(report) => {
+        Gate::Go(report, watch) => {
             println!("Pre-flight {}. {}", report.status, report.detail);
             println!("Evaluating: lang={} mode={}", config.lang, config.mode);
-            let evaluation = eval::Evaluation::new(sandbox, EVALUATION_BUDGET, out_dir);
+            let evaluation =
+                eval::Evaluation::new(sandbox, EVALUATION_BUDGET, out_dir).watching(watch);
             let result = eval::run_config(config, &evaluation);
-            (result, Some(report), exit::OK)
+            // A leaderboard run that stayed throttled: measured, but not fairly.
+            let code = if result.infra.is_some() {
+                exit::INFRA
+            } else {
+                exit::OK
+            };
+            (result, Some(report), code)
         }
     }
 }

@@ -5,6 +5,7 @@ use serde::Serialize;
 
 use super::preflight::{self, Thresholds};
 use super::probe;
+use super::watch::{DEFAULT_COOLDOWN, Watch};
 use crate::result::{GpuReading, InfraFailure};
 
 /// What the pre-flight did, as `result.json`'s `preflight` says it.
@@ -19,9 +20,10 @@ pub(crate) struct Report {
     pub(crate) readings: Vec<GpuReading>,
 }
 
-/// The outcome: go ahead (with the report), or stop for this infrastructure failure.
+/// The outcome: go ahead (with the report and, on a GPU node, what reads the GPUs around
+/// timed runs), or stop for this infrastructure failure.
 pub(crate) enum Gate {
-    Go(Report),
+    Go(Report, Option<Watch>),
     Stop(InfraFailure),
 }
 
@@ -35,6 +37,20 @@ fn stop(reason: &str, detail: String, readings: Vec<GpuReading>) -> Gate {
     })
 }
 
+const COOLDOWN_VAR: &str = "KERNELBOT_COOLDOWN_SECS";
+
+/// The cool-down before a throttled leaderboard run's second try.
+fn cooldown(lookup: &dyn Fn(&str) -> Option<String>) -> Result<std::time::Duration, String> {
+    match lookup(COOLDOWN_VAR).filter(|v| !v.trim().is_empty()) {
+        None => Ok(DEFAULT_COOLDOWN),
+        Some(v) => v
+            .trim()
+            .parse()
+            .map(std::time::Duration::from_secs)
+            .map_err(|_| format!("{COOLDOWN_VAR}={v:?} is not a whole number of seconds")),
+    }
+}
+
 /// Runs the pre-flight, unless this machine has no GPU tool to run it with.
 pub(crate) fn preflight(lookup: &dyn Fn(&str) -> Option<String>) -> Gate {
     let Some((vendor, tool)) = probe::vendor(lookup) else {
@@ -43,12 +59,13 @@ pub(crate) fn preflight(lookup: &dyn Fn(&str) -> Option<String>) -> Gate {
             detail: "no nvidia-smi or amd-smi on PATH: not a GPU node, nothing to check".into(),
             readings: Vec::new(),
         };
-        return Gate::Go(report);
+        return Gate::Go(report, None);
     };
-    let limits = match Thresholds::from_env(lookup) {
-        Ok(l) => l,
-        Err(e) => return stop("bad_threshold", e, Vec::new()),
-    };
+    let (limits, cooldown) =
+        match Thresholds::from_env(lookup).and_then(|l| Ok((l, cooldown(lookup)?))) {
+            Ok(read) => read,
+            Err(e) => return stop("bad_threshold", e, Vec::new()),
+        };
     let readings = match probe::readings(vendor, &tool) {
         Ok(r) => r,
         Err(e) => return stop(e.reason(), e.to_string(), Vec::new()),
@@ -65,7 +82,12 @@ pub(crate) fn preflight(lookup: &dyn Fn(&str) -> Option<String>) -> Gate {
                 detail: String::new(),
                 readings,
             };
-            Gate::Go(report)
+            let watch = Watch {
+                vendor,
+                tool,
+                cooldown,
+            };
+            Gate::Go(report, Some(watch))
         }
         Err(refusal) => Gate::Stop(InfraFailure {
             stage: "preflight".into(),

@@ -65,6 +65,9 @@ pub struct Conditions {
     pub after: Vec<GpuReading>,
     /// A thermal or power slowdown was active before or after the run.
     pub throttled: bool,
+    /// How many times the run was made: a throttled leaderboard run gets a second, after a
+    /// cool-down, and these are the last one's conditions.
+    pub attempts: u32,
 }
 
 /// At most this many GPUs or processes are kept per list: a node has 8 GPUs.
@@ -87,6 +90,18 @@ fn cap_readings(readings: &mut Vec<GpuReading>) {
 }
 
 impl InfraFailure {
+    /// The `error` sentence of a job this stopped: the blame where it belongs.
+    pub fn sentence(&self) -> String {
+        let what = match self.stage.as_str() {
+            "preflight" => "The GPU failed its pre-flight check, so nothing of the submission ran",
+            _ => "The GPU could not be measured under fair conditions",
+        };
+        format!(
+            "{what} (infrastructure failure, not your code): {}",
+            self.detail
+        )
+    }
+
     pub(super) fn cap(&mut self) {
         cap(&mut self.stage, caps::SHORT);
         cap(&mut self.reason, caps::SHORT);
