@@ -993,6 +993,10 @@ fn the_pipeline_runs_the_runner_on_the_submitted_queue() {
         "KERNELBOT_MEMORY",
         "CUDA_VISIBLE_DEVICES",
         "ROCR_VISIBLE_DEVICES",
+        "HIP_VISIBLE_DEVICES",
+        "KERNELBOT_PREFLIGHT_MAX_TEMP_C",
+        "KERNELBOT_PREFLIGHT_MIN_MAX_SM_CLOCK_MHZ",
+        "KERNELBOT_COOLDOWN_SECS",
     ] {
         assert!(
             passed.contains(&var),
