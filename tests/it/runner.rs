@@ -1215,3 +1215,23 @@ fn a_throttled_leaderboard_run_is_run_again_once_then_fails_as_infrastructure() 
         }
     }
 }
+
+/// A GPU that supports fewer fields (`[N/A]` for power, ECC and retired pages, as consumer
+/// cards print) passes: unknown is not a fault, and `result.json` says `null` for it.
+#[test]
+fn unsupported_readings_are_unknown_not_faults() {
+    let na = "power.draw,ecc.errors.uncorrected.volatile.total,retired_pages.pending";
+    let r = run_on_stand_ins(
+        "gpu-nvidia",
+        &config("pass", "test"),
+        &[("GPU_STANDIN_NA", na)],
+    );
+    assert_eq!(r.code, 0, "{}", r.stdout);
+    assert!(r.result.unwrap().success);
+    let reading = &r.raw.unwrap()["preflight"]["readings"][0];
+    for field in ["power_w", "ecc_uncorrected", "retired_pages_pending"] {
+        assert_eq!(reading[field], Value::Null, "{field}: {reading}");
+    }
+    assert_eq!(reading["temperature_c"], json!(34.0));
+    assert_eq!(reading["clock_events"], json!(["GpuIdle"]));
+}
