@@ -886,14 +886,22 @@ fn the_pipeline_runs_the_runner_on_the_submitted_queue() {
         step_secs >= kernelbot_dispatch::runner::EVALUATION_BUDGET.as_secs() + 180,
         "a {step_secs} s step cannot hold the runner's budget"
     );
-    let mut retried: Vec<i64> = step["retry"]["automatic"]
+    let mut retried: Vec<(i64, i64)> = step["retry"]["automatic"]
         .as_sequence()
         .unwrap()
         .iter()
-        .map(|r| r["exit_status"].as_i64().unwrap())
+        .map(|r| {
+            (
+                r["exit_status"].as_i64().unwrap(),
+                r["limit"].as_i64().unwrap(),
+            )
+        })
         .collect();
     retried.sort_unstable();
-    assert_eq!(retried, [-1, 255], "retry only when the agent is lost");
+    // Retried when the agent is lost, and on the runner's infrastructure failure (a GPU that
+    // failed its pre-flight or stayed throttled), never on a submission's own failure.
+    let infra = i64::from(kernelbot_dispatch::runner::exit::INFRA);
+    assert_eq!(retried, [(-1, 2), (infra, 2), (255, 1)]);
 
     let plugins = step["plugins"].as_sequence().unwrap();
     let docker = plugins[0].as_mapping().unwrap();
@@ -985,6 +993,10 @@ fn the_pipeline_runs_the_runner_on_the_submitted_queue() {
         "KERNELBOT_MEMORY",
         "CUDA_VISIBLE_DEVICES",
         "ROCR_VISIBLE_DEVICES",
+        "HIP_VISIBLE_DEVICES",
+        "KERNELBOT_PREFLIGHT_MAX_TEMP_C",
+        "KERNELBOT_PREFLIGHT_MIN_MAX_SM_CLOCK_MHZ",
+        "KERNELBOT_COOLDOWN_SECS",
     ] {
         assert!(
             passed.contains(&var),

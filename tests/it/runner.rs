@@ -736,30 +736,27 @@ fn gpu_tool(name: &str, output: &str) -> tempfile::TempDir {
 /// task is not.
 #[test]
 fn a_multi_gpu_agent_s_devices_are_counted_and_given_to_multi_gpu_tasks() {
-    let nvidia = (0..8)
-        .map(|_| "NVIDIA H100 80GB HBM3\n")
-        .collect::<String>();
     let cards: Vec<String> = (0..8)
         .map(|i| format!("\"card{i}\": {{\"Card Series\": \"AMD Instinct MI300X\"}}"))
         .collect();
     let amd = format!("{{{}}}", cards.join(", "));
-    for (tool, output, gpu, runtime) in [
-        (
-            "nvidia-smi",
-            nvidia.trim_end(),
-            "NVIDIA H100 80GB HBM3",
-            "CUDA",
-        ),
-        ("rocm-smi", amd.as_str(), "AMD Instinct MI300X", "ROCm"),
+    // NVIDIA's stand-in answers the pre-flight's queries for 8 GPUs too; this AMD stub has
+    // no amd-smi, so its pre-flight is skipped.
+    let nvidia = gpu_stand_ins("gpu-nvidia");
+    let rocm = gpu_tool("rocm-smi", &amd);
+    for (tool, stubs, gpu, runtime) in [
+        ("nvidia-smi", nvidia.path(), "NVIDIA H100 80GB HBM3", "CUDA"),
+        ("rocm-smi", rocm.path(), "AMD Instinct MI300X", "ROCm"),
     ] {
-        let stubs = gpu_tool(tool, output);
-        let path = format!("{}:/usr/local/bin:/usr/bin:/bin", stubs.path().display());
+        let path = format!("{}:/usr/local/bin:/usr/bin:/bin", stubs.display());
         for (multi, told) in [(true, "8"), (false, "unset")] {
             let mut config = config("pass", "test");
             config["multi_gpu"] = json!(multi);
             let r = run_with(&[
                 ("KERNELBOT_PAYLOAD", payload::encode(&config).unwrap()),
                 ("PATH", path.clone()),
+                ("GPU_STANDIN_GPUS", "8".into()),
+                ("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7".into()),
             ]);
             let result = r.result.unwrap_or_else(|| panic!("{}", r.stdout));
             assert_eq!(result.system.device_count, 8, "{tool}");
@@ -954,4 +951,301 @@ fn profile_mode_without_a_gpu_runtime_says_so() {
         result.error
     );
     assert!(result.runs.is_empty());
+}
+
+/// A submission that leaves a mark as soon as any of its code runs (its module, or the
+/// harness), in `dir`, which every user may write.
+fn marking_config(dir: &Path) -> Value {
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let mark = format!(
+        "open({:?}, 'a').write('ran\\n')\n",
+        dir.join("ran").display().to_string()
+    );
+    let mut c = config("pass", "test");
+    let harness = c["sources"]["eval.py"].as_str().unwrap().to_owned();
+    c["sources"]["eval.py"] = json!(format!("{mark}{harness}"));
+    c["sources"]["submission.py"] = json!(format!("{mark}def kernel(x):\n    return x\n"));
+    c
+}
+
+/// The runner on a vendor's stand-in GPU tools, given device 0, with `faults` in its env.
+fn run_on_stand_ins(vendor: &str, config: &Value, faults: &[(&str, &str)]) -> Run {
+    let stand_ins = gpu_stand_ins(vendor);
+    let path = format!(
+        "{}:/usr/local/bin:/usr/bin:/bin",
+        stand_ins.path().display()
+    );
+    let given = if vendor == "gpu-nvidia" {
+        "CUDA_VISIBLE_DEVICES"
+    } else {
+        "ROCR_VISIBLE_DEVICES"
+    };
+    let mut vars = vec![
+        ("KERNELBOT_PAYLOAD", payload::encode(config).unwrap()),
+        ("PATH", path),
+        (given, "0".to_owned()),
+    ];
+    vars.extend(faults.iter().map(|(k, v)| (*k, (*v).to_owned())));
+    run_with(&vars)
+}
+
+/// A healthy stand-in GPU of either vendor passes the pre-flight and the submission runs as
+/// before; `result.json` says the pre-flight passed and what it read.
+#[test]
+fn a_healthy_gpu_passes_the_preflight_and_the_submission_runs() {
+    for vendor in ["gpu-nvidia", "gpu-amd"] {
+        let marks = tempfile::tempdir().unwrap();
+        let r = run_on_stand_ins(vendor, &marking_config(marks.path()), &[]);
+        assert_eq!(r.code, 0, "{vendor}: {}", r.stdout);
+        let result = r.result.unwrap();
+        assert!(result.success && result.infra.is_none(), "{}", result.error);
+        assert!(result.runs["test"].run.as_ref().unwrap().passed);
+        assert!(marks.path().join("ran").exists(), "the submission ran");
+        let preflight = &r.raw.unwrap()["preflight"];
+        assert_eq!(preflight["status"], "passed", "{vendor}: {preflight}");
+        assert_eq!(preflight["readings"].as_array().map(Vec::len), Some(1));
+    }
+}
+
+/// Without nvidia-smi or amd-smi (the CPU demo) there is nothing to check: the pre-flight
+/// is skipped, `result.json` says so, and the submission runs.
+#[test]
+fn without_gpu_tools_the_preflight_is_skipped_and_says_so() {
+    let r = run_with(&[
+        (
+            "KERNELBOT_PAYLOAD",
+            payload::encode(&config("pass", "test")).unwrap(),
+        ),
+        ("PATH", "/usr/local/bin:/usr/bin:/bin".into()),
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stdout);
+    assert!(r.result.unwrap().success);
+    let preflight = &r.raw.unwrap()["preflight"];
+    assert_eq!(preflight["status"], "skipped");
+    assert!(
+        preflight["detail"]
+            .as_str()
+            .unwrap()
+            .contains("no nvidia-smi or amd-smi"),
+        "{preflight}"
+    );
+}
+
+/// Each fault of the GPU stops the job before any of its code runs: exit 75 (the pipeline
+/// retries it elsewhere), no runs, no mark, and `infra` saying the stage, the reason and
+/// what was read, with the blame on the node.
+#[test]
+fn a_gpu_fault_stops_the_job_before_any_of_its_code_runs() {
+    type Fault = (
+        &'static str,
+        &'static [(&'static str, &'static str)],
+        &'static str,
+        &'static str,
+    );
+    let faults: &[Fault] = &[
+        (
+            "gpu-nvidia",
+            &[("GPU_STANDIN_ECC", "3")],
+            "ecc_errors",
+            "GPU 0 has 3 uncorrected ECC errors",
+        ),
+        (
+            "gpu-amd",
+            &[("GPU_STANDIN_ECC", "1")],
+            "ecc_errors",
+            "GPU 0 has 1 uncorrected ECC errors",
+        ),
+        (
+            "gpu-nvidia",
+            &[("GPU_STANDIN_FOREIGN_PID", "4242")],
+            "foreign_process",
+            "pid 4242, 1024 MiB",
+        ),
+        (
+            "gpu-amd",
+            &[("GPU_STANDIN_FOREIGN_PID", "4243")],
+            "foreign_process",
+            "pid 4243, 1024 MiB",
+        ),
+        (
+            "gpu-nvidia",
+            &[("GPU_STANDIN_MISSING", "0")],
+            "no_gpu",
+            "no GPU is visible",
+        ),
+        (
+            "gpu-nvidia",
+            &[("GPU_STANDIN_GPUS", "2")],
+            "gpu_not_given",
+            "GPU 1 is visible but was not given",
+        ),
+        (
+            "gpu-amd",
+            &[("GPU_STANDIN_GPUS", "2"), ("GPU_STANDIN_MISSING", "0")],
+            "gpu_missing",
+            "GPU 0 was given",
+        ),
+        (
+            "gpu-nvidia",
+            &[("GPU_STANDIN_EVENTS", "0x40")],
+            "clock_slowdown",
+            "HwThermalSlowdown",
+        ),
+        (
+            "gpu-amd",
+            &[("GPU_STANDIN_THROTTLED", "1")],
+            "clock_slowdown",
+            "SocketThermalViolation",
+        ),
+        (
+            "gpu-nvidia",
+            &[("GPU_STANDIN_TEMP", "91")],
+            "too_hot",
+            "91 °C",
+        ),
+        (
+            "gpu-nvidia",
+            &[("GPU_STANDIN_RETIRED_PENDING", "1")],
+            "retired_pages_pending",
+            "retired",
+        ),
+        (
+            "gpu-nvidia",
+            &[(
+                "GPU_STANDIN_MALFORMED",
+                "Unable to determine the device handle for GPU0000:41:00.0: Unknown Error",
+            )],
+            "tool_output_unreadable",
+            "\"Unable to determine the device handle for GPU0000:41:00.0: Unknown Error\"",
+        ),
+        (
+            "gpu-amd",
+            &[(
+                "GPU_STANDIN_MALFORMED",
+                "ERROR:root:Unable to detect any GPU devices",
+            )],
+            "tool_output_unreadable",
+            "ERROR:root:Unable to detect any GPU devices",
+        ),
+    ];
+    for (vendor, env, reason, says) in faults {
+        let marks = tempfile::tempdir().unwrap();
+        let r = run_on_stand_ins(vendor, &marking_config(marks.path()), env);
+        assert_eq!(r.code, 75, "{vendor} {env:?}: {}", r.stdout);
+        let result = r.result.unwrap();
+        assert!(
+            !result.success && result.runs.is_empty(),
+            "{vendor} {env:?}"
+        );
+        assert!(
+            !marks.path().join("ran").exists(),
+            "{vendor} {env:?}: nothing of it ran"
+        );
+        let infra = result.infra.unwrap();
+        assert_eq!(
+            (infra.stage.as_str(), infra.reason.as_str()),
+            ("preflight", *reason),
+            "{vendor} {env:?}: {}",
+            infra.detail
+        );
+        assert!(
+            result.error.contains("not your code") && result.error.contains(says),
+            "{vendor} {env:?}: {}",
+            result.error
+        );
+        let raw = r.raw.unwrap();
+        assert!(raw["infra"]["readings"].is_array(), "{raw}");
+    }
+}
+
+/// Each timed run (benchmark, leaderboard) records the GPU's readings before and after it. A
+/// leaderboard run measured during a thermal slowdown is run again after the cool-down:
+/// kept when the slowdown has cleared, an infrastructure failure (exit 75, stage
+/// `measurement`) when it persists, on either vendor's stand-in. The stand-ins count the
+/// readings: the pre-flight's is the 0th, the benchmark's 1st and 2nd, the leaderboard's 3rd and 4th, its
+/// second try's 5th and 6th.
+#[test]
+fn a_throttled_leaderboard_run_is_run_again_once_then_fails_as_infrastructure() {
+    let cases = [
+        (
+            "gpu-nvidia",
+            ("GPU_STANDIN_EVENTS", "0x20"),
+            "SwThermalSlowdown",
+        ),
+        (
+            "gpu-amd",
+            ("GPU_STANDIN_THROTTLED", "1"),
+            "SocketThermalViolation",
+        ),
+    ];
+    for ((vendor, fault, named), (lasts, code)) in cases
+        .into_iter()
+        .flat_map(|c| [(c, ("2", 0)), (c, ("99", 75))])
+    {
+        let state = tempfile::tempdir().unwrap();
+        let counter = state.path().join("reads").display().to_string();
+        let faults = [
+            fault,
+            ("GPU_STANDIN_EVENTS_FROM", "3"),
+            ("GPU_STANDIN_EVENTS_READS", lasts),
+            ("GPU_STANDIN_STATE", counter.as_str()),
+            ("KERNELBOT_COOLDOWN_SECS", "0"),
+        ];
+        let r = run_on_stand_ins(vendor, &config("pass", "leaderboard"), &faults);
+        assert_eq!(r.code, code, "{vendor} lasting {lasts}: {}", r.stdout);
+        let result = r.result.unwrap();
+        assert!(
+            result.runs["test"].conditions.is_none(),
+            "a test run is not timed"
+        );
+        let benchmark = result.runs["benchmark"].conditions.clone().unwrap();
+        assert!(
+            !benchmark.throttled && benchmark.attempts == 1,
+            "{benchmark:?}"
+        );
+        assert_eq!((benchmark.before.len(), benchmark.after.len()), (1, 1));
+        assert!(benchmark.after[0].sm_clock_mhz.is_some(), "{benchmark:?}");
+        let leaderboard = result.runs["leaderboard"].conditions.clone().unwrap();
+        assert_eq!(leaderboard.attempts, 2, "run again after the cool-down");
+        if code == 0 {
+            assert!(result.success && result.infra.is_none(), "{}", result.error);
+            assert!(!leaderboard.throttled);
+            assert!(result.runs["leaderboard"].run.as_ref().unwrap().passed);
+        } else {
+            assert!(!result.success && leaderboard.throttled);
+            let infra = result.infra.unwrap();
+            assert_eq!(
+                (infra.stage.as_str(), infra.reason.as_str()),
+                ("measurement", "throttled")
+            );
+            assert!(
+                result.error.contains("not your code") && result.error.contains(named),
+                "{}",
+                result.error
+            );
+            let reasons =
+                &r.raw.unwrap()["runs"]["leaderboard"]["conditions"]["after"][0]["clock_events"];
+            assert_eq!(reasons, &json!([named]));
+        }
+    }
+}
+
+/// A GPU that supports fewer fields (`[N/A]` for power, ECC and retired pages, as consumer
+/// cards print) passes: unknown is not a fault, and `result.json` says `null` for it.
+#[test]
+fn unsupported_readings_are_unknown_not_faults() {
+    let na = "power.draw,ecc.errors.uncorrected.volatile.total,retired_pages.pending";
+    let r = run_on_stand_ins(
+        "gpu-nvidia",
+        &config("pass", "test"),
+        &[("GPU_STANDIN_NA", na)],
+    );
+    assert_eq!(r.code, 0, "{}", r.stdout);
+    assert!(r.result.unwrap().success);
+    let reading = &r.raw.unwrap()["preflight"]["readings"][0];
+    for field in ["power_w", "ecc_uncorrected", "retired_pages_pending"] {
+        assert_eq!(reading[field], Value::Null, "{field}: {reading}");
+    }
+    assert_eq!(reading["temperature_c"], json!(34.0));
+    assert_eq!(reading["clock_events"], json!(["GpuIdle"]));
 }

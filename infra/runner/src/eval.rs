@@ -10,11 +10,15 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
 use super::config::{COMPILE_TIMEOUT_SECS, EvalConfig, safe_name};
+use super::gpu::measure;
+use super::gpu::watch::Watch;
 use super::process::run_program;
 use super::profile::{self, Profiler};
 use super::sandbox::{Sandbox, Scratch};
 use super::system::{self, python_command};
-use crate::result::{CompileResult, EvalResult, FullResult, ProfileResult, RunResult};
+use crate::result::{
+    CompileResult, EvalResult, FullResult, InfraFailure, ProfileResult, RunResult, SystemInfo,
+};
 
 /// Kernelbot's `CUDA_FLAGS` (`consts.py`), the same on every runner, so a kernel's numbers
 /// here compare with the same kernel's on Modal or GitHub. A config's own `compile_flags`
@@ -49,6 +53,8 @@ pub(super) struct Evaluation<'a> {
     pub until: Instant,
     python: String,
     out_dir: PathBuf,
+    /// On a GPU node: what reads the GPUs around timed runs.
+    watch: Option<Watch>,
 }
 
 impl<'a> Evaluation<'a> {
@@ -59,9 +65,16 @@ impl<'a> Evaluation<'a> {
             until,
             python: python_command(),
             out_dir: out_dir.to_owned(),
+            watch: None,
         };
         e.python = e.find_python();
         e
+    }
+
+    /// Reads the GPUs around timed runs with `watch` (none: a machine without GPU tools).
+    pub(super) fn watching(mut self, watch: Option<Watch>) -> Self {
+        self.watch = watch;
+        self
     }
 
     /// `timeout`, or less when the budget has less left.
@@ -144,21 +157,35 @@ pub(super) fn run_config(config: &EvalConfig, eval: &Evaluation) -> FullResult {
             };
         }
     }
-    let device_count = system.device_count;
-    let runs = if config.mode == "profile" {
-        let Some(profiler) = Profiler::for_runtime(&system.runtime) else {
-            return FullResult {
-                success: false,
-                error: "profile mode needs a CUDA GPU (Nsight Compute) or a ROCm one \
-                        (rocprofv3); this machine has neither"
-                    .into(),
-                system,
-                ..Default::default()
-            };
+    if config.mode != "profile" {
+        return modes(eval, config, system);
+    }
+    let Some(profiler) = Profiler::for_runtime(&system.runtime) else {
+        return FullResult {
+            success: false,
+            error: "profile mode needs a CUDA GPU (Nsight Compute) or a ROCm one \
+                    (rocprofv3); this machine has neither"
+                .into(),
+            system,
+            ..Default::default()
         };
-        profile_runs(eval, config, profiler, device_count)
-    } else {
-        run_evaluation(&config.mode, |mode| {
+    };
+    let runs = profile_runs(eval, config, profiler, system.device_count);
+    FullResult {
+        success: true,
+        error: String::new(),
+        system,
+        runs,
+        infra: None,
+    }
+}
+
+/// The config's modes, each timed one (benchmark, leaderboard) with the GPUs' readings
+/// around it; a leaderboard run throttled twice ends the job as an infrastructure failure.
+fn modes(eval: &Evaluation, config: &EvalConfig, system: SystemInfo) -> FullResult {
+    let mut infra: Option<InfraFailure> = None;
+    let runs = run_evaluation(&config.mode, |mode| {
+        let run = || {
             let (cases, timeout) = config.cases_for(mode);
             let step = Step {
                 mode,
@@ -166,14 +193,26 @@ pub(super) fn run_config(config: &EvalConfig, eval: &Evaluation) -> FullResult {
                 timeout,
                 profile: None,
             };
-            evaluate(eval, config, step, device_count)
-        })
-    };
+            evaluate(eval, config, step, system.device_count)
+        };
+        match eval.watch.as_ref().filter(|_| measure::is_timed(mode)) {
+            Some(watch) => {
+                let (result, failed) = watch.timed(mode, eval.until, run);
+                infra = infra.take().or(failed);
+                result
+            }
+            None => run(),
+        }
+    });
     FullResult {
-        success: true,
-        error: String::new(),
+        success: infra.is_none(),
+        error: infra
+            .as_ref()
+            .map(InfraFailure::sentence)
+            .unwrap_or_default(),
         system,
         runs,
+        infra,
     }
 }
 
@@ -331,6 +370,7 @@ fn evaluate(eval: &Evaluation, config: &EvalConfig, step: Step, device_count: i6
                 compilation: Some(failed),
                 run: None,
                 profile: None,
+                conditions: None,
             };
         }
     };
@@ -352,6 +392,7 @@ fn evaluate(eval: &Evaluation, config: &EvalConfig, step: Step, device_count: i6
         compilation,
         run: Some(run),
         profile,
+        conditions: None,
     }
 }
 

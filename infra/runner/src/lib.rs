@@ -6,12 +6,17 @@
 //! verdict is in `result.json`), and when there is no payload at all (a push build); non-zero
 //! only when the infrastructure failed, so a failed build means "look at the node".
 //!
+//! Before any of the submission's code runs, a GPU node's GPUs pass a pre-flight ([`gpu`]);
+//! a failed one runs nothing, says why in `result.json`'s `infra`, and exits
+//! [`exit::INFRA`], which the pipeline retries on another agent.
+//!
 //! A crate of its own, so the runner image builds it without the service's dependencies.
 //! [`payload`] and [`result`] are the formats both sides share: the service re-exports them.
 
 mod affinity;
 mod config;
 mod eval;
+mod gpu;
 pub mod payload;
 mod process;
 mod profile;
@@ -24,8 +29,9 @@ use std::io::Write;
 use std::path::Path;
 use std::time::Duration;
 
+use crate::gpu::gate::{self, Gate};
 use crate::payload::PayloadError;
-use crate::result::FullResult;
+use crate::result::{FullResult, InfraFailure};
 
 pub use config::{EvalConfig, InvalidConfig};
 pub use profile_options::ProfileOptions;
@@ -43,6 +49,10 @@ pub mod exit {
     pub(crate) const BAD_PAYLOAD: i32 = 2;
     /// `result.json` could not be written.
     pub(crate) const CANNOT_WRITE_RESULT: i32 = 3;
+    /// The GPU node, not the submission, failed (`EX_TEMPFAIL`): the pre-flight refused the
+    /// GPUs, or a leaderboard run was throttled twice. `result.json` holds `infra` with the
+    /// stage, reason and readings; the pipeline retries the job automatically on this code.
+    pub const INFRA: i32 = 75;
 }
 
 /// Payload variables, newest name first (`SUBMISSION_PAYLOAD` is the older one).
@@ -64,6 +74,48 @@ pub fn failure(error: impl Into<String>) -> FullResult {
         error: error.into(),
         system: system::detect(),
         ..Default::default()
+    }
+}
+
+/// An infrastructure failure's result: no runs, `infra` saying what failed, and a sentence
+/// that puts the blame where it belongs.
+pub(crate) fn infra_failure(infra: InfraFailure) -> FullResult {
+    FullResult {
+        success: false,
+        error: infra.sentence(),
+        system: system::detect(),
+        infra: Some(infra),
+        ..Default::default()
+    }
+}
+
+/// The pre-flight, then (if the GPUs passed) the evaluation: the result, the pre-flight's
+/// report, and the exit code.
+fn checked_evaluation(
+    lookup: &dyn Fn(&str) -> Option<String>,
+    config: &EvalConfig,
+    sandbox: &Sandbox,
+    out_dir: &Path,
+) -> (FullResult, Option<gate::Report>, i32) {
+    match gate::preflight(lookup) {
+        Gate::Stop(infra) => {
+            eprintln!("Pre-flight failed ({}): {}", infra.reason, infra.detail);
+            (infra_failure(infra), None, exit::INFRA)
+        }
+        Gate::Go(report, watch) => {
+            println!("Pre-flight {}. {}", report.status, report.detail);
+            println!("Evaluating: lang={} mode={}", config.lang, config.mode);
+            let evaluation =
+                eval::Evaluation::new(sandbox, EVALUATION_BUDGET, out_dir).watching(watch);
+            let result = eval::run_config(config, &evaluation);
+            // A leaderboard run that stayed throttled: measured, but not fairly.
+            let code = if result.infra.is_some() {
+                exit::INFRA
+            } else {
+                exit::OK
+            };
+            (result, Some(report), code)
+        }
     }
 }
 
@@ -96,22 +148,16 @@ pub fn run(lookup: &dyn Fn(&str) -> Option<String>, out_dir: &Path) -> i32 {
         }
     }
     let sandbox = Sandbox::new(lookup);
-    let (result, code) = match read_config(&encoded) {
-        Ok(config) => {
-            println!("Evaluating: lang={} mode={}", config.lang, config.mode);
-            let evaluation = eval::Evaluation::new(&sandbox, EVALUATION_BUDGET, out_dir);
-            (eval::run_config(&config, &evaluation), exit::OK)
-        }
+    let (result, preflight, code) = match read_config(&encoded) {
+        Ok(config) => checked_evaluation(lookup, &config, &sandbox, out_dir),
         Err(e) => {
             eprintln!("Cannot read the payload: {e}");
-            (
-                failure(format!("cannot read the submission payload: {e}")),
-                exit::BAD_PAYLOAD,
-            )
+            let why = format!("cannot read the submission payload: {e}");
+            (failure(why), None, exit::BAD_PAYLOAD)
         }
     };
     let path = out_dir.join(RESULT_FILE);
-    match write_result(out_dir, &result, &sandbox.report()) {
+    match write_result(out_dir, &result, &sandbox.report(), preflight.as_ref()) {
         Ok(()) => {
             println!("Wrote {} (success: {}).", path.display(), result.success);
             code
@@ -123,17 +169,21 @@ pub fn run(lookup: &dyn Fn(&str) -> Option<String>, out_dir: &Path) -> i32 {
     }
 }
 
-/// Writes `result.json`: kernelbot's `FullResult` with the sandbox's report beside it. Written
-/// to a new file and renamed into place, so a symlink or file already there is replaced, never
-/// followed or appended to.
+/// Writes `result.json`: kernelbot's `FullResult` with the sandbox's and the pre-flight's
+/// reports beside it. Written to a new file and renamed into place, so a symlink or file
+/// already there is replaced, never followed or appended to.
 fn write_result(
     out_dir: &Path,
     result: &FullResult,
     sandbox: &SandboxReport,
+    preflight: Option<&gate::Report>,
 ) -> std::io::Result<()> {
     let mut value = serde_json::to_value(result)?;
     if let Some(object) = value.as_object_mut() {
         object.insert("sandbox".into(), serde_json::to_value(sandbox)?);
+        if let Some(report) = preflight {
+            object.insert("preflight".into(), serde_json::to_value(report)?);
+        }
     }
     let json = serde_json::to_vec_pretty(&value)?;
     let mut file = tempfile::Builder::new()

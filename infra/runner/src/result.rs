@@ -14,6 +14,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+pub mod health;
+pub use health::{Conditions, GpuProcess, GpuReading, InfraFailure};
+
 /// Largest captured stdout/stderr we keep per run, as kernelbot's `_limit_length` does.
 pub const MAX_LOG_CHARS: usize = 16 * 1024;
 
@@ -33,6 +36,9 @@ pub struct FullResult {
     pub error: String,
     pub system: SystemInfo,
     pub runs: BTreeMap<String, EvalResult>,
+    /// Ours, not kernelbot's: set when the GPU node, not the submission, stopped the job.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub infra: Option<InfraFailure>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -55,6 +61,9 @@ pub struct EvalResult {
     pub compilation: Option<CompileResult>,
     pub run: Option<RunResult>,
     pub profile: Option<ProfileResult>,
+    /// Ours, not kernelbot's: the GPUs' clocks, temperature and power around a timed run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub conditions: Option<Conditions>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -14,8 +14,8 @@ use serde_json::value::RawValue;
 
 use super::render::{self, Text};
 use super::{
-    CompileResult, EvalResult, FullResult, ProfileResult, RunResult, SystemInfo, cap, caps,
-    is_report, rank,
+    CompileResult, Conditions, EvalResult, FullResult, InfraFailure, ProfileResult, RunResult,
+    SystemInfo, cap, caps, is_report, rank,
 };
 
 /// Reads `bytes` as a [`FullResult`] within its caps (see [`FullResult::parse`]).
@@ -40,6 +40,8 @@ struct Full {
     system: SystemInfo,
     #[serde(deserialize_with = "runs")]
     runs: BTreeMap<String, EvalResult>,
+    #[serde(deserialize_with = "infra")]
+    infra: Option<InfraFailure>,
 }
 
 #[derive(Deserialize)]
@@ -81,6 +83,8 @@ struct Eval {
     run: Option<RunResult>,
     #[serde(deserialize_with = "profile")]
     profile: Option<ProfileResult>,
+    #[serde(deserialize_with = "conditions")]
+    conditions: Option<Conditions>,
 }
 
 #[derive(Deserialize)]
@@ -155,6 +159,34 @@ struct RunOf(#[serde(with = "Run")] RunResult);
 #[derive(Deserialize)]
 #[serde(transparent)]
 struct ProfileOf(#[serde(with = "Profile")] ProfileResult);
+
+/// The runner's own reports (`infra`, `conditions`) are a few readings per GPU: one larger
+/// than this is not the runner's, and is left out unread.
+const MAX_HEALTH_BYTES: usize = 64 * 1024;
+
+/// A value of at most [`MAX_HEALTH_BYTES`] of JSON, read whole; a larger one skipped.
+fn small<'de, D: Deserializer<'de>, T: de::DeserializeOwned>(d: D) -> Result<Option<T>, D::Error> {
+    let raw: Option<&'de RawValue> = Option::deserialize(d)?;
+    Ok(raw
+        .filter(|r| r.get().len() <= MAX_HEALTH_BYTES)
+        .and_then(|r| serde_json::from_str(r.get()).ok()))
+}
+
+fn infra<'de, D: Deserializer<'de>>(d: D) -> Result<Option<InfraFailure>, D::Error> {
+    let mut infra: Option<InfraFailure> = small(d)?;
+    if let Some(i) = infra.as_mut() {
+        i.cap();
+    }
+    Ok(infra)
+}
+
+fn conditions<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Conditions>, D::Error> {
+    let mut conditions: Option<Conditions> = small(d)?;
+    if let Some(c) = conditions.as_mut() {
+        c.cap();
+    }
+    Ok(conditions)
+}
 
 fn compilation<'de, D: Deserializer<'de>>(d: D) -> Result<Option<CompileResult>, D::Error> {
     Ok(Option::<CompileOf>::deserialize(d)?.map(|c| c.0))
