@@ -49,3 +49,4 @@ mod submit_api;
 mod support;
 mod sweep;
 mod sweep_memory;
+mod template;
