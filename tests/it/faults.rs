@@ -571,6 +571,24 @@ async fn a_report_refused_for_good_in_the_webhook_reaches_the_alarm(kind: StoreK
     );
 }
 
+/// A GPU that failed its pre-flight (the runner's `infra` report, exit 75, every retry spent)
+/// ends the job as an infrastructure failure: verdict `infra`, and a report that says it was
+/// not the submission's code.
+async fn a_gpu_that_failed_its_preflight_is_not_the_user_s_failure(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    app.submit(&submission("bad-gpu")).await;
+    let result = json!({"success": false, "error": "not your code", "runs": {},
+        "infra": {"stage": "preflight", "reason": "ecc",
+            "detail": "GPU 0 has 3 uncorrected ECC errors", "readings": [], "processes": []}});
+    app.finish(1, "failed", Some(result.to_string().into_bytes()))
+        .await;
+    let (_, view) = app.status("bad-gpu").await;
+    assert_eq!(view["verdict"], "infra", "{view}");
+    let text = app.discord_text();
+    assert!(text.contains("not your code"), "{text}");
+    assert!(text.contains("3 uncorrected ECC errors"), "{text}");
+}
+
 /// A create in doubt past the queue timeout is looked up before the job is given up: the
 /// build Buildkite did make is kept, not abandoned on a GPU.
 async fn a_create_in_doubt_past_the_queue_timeout_is_looked_up_not_failed(kind: StoreKind) {
@@ -835,6 +853,7 @@ on_both_stores!(
     the_sweep_stops_before_buildkites_rate_limit,
     pending_reports_and_webhook_errors_reach_the_alarms_metrics,
     a_report_refused_for_a_day_is_given_up,
+    a_gpu_that_failed_its_preflight_is_not_the_user_s_failure,
     a_report_refused_for_good_in_the_webhook_reaches_the_alarm,
 );
 

@@ -271,6 +271,9 @@ pub enum Verdict {
     Expired,
     /// No usable result (artifact missing, unreadable, too large).
     Error,
+    /// The GPU node, not the submission, failed (its pre-flight, or a throttled GPU): never
+    /// the user's failure, never a ranked time.
+    Infra,
 }
 
 impl Verdict {
@@ -283,6 +286,7 @@ impl Verdict {
             Self::QueueTimeout => "queue_timeout",
             Self::Expired => "expired",
             Self::Error => "error",
+            Self::Infra => "infra",
         }
     }
 }
@@ -330,6 +334,8 @@ impl Outcome {
         fetch_error: Option<String>,
     ) -> Self {
         let verdict = match (build_state, &result) {
+            // Whatever the build's state: the node said it, not the submission, failed.
+            (_, Some(r)) if r.infra.is_some() => Verdict::Infra,
             ("passed", Some(r)) if r.success && r.all_passed() => Verdict::Passed,
             ("passed", Some(_)) | ("failed" | "blocked", _) => Verdict::Failed,
             ("passed", None) => Verdict::Error,
@@ -338,6 +344,7 @@ impl Outcome {
             _ => Verdict::Error,
         };
         let error = match &result {
+            Some(r) if r.infra.is_some() => r.infra.as_ref().map(InfraFailure::sentence),
             Some(r) if !r.error.is_empty() => Some(r.error.clone()),
             _ if build_state != "passed" => Some(format!("Build {build_state}")),
             Some(r) if !r.success => Some("the runner reported failure".to_owned()),
@@ -537,6 +544,24 @@ mod tests {
         let note = kept["benchmark.1.report_dropped"].as_str().unwrap();
         assert_eq!(note, "30720 bytes: over the 64 KiB kept");
         assert!(!kept.contains_key("benchmark.0.report_dropped"));
+    }
+
+    #[test]
+    fn a_node_s_failure_is_never_the_submission_s() {
+        let infra = serde_json::json!({"success": false, "error": "x", "runs": {},
+            "infra": {"stage": "preflight", "reason": "foreign_process",
+                "detail": "pid 4242 is on GPU 0"}});
+        let result = FullResult::parse(infra.to_string().as_bytes()).unwrap();
+        for state in ["failed", "passed"] {
+            let outcome = Outcome::judge(state, Some(result.clone()), None);
+            assert_eq!(outcome.verdict, Verdict::Infra, "{state}");
+            let error = outcome.error.unwrap();
+            assert!(
+                error.contains("not your code") && error.contains("pid 4242"),
+                "{error}"
+            );
+        }
+        assert_eq!(Verdict::Infra.as_str(), "infra");
     }
 
     #[test]

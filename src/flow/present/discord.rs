@@ -106,6 +106,11 @@ pub fn verdict_sentence(verdict: Verdict, queue: &str) -> String {
         }
         Verdict::Expired => "❌ Expired: the job ran past its maximum age and was stopped.".into(),
         Verdict::Error => "❌ Error: the build left no usable result.".into(),
+        Verdict::Infra => {
+            "⚠️ Infrastructure failure — not your code: the GPU it was given failed its checks, \
+             so nothing was ranked; submit again."
+                .into()
+        }
     }
 }
 
