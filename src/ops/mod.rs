@@ -141,11 +141,12 @@ pub fn not_reopened(channel: Channel, why: NotReopened) -> String {
     format!("{receiver}: not sent ({why})")
 }
 
-/// How a receiver's message stands, in one word.
-pub fn delivery_word(job: &Job, channel: Channel) -> &'static str {
-    match job.delivery(channel) {
-        None => "none",
-        Some(_) if job.owes(channel) => "owed",
-        Some(d) => d.status.as_str(),
-    }
+/// How a receiver's message stands, in one word: `None` when the job has no such receiver.
+pub(crate) fn standing(delivery: Option<&Delivery>, owed: bool) -> Option<&'static str> {
+    delivery.map(|d| if owed { "owed" } else { d.status.as_str() })
+}
+
+/// How the job's message to `channel` stands, in one word.
+pub(crate) fn delivery_word(job: &Job, channel: Channel) -> &'static str {
+    standing(job.delivery(channel), job.owes(channel)).unwrap_or("none")
 }

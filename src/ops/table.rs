@@ -21,11 +21,9 @@ fn age(ms: Millis) -> String {
 }
 
 fn delivery(job: &Listed, channel: Channel) -> String {
-    match job.delivery(channel) {
-        None => "-".into(),
-        Some(_) if job.owes(channel) => "owed".into(),
-        Some(d) => d.status.as_str().into(),
-    }
+    super::standing(job.delivery(channel), job.owes(channel))
+        .unwrap_or("-")
+        .into()
 }
 
 fn row(job: &Listed, now: Millis) -> [String; 7] {
