@@ -79,6 +79,7 @@ pub const SECRET_KEYS: &[(&str, &[Role])] = &[
     ("DISCORD_WEBHOOK_URL", ALL_ROLES),
     ("CALLBACK_SECRET", ALL_ROLES),
     ("PROFILE_LINK_SECRET", ALL_ROLES),
+    ("OPS_DISCORD_WEBHOOK_URL", &[Role::Webhook, Role::Sweep]),
 ];
 
 #[derive(Debug, Clone)]
@@ -98,6 +99,8 @@ pub struct DiscordConfig {
     /// `DISCORD_WEBHOOK_URL`, as given: where status goes when a submission names no Discord
     /// target (its token is a credential).
     pub default_webhook: Option<SecretString>,
+    /// `OPS_DISCORD_WEBHOOK_URL`: the operators' channel, told of each GPU incident.
+    pub ops_webhook: Option<SecretString>,
 }
 
 /// Where signed completion callbacks go (`CALLBACK_URL`), and the keys that sign them.
@@ -278,6 +281,11 @@ impl QueueMap {
         self.0.keys().map(String::as_str)
     }
 
+    /// Whether `queue` is one of ours (an agent event of another queue is not).
+    pub(crate) fn serves(&self, queue: &str) -> bool {
+        self.0.values().any(|q| q.name == queue)
+    }
+
     /// The GPU names, as an error message lists them.
     pub(crate) fn known(&self) -> String {
         self.gpus().collect::<Vec<_>>().join(", ")
@@ -441,6 +449,7 @@ impl Env<'_> {
         Ok(DiscordConfig {
             api_url: self.url("DISCORD_API_URL", DEFAULT_DISCORD_API_URL)?,
             default_webhook: self.get("DISCORD_WEBHOOK_URL").map(SecretString::from),
+            ops_webhook: self.get("OPS_DISCORD_WEBHOOK_URL").map(SecretString::from),
         })
     }
 

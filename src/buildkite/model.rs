@@ -20,6 +20,7 @@ pub(crate) struct NewBuild {
 /// An agent as the agents API lists it (`read_agents`).
 #[derive(Clone, Debug, Deserialize)]
 pub(crate) struct Agent {
+    #[serde(default)]
     pub name: String,
     #[serde(default)]
     pub connection_state: String,
@@ -29,6 +30,11 @@ pub(crate) struct Agent {
     /// The job it is running; `null` when idle.
     #[serde(default)]
     pub job: Option<serde_json::Value>,
+    /// Paused (`buildkite-agent pause`, the UI or the API), with its note where given.
+    #[serde(default)]
+    pub paused: bool,
+    #[serde(default)]
+    pub paused_note: Option<String>,
 }
 
 impl Agent {
@@ -82,6 +88,24 @@ pub struct BuildJob {
     pub started_at: Option<String>,
     #[serde(default)]
     pub finished_at: Option<String>,
+    /// The command's exit status (`-1`: the agent was lost); absent until it ends.
+    #[serde(default)]
+    pub exit_status: Option<i64>,
+    /// Buildkite's automatic retry replaced this job with another of the same build.
+    #[serde(default)]
+    pub retried: bool,
+    /// The agent that ran it.
+    #[serde(default)]
+    pub agent: Option<JobAgent>,
+}
+
+/// The agent a job ran on, as a job shows it.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct JobAgent {
+    #[serde(default)]
+    pub id: String,
+    #[serde(default)]
+    pub name: String,
 }
 
 /// Build states after which nothing more happens.

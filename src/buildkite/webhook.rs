@@ -157,6 +157,9 @@ pub struct WebhookEvent {
     pub job: Option<BuildJob>,
     /// The pipeline the event is about (a notification service may send every pipeline's).
     pub pipeline: Option<PipelineRef>,
+    /// The agent of an `agent.*` event.
+    #[serde(default)]
+    pub(crate) agent: Option<super::Agent>,
 }
 
 /// A pipeline as events name it.

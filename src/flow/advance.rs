@@ -3,7 +3,7 @@
 
 use tracing::{info, warn};
 
-use super::{Deps, DispatchError, deliver};
+use super::{Deps, DispatchError, deliver, fleet};
 use crate::buildkite::Build;
 use crate::jobs::{BuildRef, Job, JobState, StoreError, Transition, Updated, update_seen};
 use crate::retry::Deadline;
@@ -17,6 +17,8 @@ pub enum EventOutcome {
     /// An event about another pipeline (the notification service sends every pipeline's, or
     /// a second deployment shares the organization): no job of ours is touched.
     Foreign,
+    /// An event about an agent of one of our queues, noted on its record.
+    AgentNoted,
 }
 
 /// The job's record of `build`.
@@ -58,6 +60,7 @@ pub(crate) async fn advance(
                 let verdict = [("Verdict", outcome.verdict.as_str())];
                 d.metrics
                     .put(&verdict, &[("JobsFinished", Unit::Count, 1.0)]);
+                fleet::record_finish(d, &job, deadline).await;
             }
             deliver::deliver(d, &job, deadline).await?;
             Ok(EventOutcome::Advanced(job.state))

@@ -29,6 +29,8 @@ pub struct Deps {
     pub(crate) webhook_auth: WebhookAuth,
     /// Where status goes when a submission names no Discord target (`DISCORD_WEBHOOK_URL`).
     pub(crate) default_discord: Option<DiscordTarget>,
+    /// The operators' channel (`OPS_DISCORD_WEBHOOK_URL`): GPU incidents.
+    pub(crate) ops_discord: Option<DiscordTarget>,
     pub(crate) clock: Clock,
     pub(crate) metrics: Metrics,
     /// How long one job's sends to one receiver may take (`None`: until the deadline). A
@@ -54,14 +56,17 @@ pub enum StartError {
 /// Time kept back after Buildkite work for the state write (DynamoDB's own bound is 5 s).
 const STORE_RESERVE: Duration = Duration::from_secs(5);
 
-/// `DISCORD_WEBHOOK_URL`, parsed as a submission's webhook URL is.
-fn default_discord(config: &Config) -> Result<Option<DiscordTarget>, ConfigError> {
-    let Some(raw) = &config.discord.default_webhook else {
+/// A webhook URL of the configuration (`var`), parsed as a submission's webhook URL is.
+fn discord_target(
+    raw: Option<&secrecy::SecretString>,
+    var: &'static str,
+) -> Result<Option<DiscordTarget>, ConfigError> {
+    let Some(raw) = raw else {
         return Ok(None);
     };
     DiscordTarget::parse(raw.expose_secret(), None)
         .map(Some)
-        .map_err(|e| ConfigError::invalid("DISCORD_WEBHOOK_URL", e))
+        .map_err(|e| ConfigError::invalid(var, e))
 }
 
 /// The callback sender `CALLBACK_URL` and `CALLBACK_SECRET` describe.
@@ -88,7 +93,14 @@ impl Deps {
                 config.webhook.secrets.clone(),
                 config.webhook.allow_token,
             ),
-            default_discord: default_discord(&config)?,
+            default_discord: discord_target(
+                config.discord.default_webhook.as_ref(),
+                "DISCORD_WEBHOOK_URL",
+            )?,
+            ops_discord: discord_target(
+                config.discord.ops_webhook.as_ref(),
+                "OPS_DISCORD_WEBHOOK_URL",
+            )?,
             config,
             clock: Clock::default(),
             metrics: Metrics::for_function("local"),

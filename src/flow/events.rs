@@ -7,7 +7,7 @@ use super::advance::{advance, build_ref};
 use super::cancel::stop_build;
 use super::outcome::read_outcome;
 use super::rules::signal::{Signal, progress_of, signal_of};
-use super::{Deps, DispatchError, deliver};
+use super::{Deps, DispatchError, deliver, fleet};
 use crate::buildkite::{Build, VerifyError, WebhookEvent};
 use crate::jobs::{JobState, RunId, Transition};
 use crate::retry::Deadline;
@@ -78,6 +78,17 @@ pub(crate) async fn on_event(
     event: &WebhookEvent,
     deadline: Deadline,
 ) -> Result<EventOutcome, DispatchError> {
+    if event.event.starts_with("agent.") {
+        let Some(agent) = &event.agent else {
+            return Ok(EventOutcome::Ignored("an agent event without its agent"));
+        };
+        let ours = fleet::on_agent_event(d, &event.event, agent, deadline).await?;
+        return Ok(if ours {
+            EventOutcome::AgentNoted
+        } else {
+            EventOutcome::Foreign
+        });
+    }
     let target = match signal_of(&event.event, event.job.as_ref()) {
         Signal::Ignore(why) => return Ok(EventOutcome::Ignored(why)),
         Signal::Scheduled => JobState::Scheduled,

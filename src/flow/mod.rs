@@ -22,6 +22,7 @@ mod create;
 pub mod deliver;
 mod deps;
 pub mod events;
+pub mod fleet;
 mod follow;
 mod outcome;
 pub mod present;

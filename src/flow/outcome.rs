@@ -7,10 +7,11 @@ use tracing::{info, warn};
 
 use super::profiles;
 use super::rules::ending::{count_attempt, give_back_attempt, unread_outcome};
+use super::rules::tries::tries;
 use super::{Deps, DispatchError};
 use crate::buildkite::{Artifact, Build, BuildkiteError, beside, pick_result};
 use crate::jobs::{Job, RunId, Updated, update_seen};
-use crate::result::{ArtifactRef, FullResult, Outcome};
+use crate::result::{ArtifactRef, FullResult, Outcome, Verdict};
 use crate::retry::Deadline;
 
 #[derive(Debug, thiserror::Error)]
@@ -134,6 +135,7 @@ async fn outcome_with(
     };
     let mut outcome = Outcome::judge(&state, result, error).with_timings(build.timings());
     outcome.profile_zips = zips;
+    outcome.tries = tries(build, outcome.verdict == Verdict::Infra);
     let links = d.config.profile_links.as_ref();
     Ok(profiles::attach(links, run_id, d.clock.now(), outcome))
 }

@@ -45,6 +45,11 @@ pub(crate) struct SeenAgent {
     pub(crate) name: String,
     pub(crate) queue: String,
     pub(crate) busy: bool,
+    /// Paused, as the agents API says (and its note).
+    #[serde(default)]
+    pub(crate) paused: bool,
+    #[serde(default)]
+    pub(crate) paused_note: Option<String>,
 }
 
 /// One of the queue's agents.
@@ -133,6 +138,8 @@ pub(crate) fn seen(agents: &[Agent]) -> Vec<SeenAgent> {
             name: a.name.clone(),
             queue: a.queue().to_owned(),
             busy: a.is_busy(),
+            paused: a.paused,
+            paused_note: a.paused_note.clone(),
         })
         .collect()
 }
@@ -158,7 +165,7 @@ pub async fn status(d: &Deps, gpu: &str, deadline: Deadline) -> Result<QueueStat
 
 /// The agents list: the cached one while under a minute old; else whoever claims the
 /// refresh first lists the agents, and everyone else serves the last list meanwhile.
-async fn agents(d: &Deps, deadline: Deadline) -> Result<Vec<SeenAgent>, QueueError> {
+pub(crate) async fn agents(d: &Deps, deadline: Deadline) -> Result<Vec<SeenAgent>, QueueError> {
     let now = d.clock.now();
     let entry = d.store.cached(AGENTS_KEY).await?;
     let cached = entry.as_ref().and_then(parse);
@@ -233,6 +240,8 @@ mod tests {
             name: name.into(),
             queue: queue.into(),
             busy,
+            paused: false,
+            paused_note: None,
         }
     }
 

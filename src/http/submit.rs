@@ -1,6 +1,6 @@
 //! The submit function's routes: `POST /submissions`, `GET /submissions/{run_id}`,
 //! `POST /submissions/{run_id}/cancel`, `GET /submissions/{run_id}/profiles/{index}` (a
-//! signed link, no token) and `GET /queues/{gpu}`.
+//! signed link, no token), `GET /queues/{gpu}` and `GET /fleet`.
 
 use std::sync::Arc;
 
@@ -11,11 +11,11 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 
 use super::extract::{Authorized, Body, Invocation};
-use super::views::{CanceledView, JobView, QueueView, SubmittedView};
+use super::views::{CanceledView, FleetView, JobView, QueueView, SubmittedView};
 use super::{ApiError, MAX_BODY, healthz, in_span};
 use crate::flow::cancel::Canceled;
 use crate::flow::submit::Submitted;
-use crate::flow::{Deps, cancel, profiles, queues, submission, submit};
+use crate::flow::{Deps, cancel, fleet, profiles, queues, submission, submit};
 use crate::jobs::RunId;
 
 pub fn router(deps: Arc<Deps>) -> Router {
@@ -25,6 +25,7 @@ pub fn router(deps: Arc<Deps>) -> Router {
         .route("/submissions/{run_id}/cancel", post(cancel))
         .route("/submissions/{run_id}/profiles/{index}", get(profile))
         .route("/queues/{gpu}", get(queue))
+        .route("/fleet", get(fleet))
         .route("/healthz", get(healthz))
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .layer(axum::middleware::from_fn(in_span))
@@ -130,4 +131,14 @@ async fn queue(
 ) -> Result<impl IntoResponse, ApiError> {
     let status = queues::status(&d, &gpu, deadline).await?;
     Ok(Json(QueueView::of(&status)).into_response())
+}
+
+/// `GET /fleet`: each GPU agent of our queues, its pause and why, its last day.
+async fn fleet(
+    State(d): State<Arc<Deps>>,
+    _: Authorized,
+    Invocation(deadline): Invocation,
+) -> Result<impl IntoResponse, ApiError> {
+    let agents = fleet::view(&d, deadline).await?;
+    Ok(Json(FleetView { agents }))
 }

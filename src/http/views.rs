@@ -158,6 +158,8 @@ pub(crate) struct EventView {
     state: Option<JobState>,
     #[serde(skip_serializing_if = "Option::is_none")]
     ignored: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    agent: Option<&'static str>,
 }
 
 impl EventView {
@@ -166,6 +168,7 @@ impl EventView {
             ok: true,
             state: Some(state),
             ignored: None,
+            agent: None,
         }
     }
 
@@ -174,6 +177,17 @@ impl EventView {
             ok: true,
             state: None,
             ignored: Some(reason),
+            agent: None,
+        }
+    }
+
+    /// An agent event of one of our queues, noted on the agent's record.
+    pub(crate) fn agent_noted() -> Self {
+        Self {
+            ok: true,
+            state: None,
+            ignored: None,
+            agent: Some("noted"),
         }
     }
 }
@@ -244,4 +258,10 @@ pub(crate) struct ErrorBody {
     pub(crate) message: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) field: Option<String>,
+}
+
+/// `GET /fleet`: every agent of our queues.
+#[derive(Serialize)]
+pub(crate) struct FleetView {
+    pub(crate) agents: Vec<crate::flow::fleet::FleetAgent>,
 }

@@ -45,6 +45,7 @@ async fn receive(
             EventView::ignored("an event of another pipeline"),
             "foreign",
         ),
+        EventOutcome::AgentNoted => (EventView::agent_noted(), "agent"),
     };
     let mut response = Json(view).into_response();
     response.extensions_mut().insert(Counted(outcome));

@@ -6,8 +6,9 @@ use clap::Subcommand;
 
 use super::{JobsQuery, delivery_word, jobs, jobs_table, not_reopened, show};
 use crate::flow::cancel::{Canceled, cancel};
+use crate::flow::queues::QueueError;
 use crate::flow::resend::{Resent, replay_given_up, resend};
-use crate::flow::{Deps, DispatchError, sweep};
+use crate::flow::{Deps, DispatchError, fleet, sweep};
 use crate::jobs::{Channel, JobState, RunId, StoreError};
 use crate::retry::Deadline;
 use crate::time::Millis;
@@ -23,6 +24,8 @@ pub enum OpsError {
     Dispatch(#[from] DispatchError),
     #[error("the job cannot be shown: {0}")]
     Json(#[from] serde_json::Error),
+    #[error("the fleet cannot be listed: {0}")]
+    Fleet(#[from] QueueError),
 }
 
 #[derive(Debug, Subcommand)]
@@ -56,6 +59,9 @@ pub enum Command {
     Cancel { run_id: RunId },
     /// Reads one run's build whatever its age, finishes or fixes the job, sends what it owes.
     Reconcile { run_id: RunId },
+    /// Each GPU agent of our queues: connection, pause and why, jobs and infrastructure
+    /// failures in the last 24 h, last pre-flight readings.
+    Fleet,
 }
 
 /// `--since`: a time, or a span before now.
@@ -133,6 +139,10 @@ pub async fn act(d: &Deps, command: Command, deadline: Deadline) -> Result<Strin
             Canceled::AlreadyFinished(job) => format!("{run_id}: already ended ({})", job.state),
             Canceled::Unknown => return Err(OpsError::NoSuchJob(run_id)),
         },
+        Command::Fleet => {
+            let agents = fleet::view(d, deadline).await?;
+            super::fleet_table(&agents, d.clock.now())
+        }
         Command::Reconcile { run_id } => {
             let report = sweep::sweep_run(d, &run_id, deadline).await?;
             let state = d.store.get(&run_id).await?.map(|j| j.state);

@@ -16,7 +16,7 @@ use crate::jobs::{Channel, Delivery, Job, JobState, Listed, RunId, Shard, StoreE
 use crate::time::{Millis, rfc3339};
 
 pub use command::{Command, OpsError, act, since};
-pub use table::jobs_table;
+pub use table::{fleet_table, jobs_table};
 
 /// Which jobs `kernelbot-dispatch jobs` lists.
 #[derive(Clone, Debug, Default)]

@@ -667,6 +667,153 @@ fn the_docker_wrapper_runs_the_plugins_container_with_the_cpu_set_and_refuses_th
     }
 }
 
+/// What one run of agent 0's `post-command` hook did: its exit code, what it asked of the
+/// `buildkite-agent` stand-in, and its output.
+struct HookRun {
+    code: i32,
+    calls: Vec<serde_json::Value>,
+    output: String,
+}
+
+/// Runs agent 0's `post-command` hook in a checkout after a command that exited `exit`,
+/// with `infra` as the runner's `kernelbot-out/infra.txt`, and (when `token`) the agent's
+/// access token in the job's environment.
+fn post_command(root: &Path, exit: &str, infra: Option<&str>, token: bool) -> HookRun {
+    let hook = root.join("etc/buildkite-agent/agent-0/hooks/post-command");
+    let checkout = tempfile::tempdir().unwrap();
+    let out = checkout.path().join("kernelbot-out");
+    std::fs::create_dir(&out).unwrap();
+    if let Some(line) = infra {
+        std::fs::write(out.join("infra.txt"), line).unwrap();
+    }
+    let agent = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/buildkite-agent");
+    let log = checkout.path().join("calls.jsonl");
+    let mut command = Command::new("bash");
+    command
+        .arg(&hook)
+        .current_dir(checkout.path())
+        .env_clear()
+        .envs(hook_env(root, 0))
+        .env("PATH", format!("{}:/usr/bin:/bin", agent.display()))
+        .env("BUILDKITE_COMMAND_EXIT_STATUS", exit)
+        .env("BUILDKITE_JOB_ID", "0190f0e4-job")
+        .env("BUILDKITE_AGENT_NAME", "gpunode-gpu0")
+        .env("BUILDKITE_AGENT_STANDIN_LOG", &log);
+    if token {
+        command.env("BUILDKITE_AGENT_ACCESS_TOKEN", "agent-access-token");
+    }
+    let ran = command.output().unwrap();
+    let calls = std::fs::read_to_string(&log).unwrap_or_default();
+    HookRun {
+        code: ran.status.code().unwrap_or(-1),
+        calls: calls
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect(),
+        output: String::from_utf8_lossy(&ran.stdout).into_owned()
+            + &String::from_utf8_lossy(&ran.stderr),
+    }
+}
+
+/// After the runner's infrastructure exit code the agent notes why in the build's meta-data
+/// and pauses itself, with its own token, for `PAUSE_MINUTES`; after any other exit it does
+/// nothing; a call that fails never changes the job's exit status.
+#[test]
+fn after_an_infrastructure_failure_the_agent_pauses_itself() {
+    let root = tempfile::tempdir().unwrap();
+    let tools = stubs(1, 0);
+    let vars = [
+        ("QUEUE", "h100"),
+        ("NODE_CPUS", "8"),
+        ("NODE_MEMORY_GB", "32"),
+        ("PAUSE_MINUTES", "90"),
+    ];
+    let s = setup(root.path(), tools.path(), &vars);
+    assert_eq!(s.code, 0, "{}", s.output);
+    let hook = "/etc/buildkite-agent/agent-0/hooks/post-command";
+    assert_eq!(mode(root.path(), hook), 0o755);
+    let reason = "ecc_errors: GPU 0 has 3 uncorrected ECC errors";
+    let r = post_command(root.path(), "75", Some(&format!("{reason}\n")), true);
+    assert_eq!(r.code, 0, "{}", r.output);
+    let commands: Vec<&serde_json::Value> = r.calls.iter().map(|c| &c["command"]).collect();
+    assert_eq!(
+        commands,
+        [
+            &serde_json::json!(["meta-data", "set", "kernelbot-infra:0190f0e4-job", reason]),
+            &serde_json::json!([
+                "pause",
+                "--note",
+                format!("kernelbot: {reason}"),
+                "--timeout-in-minutes",
+                "90"
+            ]),
+        ],
+        "{}",
+        r.output
+    );
+    for exit in ["0", "1", "-1", "255", "74"] {
+        let r = post_command(root.path(), exit, Some(reason), true);
+        assert_eq!((r.code, r.calls.len()), (0, 0), "exit {exit}: {}", r.output);
+    }
+    // No reason written (a runner killed before it wrote one): a pause all the same.
+    let r = post_command(root.path(), "75", None, true);
+    assert!(
+        r.calls[1]["command"][2]
+            .as_str()
+            .unwrap()
+            .contains("no reason written"),
+        "{:?}",
+        r.calls
+    );
+    // Without the agent's token both calls fail: said in the log, the exit stays the job's.
+    let r = post_command(root.path(), "75", Some(reason), false);
+    assert_eq!((r.code, r.calls.len()), (0, 0), "{}", r.output);
+    assert!(
+        r.output.contains("could not pause this agent"),
+        "{}",
+        r.output
+    );
+    // Out of Buildkite's range, or not a number: setup refuses it.
+    for minutes in ["0", "10081", "4h"] {
+        let refused = setup(
+            tempfile::tempdir().unwrap().path(),
+            tools.path(),
+            &[
+                ("QUEUE", "h100"),
+                ("NODE_CPUS", "8"),
+                ("NODE_MEMORY_GB", "32"),
+                ("PAUSE_MINUTES", minutes),
+            ],
+        );
+        assert_refused(&refused, "PAUSE_MINUTES must be");
+    }
+}
+
+/// The hook the local stack's agent runs is the one setup-node.sh writes, byte for byte.
+#[test]
+fn the_local_agent_runs_the_hook_setup_writes() {
+    let root = tempfile::tempdir().unwrap();
+    let tools = stubs(1, 0);
+    let s = setup(
+        root.path(),
+        tools.path(),
+        &[
+            ("QUEUE", "h100"),
+            ("NODE_CPUS", "8"),
+            ("NODE_MEMORY_GB", "32"),
+        ],
+    );
+    assert_eq!(s.code, 0, "{}", s.output);
+    let written = read(
+        root.path(),
+        "/etc/buildkite-agent/agent-0/hooks/post-command",
+    );
+    assert_eq!(
+        Some(written),
+        kernelbot_dispatch::devstack::agent::post_command_hook()
+    );
+}
+
 #[test]
 fn the_pre_command_hook_makes_a_fresh_output_directory() {
     let root = tempfile::tempdir().unwrap();
@@ -711,7 +858,7 @@ fn running_setup_twice_changes_nothing() {
     ];
     let first = setup(root.path(), tools.path(), &vars);
     assert!(
-        first.output.contains("done: 15 change(s)"),
+        first.output.contains("done: 17 change(s)"),
         "{}",
         first.output
     );

@@ -31,6 +31,7 @@ mod chaos;
 mod docs;
 mod end_to_end;
 mod faults;
+mod fleet;
 mod hostile_results;
 mod image;
 mod infra;

@@ -5,7 +5,7 @@
 use std::process::Command as Process;
 use std::time::Duration;
 
-use kernelbot_dispatch::devstack::buildkite::sample_result;
+use kernelbot_dispatch::devstack::buildkite::{StepOutcome, StepRunner, sample_result};
 use kernelbot_dispatch::devstack::stack::HOOK_URL;
 use kernelbot_dispatch::jobs::{JobState, RunId};
 use kernelbot_dispatch::ops::{Command, act};
@@ -291,7 +291,96 @@ async fn cancel_and_reconcile_act_on_one_run(kind: StoreKind) {
     assert!(messages.contains("Report for lost"), "{messages}");
 }
 
+/// `fleet`: each agent of our queues as a table: the one whose GPU failed its checks paused
+/// with its hook's note, the one that ran the retry, the lost one; no other queue's.
+async fn the_fleet_is_a_table_of_our_agents(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    let step: StepRunner = std::sync::Arc::new(|env| {
+        let job = env.get("BUILDKITE_JOB_ID").cloned().unwrap_or_default();
+        if env.get("BUILDKITE_AGENT_NAME").map(String::as_str) != Some("h100-gpu0") {
+            return StepOutcome::passed(sample_result(false));
+        }
+        let note = "ecc_errors: GPU 0 has 2 uncorrected ECC errors";
+        let result = json!({"success": false, "error": "infrastructure failure, not your code",
+            "infra": {"stage": "preflight", "reason": "ecc_errors", "detail": note, "readings": []}});
+        StepOutcome {
+            result: Some(result.to_string().into_bytes()),
+            exit_status: Some(75),
+            agent_calls: vec![
+                strings(&["meta-data", "set", &format!("kernelbot-infra:{job}"), note]),
+                strings(&[
+                    "pause",
+                    "--note",
+                    &format!("kernelbot: {note}"),
+                    "--timeout-in-minutes",
+                    "60",
+                ]),
+            ],
+            ..StepOutcome::default()
+        }
+    });
+    app.buildkite
+        .autorun(&app.webhook_url, crate::support::SECRET, step);
+    for name in ["h100-gpu0", "h100-gpu1", "h100-gpu2"] {
+        app.buildkite.add_agent(name, "h100", &[]);
+    }
+    app.buildkite.add_agent("b200-elsewhere", "not-ours", &[]);
+    let (status, _) = app.submit(&submission("on-gpu1")).await;
+    assert_eq!(status, reqwest::StatusCode::ACCEPTED);
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    while !app.job("on-gpu1").await.state.is_terminal() {
+        assert!(std::time::Instant::now() < until, "never finished");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(app.buildkite.agent_event("agent.lost", "h100-gpu2").await);
+    let table = run(&app, Command::Fleet).await;
+    let lines: Vec<&str> = table.lines().collect();
+    assert!(
+        lines[0].starts_with("AGENT") && lines[0].contains("INFRA 24H"),
+        "{table}"
+    );
+    let row = |name: &str| {
+        lines
+            .iter()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("{name} missing: {table}"))
+            .to_string()
+    };
+    let gpu0 = row("h100-gpu0");
+    assert!(
+        gpu0.contains("ecc_errors: GPU 0 has 2 uncorrected ECC errors"),
+        "{table}"
+    );
+    let cells = |l: &str| {
+        l.split("  ")
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    // jobs and infrastructure failures in the last day
+    assert_eq!(
+        cells(&gpu0)[4..6],
+        ["1".to_owned(), "1".to_owned()],
+        "{table}"
+    );
+    let gpu1 = cells(&row("h100-gpu1"));
+    assert_eq!(
+        (gpu1[3].as_str(), gpu1[4].as_str(), gpu1[5].as_str()),
+        ("-", "1", "0"),
+        "{table}"
+    );
+    let gpu2 = row("h100-gpu2");
+    assert!(gpu2.contains("lost"), "{table}");
+    assert!(!table.contains("b200-elsewhere"), "{table}");
+}
+
+fn strings(args: &[&str]) -> Vec<String> {
+    args.iter().map(|a| (*a).to_owned()).collect()
+}
+
 on_both_stores!(
+    the_fleet_is_a_table_of_our_agents,
     jobs_are_listed_by_state_queue_and_age,
     a_job_is_shown_without_its_secrets,
     resend_edits_the_same_message_and_calls_back_again,

@@ -64,6 +64,8 @@ pub(crate) struct Run {
     pub(crate) stdout: String,
     pub(crate) result: Option<FullResult>,
     pub(crate) raw: Option<Value>,
+    /// `infra.txt`, the line the agent's hook pauses the agent with.
+    pub(crate) infra_line: Option<String>,
 }
 
 fn is_root() -> bool {
@@ -127,7 +129,9 @@ pub(crate) fn run_binary(
     let out = cmd.output().expect("runner runs");
     let path = dir.join("result.json");
     let bytes = std::fs::read(&path).ok();
+    let infra_line = std::fs::read_to_string(dir.join("infra.txt")).ok();
     Run {
+        infra_line,
         code: out.status.code().unwrap_or(-1),
         stdout: String::from_utf8_lossy(&out.stdout).into_owned()
             + &String::from_utf8_lossy(&out.stderr),
@@ -141,7 +145,7 @@ pub(crate) fn run_binary(
 /// The runner as the local stack runs it: the `local` binary acts as the runner when called
 /// `kernelbot-runner` (the runner crate's own binary is built and run by the image's test, in
 /// tests/it/infra.rs). One link for the whole test process.
-fn runner_link() -> &'static Path {
+pub(crate) fn runner_link() -> &'static Path {
     static LINK: std::sync::OnceLock<(tempfile::TempDir, PathBuf)> = std::sync::OnceLock::new();
     let (_, link) = LINK.get_or_init(|| {
         let dir = tempfile::tempdir().unwrap();
@@ -1001,6 +1005,7 @@ fn a_healthy_gpu_passes_the_preflight_and_the_submission_runs() {
         assert!(result.success && result.infra.is_none(), "{}", result.error);
         assert!(result.runs["test"].run.as_ref().unwrap().passed);
         assert!(marks.path().join("ran").exists(), "the submission ran");
+        assert_eq!(r.infra_line, None, "no pause for a healthy GPU");
         let preflight = &r.raw.unwrap()["preflight"];
         assert_eq!(preflight["status"], "passed", "{vendor}: {preflight}");
         assert_eq!(preflight["readings"].as_array().map(Vec::len), Some(1));
@@ -1155,6 +1160,15 @@ fn a_gpu_fault_stops_the_job_before_any_of_its_code_runs() {
         );
         let raw = r.raw.unwrap();
         assert!(raw["infra"]["readings"].is_array(), "{raw}");
+        // One printable line for the agent's hook: the reason, then what was found.
+        let line = r.infra_line.expect("infra.txt");
+        assert!(line.starts_with(&format!("{reason}: ")), "{line:?}");
+        assert!(line.contains(says.trim_matches('"')), "{line:?}");
+        assert!(
+            line.ends_with('\n') && line.trim_end().lines().count() == 1,
+            "{line:?}"
+        );
+        assert!(!line.trim_end().chars().any(char::is_control), "{line:?}");
     }
 }
 

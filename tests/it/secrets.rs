@@ -378,6 +378,7 @@ async fn every_secret_from_the_secret_and_none_from_the_environment(kind: StoreK
             "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".to_owned(),
         ),
         ("PROFILE_LINK_SECRET", LINK_SECRET.to_owned()),
+        ("OPS_DISCORD_WEBHOOK_URL", OPS_URL.to_owned()),
     ]);
     // The secret holds every key the docs list, and nothing else.
     assert_eq!(
@@ -431,6 +432,24 @@ async fn every_secret_from_the_secret_and_none_from_the_environment(kind: StoreK
     );
     let received = app.receiver.received();
     assert!(received.iter().any(|r| r.id == "msg_finished_secret-only"));
+    // The operators' channel, from the secret too: an agent of our queue lost reaches it.
+    app.buildkite.autorun(
+        &app.webhook_url,
+        SECRET,
+        std::sync::Arc::new(|_| Default::default()),
+    );
+    app.buildkite.add_agent("h100-gpu0", "h100", &[]);
+    assert!(app.buildkite.agent_event("agent.lost", "h100-gpu0").await);
+    let ops: Vec<_> = app
+        .discord
+        .calls()
+        .into_iter()
+        .filter(|c| OPS_URL.contains(&c.webhook_id))
+        .collect();
+    assert_eq!(ops.len(), 1, "{ops:?}");
 }
+
+/// The operators' channel of the secret above.
+const OPS_URL: &str = "https://discord.com/api/webhooks/222222222222222222/ops-token_2";
 
 on_both_stores!(every_secret_from_the_secret_and_none_from_the_environment);

@@ -176,7 +176,7 @@ pub(super) fn run_config(config: &EvalConfig, eval: &Evaluation) -> FullResult {
         error: String::new(),
         system,
         runs,
-        infra: None,
+        ..Default::default()
     }
 }
 
@@ -213,6 +213,7 @@ fn modes(eval: &Evaluation, config: &EvalConfig, system: SystemInfo) -> FullResu
         system,
         runs,
         infra,
+        ..Default::default()
     }
 }
 

@@ -193,5 +193,28 @@ fn write_result(
     file.write_all(&json)?;
     file.as_file().sync_all()?;
     file.persist(out_dir.join(RESULT_FILE))?;
+    if let Some(infra) = &result.infra {
+        write_infra_line(out_dir, infra)?;
+    }
+    Ok(())
+}
+
+/// The file the agent's post-command hook reads its pause note from (`setup-node.sh`).
+pub const INFRA_FILE: &str = "infra.txt";
+
+/// `infra.txt`: one printable line saying why the node, not the submission, failed, for the
+/// agent's hook to pause itself with (it reads no JSON).
+fn write_infra_line(out_dir: &Path, infra: &InfraFailure) -> std::io::Result<()> {
+    let line: String = format!("{}: {}", infra.reason, infra.detail)
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .take(280)
+        .collect();
+    let mut file = tempfile::Builder::new()
+        .prefix(".infra-")
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644))
+        .tempfile_in(out_dir)?;
+    writeln!(file, "{line}")?;
+    file.persist(out_dir.join(INFRA_FILE))?;
     Ok(())
 }

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 pub mod health;
-pub use health::{Conditions, GpuProcess, GpuReading, InfraFailure};
+pub use health::{Conditions, GpuProcess, GpuReading, InfraFailure, Preflight};
 
 /// Largest captured stdout/stderr we keep per run, as kernelbot's `_limit_length` does.
 pub const MAX_LOG_CHARS: usize = 16 * 1024;
@@ -39,6 +39,9 @@ pub struct FullResult {
     /// Ours, not kernelbot's: set when the GPU node, not the submission, stopped the job.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub infra: Option<InfraFailure>,
+    /// Ours: what the pre-flight read before the submission ran (the runner writes it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub preflight: Option<Preflight>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -316,6 +319,38 @@ pub struct Outcome {
     /// beside the `result.json` read, so a click on its link costs one Buildkite call.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub profile_zips: BTreeMap<String, ArtifactRef>,
+    /// Every try of the evaluation step, oldest first, where Buildkite retried it: on which
+    /// agent, and why a try that was retried ended. Empty for a build of one try.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tries: Vec<Try>,
+}
+
+/// One try of the evaluation step (one job of the build).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Try {
+    pub job_id: String,
+    pub agent: String,
+    pub exit_status: Option<i64>,
+    /// The GPU node, not the submission, ended it (the runner's infrastructure exit code).
+    pub infra: bool,
+    /// Why it ended as it did, in a few words (the agent's note after an infrastructure
+    /// failure); empty for the try that gave the result.
+    pub reason: String,
+}
+
+impl Outcome {
+    /// The reasons of the tries that failed on the node before a later try ran.
+    pub fn retried_reasons(&self) -> Vec<&str> {
+        let Some((_, earlier)) = self.tries.split_last() else {
+            return Vec::new();
+        };
+        earlier
+            .iter()
+            .filter(|t| !t.reason.is_empty())
+            .map(|t| t.reason.as_str())
+            .collect()
+    }
 }
 
 /// A build artifact, by its job and id.
@@ -358,6 +393,7 @@ impl Outcome {
             result,
             timings: None,
             profile_zips: BTreeMap::new(),
+            tries: Vec::new(),
         }
     }
 
@@ -376,6 +412,7 @@ impl Outcome {
             result: None,
             timings: None,
             profile_zips: BTreeMap::new(),
+            tries: Vec::new(),
         }
     }
 
@@ -392,6 +429,7 @@ impl Outcome {
             result: None,
             timings: self.timings,
             profile_zips: BTreeMap::new(),
+            tries: self.tries.clone(),
         }
     }
 }

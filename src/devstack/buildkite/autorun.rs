@@ -1,70 +1,228 @@
 //! Playing the agent: each new build is scheduled, runs its step, uploads `result.json` and
 //! finishes, with a webhook at every step (dropped, repeated or late at the chaos rate).
+//! Where the stand-in has agents of the build's queue, each try runs on a free one, what
+//! the job's hooks asked of `buildkite-agent` is applied (meta-data, a pause), and an exit
+//! status the pipeline retries automatically starts a new job of the build, as Buildkite
+//! does.
 
 use std::time::Duration;
 
 use super::BuildkiteStandin;
-use super::state::{AutoRun, Shared, lock};
+use super::StepOutcome;
+use super::state::{AutoRun, Shared, StandinAgent, StandinJob, lock};
 use super::webhooks::{deliver, unix_now};
 
-/// The agent's side of a build: webhooks for scheduled and running, the step, the upload,
-/// and build.finished.
+/// The agent's side of a build: webhooks for scheduled and running, each try of the step
+/// with its uploads, and build.finished.
 pub(super) async fn play_agent(inner: Shared, run: AutoRun, number: u64) {
     let bk = BuildkiteStandin::from_shared(inner);
-    let send = |event: &'static str| {
-        let (bk, run) = (bk.clone(), run.clone());
-        async move {
-            let body = bk.webhook_body(event, number);
-            let post = move || {
-                let (run, body) = (run.clone(), body.clone());
-                async move {
-                    if let Err(e) =
-                        deliver(&run.webhook_url, &run.secret, event, body, unix_now()).await
-                    {
-                        tracing::warn!(error = %e.without_url(), event, "stand-in could not deliver webhook");
-                    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    send(&bk, &run, "build.scheduled", number).await;
+    bk.set_state(number, "running");
+    send(&bk, &run, "build.running", number).await;
+    let Some(exit) = run_tries(&bk, &run, number).await else {
+        // Canceled: the agent stops; the cancel sent build.finished.
+        return;
+    };
+    bk.set_state(number, if exit == 0 { "passed" } else { "failed" });
+    send(&bk, &run, "build.finished", number).await;
+}
+
+/// Sends `event` for build `number`: lost, repeated or late at the chaos rate.
+async fn send(bk: &BuildkiteStandin, run: &AutoRun, event: &'static str, number: u64) {
+    let body = bk.webhook_body(event, number);
+    let post = {
+        let run = run.clone();
+        move || {
+            let (run, body) = (run.clone(), body.clone());
+            async move {
+                if let Err(e) =
+                    deliver(&run.webhook_url, &run.secret, event, body, unix_now()).await
+                {
+                    tracing::warn!(error = %e.without_url(), event, "stand-in could not deliver webhook");
                 }
-            };
-            let fault = lock(&bk.inner).roll(3);
-            match fault {
-                // Lost on the way.
-                Some(0) => {}
-                Some(1) => {
-                    post().await;
-                    post().await;
-                }
-                // Overtaken by the next event.
-                Some(_) => {
-                    tokio::spawn(async move {
-                        tokio::time::sleep(Duration::from_millis(300)).await;
-                        post().await;
-                    });
-                }
-                None => post().await,
             }
         }
     };
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    send("build.scheduled").await;
-    bk.set_state(number, "running");
-    send("build.running").await;
-    bk.start_eval(number);
-    send("job.started").await;
-    let env = bk.build(number).map(|b| b.env).unwrap_or_default();
-    let step = run.step.clone();
-    let outcome = tokio::task::spawn_blocking(move || step(&env))
-        .await
-        .unwrap_or_default();
-    if bk.build(number).is_some_and(|b| b.state == "canceled") {
-        // Canceled while it ran: the agent stops; the cancel sent build.finished.
+    let fault = lock(&bk.inner).roll(3);
+    match fault {
+        // Lost on the way.
+        Some(0) => {}
+        Some(1) => {
+            post().await;
+            post().await;
+        }
+        // Overtaken by the next event.
+        Some(_) => {
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                post().await;
+            });
+        }
+        None => post().await,
+    }
+}
+
+/// Runs the step until a try ends with an exit status the pipeline does not retry (or has
+/// retried its limit): that exit status, or `None` when the build was canceled.
+async fn run_tries(bk: &BuildkiteStandin, run: &AutoRun, number: u64) -> Option<i32> {
+    let limits = crate::devstack::agent::retry_limits();
+    let mut exits: Vec<i32> = Vec::new();
+    loop {
+        let agent = bk.next_agent(number).await.ok()?;
+        bk.start_eval(number);
+        let mut env = bk.build(number).map(|b| b.env).unwrap_or_default();
+        if let Some(agent) = &agent {
+            bk.start_try(number, agent);
+            env.extend(agent.env.clone());
+            env.insert("BUILDKITE_AGENT_NAME".into(), agent.name.clone());
+            env.insert(
+                "BUILDKITE_AGENT_ACCESS_TOKEN".into(),
+                format!("standin-{}", agent.id),
+            );
+        }
+        let job = bk.build(number).and_then(|b| b.jobs.last().cloned());
+        env.insert("BUILDKITE_JOB_ID".into(), job.unwrap_or_default());
+        send(bk, run, "job.started", number).await;
+        let step = run.step.clone();
+        let outcome = tokio::task::spawn_blocking(move || step(&env))
+            .await
+            .unwrap_or_default();
+        if bk.build(number).is_some_and(|b| b.state == "canceled") {
+            // The agent stops: nothing uploaded, the agent free again.
+            if let Some(agent) = &agent {
+                apply_agent_calls(&mut bk.lock().agents, &agent.name, &[]);
+            }
+            return None;
+        }
+        let exit = outcome.exit();
+        exits.push(exit);
+        let tries = exits.iter().filter(|e| **e == exit).count();
+        let again = agent.is_some()
+            && limits
+                .iter()
+                .any(|(status, limit)| *status == exit && tries <= *limit as usize);
+        bk.end_try(number, agent.as_ref(), &outcome, again);
+        if !again {
+            return Some(exit);
+        }
+    }
+}
+
+/// The build was canceled while its job waited for an agent.
+struct Canceled;
+
+impl BuildkiteStandin {
+    /// A free agent of the build's queue, marked busy (waiting while none is free), or
+    /// `None` when the stand-in has no agent of that queue at all.
+    async fn next_agent(&self, number: u64) -> Result<Option<StandinAgent>, Canceled> {
+        loop {
+            {
+                let mut s = self.lock();
+                let Some(build) = s.index_of(number).map(|i| &s.builds[i]) else {
+                    return Err(Canceled);
+                };
+                if build.state == "canceled" {
+                    return Err(Canceled);
+                }
+                let queue = build
+                    .env
+                    .get("KERNELBOT_QUEUE")
+                    .cloned()
+                    .unwrap_or_else(|| "test".into());
+                if !s.agents.iter().any(|a| a.queue == queue) {
+                    return Ok(None);
+                }
+                if let Some(agent) = s.agents.iter_mut().find(|a| a.free_for(&queue)) {
+                    agent.busy = true;
+                    return Ok(Some(agent.clone()));
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The build's latest job starts on `agent`.
+    fn start_try(&self, number: u64, agent: &StandinAgent) {
+        let mut s = self.lock();
+        let now = s.clock.now();
+        if let Some(b) = s.build_mut(number)
+            && let Some(job) = b.jobs.last().cloned()
+        {
+            b.started_at = Some(now);
+            b.tries.insert(
+                job,
+                StandinJob {
+                    agent: Some((agent.id.clone(), agent.name.clone())),
+                    started_at: Some(now),
+                    ..StandinJob::default()
+                },
+            );
+        }
+    }
+
+    /// The latest job ended with `outcome`: its uploads, what its hooks asked of the agent,
+    /// the agent free again, and (when `again`) a new job of the build for the retry.
+    fn end_try(
+        &self,
+        number: u64,
+        agent: Option<&StandinAgent>,
+        outcome: &StepOutcome,
+        again: bool,
+    ) {
+        for (path, bytes) in &outcome.artifacts {
+            self.upload(number, path, bytes.clone(), "finished", false);
+        }
+        if let Some(bytes) = &outcome.result {
+            self.upload(number, "result.json", bytes.clone(), "finished", false);
+        }
+        let mut s = self.lock();
+        let now = s.clock.now();
+        if let Some(agent) = agent {
+            apply_agent_calls(&mut s.agents, &agent.name, &outcome.agent_calls);
+        }
+        let Some(b) = s.build_mut(number) else { return };
+        for call in &outcome.agent_calls {
+            if let [verb, set, key, value] = call.as_slice()
+                && verb == "meta-data"
+                && set == "set"
+            {
+                b.meta_data.insert(key.clone(), value.clone());
+            }
+        }
+        let Some(job) = b.jobs.last().cloned() else {
+            return;
+        };
+        let next = again.then(|| uuid::Uuid::new_v4().to_string());
+        if let Some(t) = b.tries.get_mut(&job) {
+            t.finished_at = Some(now);
+            t.exit_status = Some(outcome.exit());
+            t.retried_in_job_id = next.clone();
+        }
+        b.jobs.extend(next);
+    }
+}
+
+/// `buildkite-agent pause` and `resume` from a job of agent `name`.
+fn apply_agent_calls(agents: &mut [StandinAgent], name: &str, calls: &[Vec<String>]) {
+    let Some(agent) = agents.iter_mut().find(|a| a.name == name) else {
         return;
+    };
+    agent.busy = false;
+    for call in calls {
+        match call.first().map(String::as_str) {
+            Some("pause") => {
+                let option = |flag: &str| {
+                    call.iter()
+                        .position(|a| a == flag)
+                        .and_then(|i| call.get(i + 1))
+                        .cloned()
+                };
+                let minutes = option("--timeout-in-minutes").and_then(|m| m.parse().ok());
+                agent.paused = Some((option("--note").unwrap_or_default(), minutes.unwrap_or(5)));
+            }
+            Some("resume") => agent.paused = None,
+            _ => {}
+        }
     }
-    for (path, bytes) in outcome.artifacts {
-        bk.upload(number, &path, bytes, "finished", false);
-    }
-    if let Some(bytes) = outcome.result {
-        bk.upload(number, "result.json", bytes, "finished", false);
-    }
-    bk.set_state(number, if outcome.passed { "passed" } else { "failed" });
-    send("build.finished").await;
 }

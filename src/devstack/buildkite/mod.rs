@@ -16,7 +16,7 @@ use serde_json::json;
 
 use crate::time::Clock;
 
-pub use state::{StandinArtifact, StandinBuild};
+pub use state::{StandinAgent, StandinArtifact, StandinBuild, StandinJob};
 pub use webhooks::{deliver, unix_now};
 
 use state::{AutoRun, Inner, Shared, lock};
@@ -29,6 +29,10 @@ pub struct StepOutcome {
     pub result: Option<Vec<u8>>,
     /// The step's other artifacts (profile zips), by path.
     pub artifacts: Vec<(String, Vec<u8>)>,
+    /// The command's exit status, where known (`None`: 0 if it passed, else 1).
+    pub exit_status: Option<i32>,
+    /// What the job's hooks asked of `buildkite-agent` (`["pause", "--note", …]`).
+    pub agent_calls: Vec<Vec<String>>,
 }
 
 impl StepOutcome {
@@ -37,8 +41,13 @@ impl StepOutcome {
         Self {
             passed: true,
             result: Some(result),
-            artifacts: Vec::new(),
+            ..Self::default()
         }
+    }
+
+    /// The exit status Buildkite would record for the job.
+    pub fn exit(&self) -> i32 {
+        self.exit_status.unwrap_or(if self.passed { 0 } else { 1 })
     }
 }
 
@@ -95,12 +104,48 @@ impl BuildkiteStandin {
         self.lock().agents = agents
             .iter()
             .enumerate()
-            .map(|(i, (name, queue, connection, busy))| {
-                json!({"id": format!("agent-{i}"), "name": name, "connection_state": connection,
-                       "hostname": "gpu-node-1", "meta_data": [format!("queue={queue}"), format!("gpu={i}")],
-                       "job": busy.then(|| json!({"id": format!("job-{i}"), "state": "running"}))})
+            .map(|(i, (name, queue, connection, busy))| StandinAgent {
+                id: format!("agent-{i}"),
+                name: (*name).to_owned(),
+                queue: (*queue).to_owned(),
+                connection_state: (*connection).to_owned(),
+                busy: *busy,
+                paused: None,
+                env: BTreeMap::new(),
             })
             .collect();
+    }
+
+    /// Adds a connected, idle agent of `queue` whose jobs run with `env` on top of the
+    /// build's (what its hooks would set: the GPU stand-ins' `PATH`, their faults). With
+    /// agents of a build's queue, [`Self::autorun`] runs each try on a free one of them.
+    pub fn add_agent(&self, name: &str, queue: &str, env: &[(&str, &str)]) {
+        let mut s = self.lock();
+        let id = format!("agent-{}", s.agents.len());
+        s.agents.push(StandinAgent {
+            id,
+            name: name.to_owned(),
+            queue: queue.to_owned(),
+            connection_state: "connected".into(),
+            busy: false,
+            paused: None,
+            env: env
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        });
+    }
+
+    /// The agent named `name`, as it stands now.
+    pub fn agent(&self, name: &str) -> Option<StandinAgent> {
+        self.lock().agents.iter().find(|a| a.name == name).cloned()
+    }
+
+    /// Resumes a paused agent, as `buildkite-agent resume` or the UI does.
+    pub fn resume(&self, name: &str) {
+        if let Some(a) = self.lock().agents.iter_mut().find(|a| a.name == name) {
+            a.paused = None;
+        }
     }
 
     /// How many times the agents API was called.

@@ -192,6 +192,7 @@ fn new_build(s: &Inner, bytes: &[u8]) -> Result<StandinBuild, Box<Response>> {
         env: map("env"),
         meta_data: map("meta_data"),
         jobs: vec![uuid::Uuid::new_v4().to_string()],
+        tries: BTreeMap::new(),
         created_at: s.clock.now(),
         started_at: None,
         finished_at: None,
@@ -357,8 +358,14 @@ async fn list_agents(
         let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         return bk_error(status, "Your API token does not have the read_agents scope");
     }
+    let agents: Vec<Value> = s
+        .agents
+        .iter()
+        .enumerate()
+        .map(|(i, a)| a.json(i))
+        .collect();
     paged(
-        &s.agents,
+        &agents,
         &query_pairs(query),
         &format!("{}{}", s.base, req.uri().path()),
     )

@@ -34,6 +34,8 @@ pub struct StandinBuild {
     pub env: BTreeMap<String, String>,
     pub meta_data: BTreeMap<String, String>,
     pub jobs: Vec<String>,
+    /// Each job's try, by job id (jobs run by no stand-in agent have none).
+    pub tries: BTreeMap<String, StandinJob>,
     /// When it was created, its evaluation step (`key: evaluate`) started on an agent, and
     /// it ended: on the stand-in's clock, so what a report shows is what happened.
     pub created_at: Millis,
@@ -51,6 +53,51 @@ impl StandinBuild {
         } else {
             self.finished_at = None;
         }
+    }
+}
+
+/// One try of a build's evaluation step: the agent that ran it and how it ended.
+#[derive(Clone, Debug, Default)]
+pub struct StandinJob {
+    pub agent: Option<(String, String)>,
+    pub started_at: Option<Millis>,
+    pub finished_at: Option<Millis>,
+    pub exit_status: Option<i32>,
+    /// Buildkite's automatic retry replaced it with this job.
+    pub retried_in_job_id: Option<String>,
+}
+
+/// A stand-in agent of the organization: a GPU of one queue, with the environment its
+/// hooks would give each job (the GPU stand-ins' `PATH` and faults).
+#[derive(Clone, Debug)]
+pub struct StandinAgent {
+    pub id: String,
+    pub name: String,
+    pub queue: String,
+    pub connection_state: String,
+    pub busy: bool,
+    /// Paused by `buildkite-agent pause`: its note and timeout in minutes.
+    pub paused: Option<(String, u64)>,
+    pub env: BTreeMap<String, String>,
+}
+
+impl StandinAgent {
+    /// As the agents API and agent webhooks show it.
+    pub(super) fn json(&self, index: usize) -> Value {
+        let paused = self.paused.as_ref();
+        json!({"id": self.id, "name": self.name, "connection_state": self.connection_state,
+               "hostname": "gpu-node-1", "meta_data": [format!("queue={}", self.queue), format!("gpu={index}")],
+               "paused": paused.is_some(), "paused_note": paused.map(|p| p.0.clone()),
+               "paused_timeout_in_minutes": paused.map(|p| p.1),
+               "job": self.busy.then(|| json!({"id": format!("job-{index}"), "state": "running"}))})
+    }
+
+    /// Whether the next job of `queue` may start on it.
+    pub(super) fn free_for(&self, queue: &str) -> bool {
+        self.queue == queue
+            && self.connection_state == "connected"
+            && !self.busy
+            && self.paused.is_none()
     }
 }
 
@@ -93,8 +140,8 @@ pub(super) struct Inner {
     pub(super) storage_downloads: usize,
     pub(super) api_calls: Vec<String>,
     pub(super) autorun: Option<AutoRun>,
-    /// What `GET /organizations/{org}/agents` lists, as the API shows agents.
-    pub(super) agents: Vec<Value>,
+    /// What `GET /organizations/{org}/agents` lists.
+    pub(super) agents: Vec<StandinAgent>,
     /// The agents API answers this status instead (403: a token without `read_agents`).
     pub(super) agents_failure: Option<u16>,
     /// Every answer (REST and storage) waits this long first: a distant Buildkite.
@@ -187,17 +234,35 @@ impl Inner {
             v["jobs"] = b
                 .jobs
                 .iter()
-                .map(|j| {
-                    json!({"id": j, "type": "script", "name": ":rocket: Kernel Evaluation",
-                    "step_key": "evaluate", "state": b.state,
-                    "started_at": b.started_at.map(rfc3339),
-                    "finished_at": b.started_at.and(b.finished_at).map(rfc3339),
-                    "artifacts_url": format!("{api}/jobs/{j}/artifacts")})
+                .map(|j| match b.tries.get(j) {
+                    Some(t) => try_json(j, t, b, &api),
+                    None => json!({"id": j, "type": "script", "name": ":rocket: Kernel Evaluation",
+                        "step_key": "evaluate", "state": b.state,
+                        "started_at": b.started_at.map(rfc3339),
+                        "finished_at": b.started_at.and(b.finished_at).map(rfc3339),
+                        "artifacts_url": format!("{api}/jobs/{j}/artifacts")}),
                 })
                 .collect();
         }
         v
     }
+}
+
+/// A job a stand-in agent ran, as the REST API shows it with `include_retried_jobs`.
+fn try_json(id: &str, t: &StandinJob, b: &StandinBuild, api: &str) -> Value {
+    let state = match (t.retried_in_job_id.is_some(), t.exit_status) {
+        (true, _) | (false, Some(1..)) => "failed".to_owned(),
+        (false, Some(_)) => "passed".to_owned(),
+        (false, None) if t.started_at.is_some() => "running".to_owned(),
+        (false, None) => b.state.clone(),
+    };
+    json!({"id": id, "type": "script", "name": ":rocket: Kernel Evaluation",
+        "step_key": "evaluate", "state": state,
+        "agent": t.agent.as_ref().map(|(id, name)| json!({"id": id, "name": name})),
+        "exit_status": t.exit_status, "retried": t.retried_in_job_id.is_some(),
+        "retried_in_job_id": t.retried_in_job_id,
+        "started_at": t.started_at.map(rfc3339), "finished_at": t.finished_at.map(rfc3339),
+        "artifacts_url": format!("{api}/jobs/{id}/artifacts")})
 }
 
 pub(super) fn bk_error(status: StatusCode, message: &str) -> Response {

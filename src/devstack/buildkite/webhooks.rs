@@ -26,6 +26,34 @@ impl BuildkiteStandin {
     }
 }
 
+impl BuildkiteStandin {
+    /// Agent `name` connects, disconnects or is lost (`agent.connected`, `agent.lost`, …):
+    /// its connection state changes and, when playing the agent, the event is sent as the
+    /// notification service sends it. Whether it was delivered with a 2xx.
+    pub async fn agent_event(&self, event: &str, name: &str) -> bool {
+        let (body, run) = {
+            let mut s = self.lock();
+            let Some(i) = s.agents.iter().position(|a| a.name == name) else {
+                return false;
+            };
+            if let Some(state) = event.strip_prefix("agent.") {
+                s.agents[i].connection_state = state.to_owned();
+                s.agents[i].busy &= state == "connected";
+            }
+            let body = json!({"event": event, "agent": s.agents[i].json(i),
+                "sender": {"id": "u1", "name": "Buildkite"}});
+            (
+                serde_json::to_vec(&body).unwrap_or_default(),
+                s.autorun.clone(),
+            )
+        };
+        let Some(run) = run else { return false };
+        deliver(&run.webhook_url, &run.secret, event, body, unix_now())
+            .await
+            .is_ok_and(|r| r.status().is_success())
+    }
+}
+
 /// Sends a webhook as Buildkite does: `X-Buildkite-Event` and a signature over
 /// `<timestamp>.<body>` made with `secret` at `timestamp`.
 pub async fn deliver(

@@ -1,7 +1,7 @@
 //! A job as its Discord status message shows it: one message per job, rendered from the
 //! job's current state and fitted to Discord's limits.
 
-use super::summary::{capitalised, short_report, system_lines, timing_line};
+use super::summary::{capitalised, conditions_line, short_report, system_lines, timing_line};
 use crate::discord::{AllowedMentions, Embed, Field, Message};
 use crate::jobs::{Job, JobState};
 use crate::result::{Outcome, Verdict};
@@ -114,6 +114,24 @@ pub fn verdict_sentence(verdict: Verdict, queue: &str) -> String {
     }
 }
 
+/// What became of the tries before the last, in one line: never the user's failure.
+fn retried_line(outcome: &Outcome) -> Option<String> {
+    let reasons = outcome.retried_reasons();
+    let first = plain(reasons.first()?);
+    let more = match reasons.len() {
+        1 => String::new(),
+        n => format!(", and {} more", n - 1),
+    };
+    Some(if outcome.verdict == Verdict::Infra {
+        format!(
+            "🔁 Tried on {} GPUs; each failed its checks ({first}{more}).",
+            reasons.len() + 1
+        )
+    } else {
+        format!("🔁 Retried on another GPU ({first}{more}).")
+    })
+}
+
 fn final_report(job: &Job, head: &str, outcome: &Outcome) -> (String, Vec<Embed>) {
     let passed = outcome.verdict == Verdict::Passed;
     let mut content = format!(
@@ -125,6 +143,12 @@ fn final_report(job: &Job, head: &str, outcome: &Outcome) -> (String, Vec<Embed>
     );
     if let Some(line) = outcome.timings.as_ref().and_then(timing_line) {
         content.push_str(&format!("\n> ⏱ {line}"));
+    }
+    if let Some(line) = outcome.result.as_ref().and_then(conditions_line) {
+        content.push_str(&format!("\n> 🌡 {line}"));
+    }
+    if let Some(line) = retried_line(outcome) {
+        content.push_str(&format!("\n> {line}"));
     }
     let mut lines = Vec::new();
     if let Some(error) = &outcome.error {
@@ -155,6 +179,57 @@ fn final_report(job: &Job, head: &str, outcome: &Outcome) -> (String, Vec<Embed>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::result::Try;
+
+    #[test]
+    fn a_retry_on_another_gpu_is_said_and_never_blamed_on_the_user() {
+        let t = |infra: bool, reason: &str| Try {
+            infra,
+            reason: reason.into(),
+            ..Try::default()
+        };
+        let with = |verdict: Verdict, tries: Vec<Try>| {
+            let mut o = Outcome::decided("passed", verdict, "x");
+            o.tries = tries;
+            o
+        };
+        let table = [
+            (with(Verdict::Passed, vec![t(false, "")]), None),
+            (
+                with(
+                    Verdict::Passed,
+                    vec![t(true, "ecc_errors: 3"), t(false, "")],
+                ),
+                Some("🔁 Retried on another GPU (ecc\\_errors: 3)."),
+            ),
+            (
+                with(
+                    Verdict::Failed,
+                    vec![
+                        t(true, "too_hot"),
+                        t(false, "the agent was lost"),
+                        t(false, ""),
+                    ],
+                ),
+                Some("🔁 Retried on another GPU (too\\_hot, and 1 more)."),
+            ),
+            (
+                with(
+                    Verdict::Infra,
+                    vec![t(true, "a"), t(true, "b"), t(true, "c")],
+                ),
+                Some("🔁 Tried on 3 GPUs; each failed its checks (a, and 1 more)."),
+            ),
+        ];
+        for (outcome, line) in table {
+            assert_eq!(
+                retried_line(&outcome).as_deref(),
+                line,
+                "{:?}",
+                outcome.tries
+            );
+        }
+    }
     use crate::jobs::{BuildRef, Transition};
 
     #[test]

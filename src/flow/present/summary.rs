@@ -1,7 +1,7 @@
 //! kernelbot's short report of a result: one line per phase, benchmark timings, the
 //! machine it ran on, and times as people read them.
 
-use crate::result::{FullResult, RunResult, Timings};
+use crate::result::{Conditions, FullResult, GpuReading, RunResult, Timings};
 use crate::text::{plain, span, truncate};
 
 /// kernelbot's phases in order: the run's key, its noun, what it does, and its name.
@@ -23,6 +23,37 @@ pub(super) fn timing_line(t: &Timings) -> Option<String> {
         .filter_map(|(what, secs)| secs.map(|s| format!("{what} {}", format_secs(s))))
         .collect();
     (!parts.is_empty()).then(|| capitalised(&parts.join(", ")))
+}
+
+/// The GPU's conditions while the submission was timed, in one line: the leaderboard run's
+/// (else a benchmark's) reading after it ran, and whether a slowdown was active.
+pub(super) fn conditions_line(result: &FullResult) -> Option<String> {
+    let timed = |name: &str| result.runs.get(name).and_then(|r| r.conditions.as_ref());
+    let c: &Conditions = timed("leaderboard")
+        .or_else(|| timed("benchmark"))
+        .or_else(|| result.runs.values().find_map(|r| r.conditions.as_ref()))?;
+    let r: &GpuReading = c.after.first().or(c.before.first())?;
+    let mut parts = Vec::new();
+    if let Some(mhz) = r.sm_clock_mhz {
+        parts.push(format!("SM {mhz} MHz"));
+    }
+    if let Some(t) = r.temperature_c {
+        parts.push(format!("{t:.0} °C"));
+    }
+    if let Some(w) = r.power_w {
+        parts.push(format!("{w:.0} W"));
+    }
+    parts.push(if c.throttled {
+        format!("slowed down ({})", plain(&r.clock_events.join(", ")))
+    } else {
+        "no slowdown".into()
+    });
+    let again = if c.attempts > 1 {
+        ", measured again after a cool-down"
+    } else {
+        ""
+    };
+    Some(format!("GPU while timed: {}{again}", parts.join(", ")))
 }
 
 /// A wait or run time as people read it: `45.5 s`, `3 min 7 s`, `2 h 5 min`.
@@ -182,6 +213,63 @@ pub(super) fn system_lines(result: &FullResult) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_gpu_s_conditions_read_in_one_line() {
+        let reading = |sm: u32, events: &[&str]| GpuReading {
+            sm_clock_mhz: Some(sm),
+            temperature_c: Some(61.4),
+            power_w: Some(402.2),
+            clock_events: events.iter().map(|e| (*e).to_owned()).collect(),
+            ..GpuReading::default()
+        };
+        let with = |name: &str, c: Conditions| {
+            let mut r = FullResult::default();
+            r.runs.insert(
+                name.into(),
+                crate::result::EvalResult {
+                    conditions: Some(c),
+                    ..Default::default()
+                },
+            );
+            r
+        };
+        let calm = Conditions {
+            before: vec![reading(1980, &[])],
+            after: vec![reading(1755, &[])],
+            throttled: false,
+            attempts: 1,
+        };
+        let cooled = Conditions {
+            attempts: 2,
+            ..calm.clone()
+        };
+        let hot = Conditions {
+            after: vec![reading(1200, &["HwThermalSlowdown"])],
+            throttled: true,
+            ..calm.clone()
+        };
+        let table = [
+            (
+                with("leaderboard", calm.clone()),
+                Some("GPU while timed: SM 1755 MHz, 61 °C, 402 W, no slowdown"),
+            ),
+            (
+                with("benchmark", cooled),
+                Some(
+                    "GPU while timed: SM 1755 MHz, 61 °C, 402 W, no slowdown, measured again after a cool-down",
+                ),
+            ),
+            (
+                with("leaderboard", hot),
+                Some("GPU while timed: SM 1200 MHz, 61 °C, 402 W, slowed down (HwThermalSlowdown)"),
+            ),
+            (FullResult::default(), None),
+        ];
+        for (result, line) in table {
+            assert_eq!(conditions_line(&result).as_deref(), line);
+        }
+    }
 
     fn result(json: &str) -> FullResult {
         FullResult::parse(json.as_bytes()).unwrap()

@@ -1,12 +1,15 @@
 //! The decisions, as pure functions of a job, an event and the time: what an event or a
 //! build's state means ([`signal`]), what an outbox does next ([`outbox`]), when a deferred
-//! create is due ([`creation`]), and when a job ends without its build's word ([`ending`]).
+//! create is due ([`creation`]), when a job ends without its build's word ([`ending`]), which
+//! tries of a build ran where ([`tries`]), and what an agent's record says ([`fleet`]).
 //! Everything that talks to the world lives elsewhere.
 
 pub mod creation;
 pub mod ending;
+pub(crate) mod fleet;
 pub mod outbox;
 pub mod signal;
+pub(crate) mod tries;
 
 pub use signal::{progress_of, signal_of};
 

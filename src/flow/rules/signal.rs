@@ -32,7 +32,7 @@ pub fn signal_of(event: &str, job: Option<&BuildJob>) -> Signal {
     }
 }
 
-fn is_eval_step(job: &BuildJob) -> bool {
+pub(crate) fn is_eval_step(job: &BuildJob) -> bool {
     job.step_key.as_deref() == Some(EVAL_STEP_KEY)
 }
 

@@ -79,7 +79,9 @@ impl SweepReport {
             EventOutcome::Advanced(JobState::Finished) => self.finished += 1,
             EventOutcome::Advanced(JobState::Failed) => self.failed += 1,
             EventOutcome::Advanced(_) => self.advanced += 1,
-            EventOutcome::Ignored(_) | EventOutcome::Foreign => self.unchanged += 1,
+            EventOutcome::Ignored(_) | EventOutcome::Foreign | EventOutcome::AgentNoted => {
+                self.unchanged += 1
+            }
         }
     }
 

@@ -14,8 +14,8 @@ use serde_json::value::RawValue;
 
 use super::render::{self, Text};
 use super::{
-    CompileResult, Conditions, EvalResult, FullResult, InfraFailure, ProfileResult, RunResult,
-    SystemInfo, cap, caps, is_report, rank,
+    CompileResult, Conditions, EvalResult, FullResult, InfraFailure, Preflight, ProfileResult,
+    RunResult, SystemInfo, cap, caps, is_report, rank,
 };
 
 /// Reads `bytes` as a [`FullResult`] within its caps (see [`FullResult::parse`]).
@@ -42,6 +42,8 @@ struct Full {
     runs: BTreeMap<String, EvalResult>,
     #[serde(deserialize_with = "infra")]
     infra: Option<InfraFailure>,
+    #[serde(deserialize_with = "preflight")]
+    preflight: Option<Preflight>,
 }
 
 #[derive(Deserialize)]
@@ -178,6 +180,14 @@ fn infra<'de, D: Deserializer<'de>>(d: D) -> Result<Option<InfraFailure>, D::Err
         i.cap();
     }
     Ok(infra)
+}
+
+fn preflight<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Preflight>, D::Error> {
+    let mut preflight: Option<Preflight> = small(d)?;
+    if let Some(p) = preflight.as_mut() {
+        p.cap();
+    }
+    Ok(preflight)
 }
 
 fn conditions<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Conditions>, D::Error> {

@@ -57,6 +57,24 @@ pub struct InfraFailure {
     pub processes: Vec<GpuProcess>,
 }
 
+/// What the pre-flight found, as `result.json`'s `preflight` says it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Preflight {
+    /// `passed`, `skipped` or `failed`.
+    pub status: String,
+    pub detail: String,
+    pub readings: Vec<GpuReading>,
+}
+
+impl Preflight {
+    pub(super) fn cap(&mut self) {
+        cap(&mut self.status, caps::SHORT);
+        cap(&mut self.detail, caps::TEXT);
+        cap_readings(&mut self.readings);
+    }
+}
+
 /// The GPUs' state around one timed run.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]

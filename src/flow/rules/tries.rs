@@ -1,0 +1,164 @@
+//! Which tries of a build's evaluation step ran, on which agents, and why a retried one
+//! ended: read from the build as the REST API shows it (every job, retried ones included)
+//! and the meta-data the agents' hooks wrote, at no extra call.
+
+use crate::buildkite::{Build, BuildJob};
+use crate::result::Try;
+use crate::runner::exit;
+
+use super::signal::is_eval_step;
+
+/// The meta-data key under which an agent's `post-command` hook (`setup-node.sh`) notes why
+/// its job was an infrastructure failure, followed by the job's id.
+pub(crate) const INFRA_NOTE_PREFIX: &str = "kernelbot-infra:";
+
+/// A note longer than this is cut: it comes from a GPU node, and goes into reports.
+const MAX_REASON_CHARS: usize = 200;
+
+/// The evaluation step's tries, oldest first. `final_infra`: the result the last try left
+/// says the node failed (the runner's `infra`).
+pub(crate) fn tries(build: &Build, final_infra: bool) -> Vec<Try> {
+    let eval: Vec<&BuildJob> = build.jobs.iter().filter(|j| is_eval_step(j)).collect();
+    let last = eval.len().saturating_sub(1);
+    eval.iter()
+        .enumerate()
+        .map(|(i, job)| {
+            let infra =
+                job.exit_status == Some(i64::from(exit::INFRA)) || (i == last && final_infra);
+            let gave_result = i == last && !infra;
+            Try {
+                job_id: job.id.clone(),
+                agent: job
+                    .agent
+                    .as_ref()
+                    .map(|a| a.name.clone())
+                    .unwrap_or_default(),
+                exit_status: job.exit_status,
+                infra,
+                reason: if gave_result {
+                    String::new()
+                } else {
+                    reason(build, job, infra)
+                },
+            }
+        })
+        .collect()
+}
+
+/// Why a try ended without the result: the agent's own note, else what its exit status says.
+fn reason(build: &Build, job: &BuildJob, infra: bool) -> String {
+    let key = format!("{INFRA_NOTE_PREFIX}{}", job.id);
+    let note = build
+        .meta_data
+        .as_ref()
+        .and_then(|m| m.get(&key))
+        .and_then(|v| v.as_str())
+        .map(str::trim)
+        .filter(|n| !n.is_empty());
+    if let Some(note) = note {
+        return note.chars().take(MAX_REASON_CHARS).collect();
+    }
+    match job.exit_status {
+        _ if infra => "the GPU failed its checks".into(),
+        Some(-1) => "the agent was lost".into(),
+        Some(255) => "the agent failed before the runner reported".into(),
+        Some(code) => format!("exit status {code}"),
+        None => "it did not finish".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn build(jobs: serde_json::Value, meta: serde_json::Value) -> Build {
+        serde_json::from_value(json!({"id": "b", "number": 1, "jobs": jobs, "meta_data": meta}))
+            .unwrap()
+    }
+
+    fn job(id: &str, agent: &str, exit: Option<i64>, retried: bool) -> serde_json::Value {
+        json!({"id": id, "step_key": "evaluate", "exit_status": exit, "retried": retried,
+               "agent": {"id": format!("a-{agent}"), "name": agent}})
+    }
+
+    /// The build's jobs and meta-data, whether its result said infra, and the tries wanted
+    /// as (agent, infra, reason).
+    type Case = (
+        serde_json::Value,
+        serde_json::Value,
+        bool,
+        Vec<(&'static str, bool, &'static str)>,
+    );
+
+    #[test]
+    fn each_try_says_where_it_ran_and_why_it_was_retried() {
+        let note = "ecc_errors: GPU 0 has 3 uncorrected ECC errors";
+        let cases: Vec<Case> = vec![
+            // One try that gave the result.
+            (
+                json!([job("j1", "gpu0", Some(0), false)]),
+                json!({}),
+                false,
+                vec![("gpu0", false, "")],
+            ),
+            // Retried after the node failed, with the hook's note; the retry passed.
+            (
+                json!([
+                    job("j1", "gpu0", Some(75), true),
+                    job("j2", "gpu1", Some(0), false)
+                ]),
+                json!({"kernelbot-infra:j1": note, "run_id": "r"}),
+                false,
+                vec![("gpu0", true, note), ("gpu1", false, "")],
+            ),
+            // No note (the hook could not write it): the exit status says it.
+            (
+                json!([
+                    job("j1", "gpu0", Some(75), true),
+                    job("j2", "gpu1", Some(-1), true),
+                    job("j3", "gpu2", Some(75), false)
+                ]),
+                json!({}),
+                true,
+                vec![
+                    ("gpu0", true, "the GPU failed its checks"),
+                    ("gpu1", false, "the agent was lost"),
+                    ("gpu2", true, "the GPU failed its checks"),
+                ],
+            ),
+            // The upload step is no try.
+            (
+                json!([{"id": "u", "step_key": "upload", "exit_status": 0},
+                       job("j1", "gpu0", Some(1), false)]),
+                json!({}),
+                false,
+                vec![("gpu0", false, "")],
+            ),
+        ];
+        for (jobs, meta, final_infra, want) in cases {
+            let got: Vec<(String, bool, String)> = tries(&build(jobs.clone(), meta), final_infra)
+                .into_iter()
+                .map(|t| (t.agent, t.infra, t.reason))
+                .collect();
+            let want: Vec<(String, bool, String)> = want
+                .into_iter()
+                .map(|(a, i, r)| (a.to_owned(), i, r.to_owned()))
+                .collect();
+            assert_eq!(got, want, "{jobs}");
+        }
+    }
+
+    #[test]
+    fn a_node_s_note_is_cut_to_a_line() {
+        let long = "x".repeat(5000);
+        let b = build(
+            json!([
+                job("j1", "gpu0", Some(75), true),
+                job("j2", "gpu1", Some(0), false)
+            ]),
+            json!({"kernelbot-infra:j1": long}),
+        );
+        assert_eq!(tries(&b, false)[0].reason.chars().count(), MAX_REASON_CHARS);
+    }
+}

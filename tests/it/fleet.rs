@@ -1,0 +1,405 @@
+//! Donated hardware through the local stack: stand-in agents of one queue, each with its
+//! own stand-in GPU (`tests/fixtures/gpu-nvidia`, with faults), run the pipeline's step and
+//! then the `post-command` hook `setup-node.sh` writes, with a `buildkite-agent` stand-in
+//! that records what the hook asks. The Buildkite stand-in retries the runner's
+//! infrastructure exit code as a new job on another agent, as the pipeline's automatic
+//! retry does. What users and operators see is checked: the report, the paused agent and
+//! its reason, the operators' channel, `GET /fleet`.
+
+use std::time::{Duration, Instant};
+
+use kernelbot_dispatch::devstack::agent::local_agent;
+use kernelbot_dispatch::jobs::Channel;
+use kernelbot_dispatch::result::Verdict;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use crate::runner::{config, gpu_stand_ins, runner_link};
+use crate::support::{API_TOKEN, SECRET, StoreKind, TestApp, submission};
+
+/// The operators' channel: a webhook of its own on the Discord stand-in.
+const OPS_ID: &str = "222222222222222222";
+const OPS_URL: &str = "https://discord.com/api/webhooks/222222222222222222/ops-token_2";
+
+/// The local stack with the operators' channel, playing the agent with the local runner.
+/// The GPU stand-ins' directory lives as long as the returned guard.
+async fn fleet_app(kind: StoreKind) -> (TestApp, tempfile::TempDir) {
+    let app = TestApp::spawn_with(kind, &[("OPS_DISCORD_WEBHOOK_URL", OPS_URL)]).await;
+    let agent = local_agent(runner_link().to_path_buf());
+    app.buildkite.autorun(&app.webhook_url, SECRET, agent);
+    (app, gpu_stand_ins("gpu-nvidia"))
+}
+
+/// Adds agent `name` of queue `h100` with one stand-in GPU and `faults`.
+fn add_gpu(app: &TestApp, stand_ins: &tempfile::TempDir, name: &str, faults: &[(&str, &str)]) {
+    let path = format!(
+        "{}:/usr/local/bin:/usr/bin:/bin",
+        stand_ins.path().display()
+    );
+    let mut env: Vec<(&str, &str)> = vec![("PATH", &path), ("CUDA_VISIBLE_DEVICES", "0")];
+    env.extend_from_slice(faults);
+    app.buildkite.add_agent(name, "h100", &env);
+}
+
+/// A submission whose kernel passes, in `mode`.
+fn passing(run_id: &str, mode: &str) -> Value {
+    let mut body = submission(run_id);
+    body["config"] = config("pass", mode);
+    body
+}
+
+/// Submits `body` and waits until its job has ended and its report is delivered.
+async fn run(app: &TestApp, body: &Value) -> kernelbot_dispatch::jobs::Job {
+    let run_id = body["run_id"].as_str().unwrap();
+    let (status, answer) = app.submit(body).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{answer}");
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let job = app.job(run_id).await;
+        if job.state.is_terminal() && !job.owes(Channel::Discord) {
+            return job;
+        }
+        assert!(Instant::now() < deadline, "{run_id} never ended: {job:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// What the operators' channel received.
+fn ops_messages(app: &TestApp) -> Vec<String> {
+    app.discord
+        .calls()
+        .into_iter()
+        .filter(|c| c.webhook_id == OPS_ID)
+        .map(|c| c.body["content"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+/// The users' channel: everything but the operators' messages.
+fn user_text(app: &TestApp) -> String {
+    app.discord
+        .messages()
+        .values()
+        .map(|m| m.to_string())
+        .filter(|m| !m.contains("failed the GPU checks") && !m.contains("🔌"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+async fn fleet(app: &TestApp) -> Value {
+    let resp = app
+        .client
+        .get(format!("{}/fleet", app.submit_url))
+        .bearer_auth(API_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    resp.json().await.unwrap()
+}
+
+fn agent_row<'a>(fleet: &'a Value, name: &str) -> &'a Value {
+    fleet["agents"]
+        .as_array()
+        .and_then(|a| a.iter().find(|r| r["name"] == name))
+        .unwrap_or_else(|| panic!("{name} not in {fleet}"))
+}
+
+/// The evaluation's tries, as the stand-in recorded them: (agent, exit status).
+fn tries(app: &TestApp, number: u64) -> Vec<(String, Option<i32>)> {
+    let b = app.buildkite.build(number).expect("the build");
+    b.jobs
+        .iter()
+        .map(|j| {
+            let t = &b.tries[j];
+            (t.agent.clone().unwrap_or_default().1, t.exit_status)
+        })
+        .collect()
+}
+
+/// The contract's first case: a GPU with uncorrected ECC errors never runs the submission;
+/// its agent pauses itself with the reason, the retry on a healthy agent gives the user's
+/// real result, the report says it was retried, and the operators hear of it once.
+async fn an_ecc_fault_is_retried_on_a_healthy_gpu_and_the_agent_paused(kind: StoreKind) {
+    let (app, gpus) = fleet_app(kind).await;
+    add_gpu(&app, &gpus, "node1-gpu0", &[("GPU_STANDIN_ECC", "3")]);
+    add_gpu(&app, &gpus, "node1-gpu1", &[]);
+    let job = run(&app, &passing("ecc", "test")).await;
+
+    let outcome = job.outcome.as_deref().expect("an outcome");
+    assert_eq!(outcome.verdict, Verdict::Passed, "{outcome:?}");
+    let number = job.build.as_ref().unwrap().number;
+    assert_eq!(
+        tries(&app, number),
+        [
+            ("node1-gpu0".into(), Some(75)),
+            ("node1-gpu1".into(), Some(0))
+        ]
+    );
+    let paused = app.buildkite.agent("node1-gpu0").unwrap().paused;
+    let (note, minutes) = paused.expect("the faulty agent paused itself");
+    assert!(
+        note.contains("ecc_errors") && note.contains("3 uncorrected"),
+        "{note}"
+    );
+    assert_eq!(minutes, 240, "setup-node.sh's default pause");
+    assert_eq!(app.buildkite.agent("node1-gpu1").unwrap().paused, None);
+
+    let text = user_text(&app);
+    assert!(text.contains("✅ success"), "{text}");
+    assert!(
+        text.contains("Retried on another GPU (ecc") && text.contains("3 uncorrected ECC"),
+        "{text}"
+    );
+    let ops = ops_messages(&app);
+    assert_eq!(ops.len(), 1, "{ops:?}");
+    assert!(
+        ops[0].contains("node1-gpu0") && ops[0].contains("3 uncorrected ECC"),
+        "{ops:?}"
+    );
+    assert_eq!(app.metric("GpuIncidents").len(), 1);
+
+    let fleet = fleet(&app).await;
+    let bad = agent_row(&fleet, "node1-gpu0");
+    assert_eq!(bad["paused"], true, "{fleet}");
+    assert!(
+        bad["paused_why"].as_str().unwrap().contains("ecc_errors"),
+        "{fleet}"
+    );
+    assert_eq!(
+        (bad["jobs_24h"].as_u64(), bad["infra_failures_24h"].as_u64()),
+        (Some(1), Some(1))
+    );
+    // Readings come from the result read (the last try's): the failed try's note says what
+    // its check found.
+    assert!(bad["readings"].as_array().unwrap().is_empty(), "{fleet}");
+    let good = agent_row(&fleet, "node1-gpu1");
+    assert_eq!(
+        (
+            good["paused"].as_bool(),
+            good["infra_failures_24h"].as_u64()
+        ),
+        (Some(false), Some(0))
+    );
+    assert!(
+        good["readings"][0]["temperature_c"].is_number(),
+        "its pre-flight: {fleet}"
+    );
+}
+
+/// A foreign process on the GPU and a slowdown that persists are each retried elsewhere; a
+/// slowdown that clears after a cool-down is measured again on the same GPU and ranked.
+async fn foreign_processes_and_slowdowns_end_as_the_contract_says(kind: StoreKind) {
+    let (app, gpus) = fleet_app(kind).await;
+    let state = tempfile::tempdir().unwrap();
+    let reads = |name: &str| -> String { state.path().join(name).display().to_string() };
+    let (foreign, hot, warm) = (reads("foreign"), reads("hot"), reads("warm"));
+    add_gpu(
+        &app,
+        &gpus,
+        "a-foreign",
+        &[
+            ("GPU_STANDIN_FOREIGN_PID", "4242"),
+            ("GPU_STANDIN_STATE", &foreign),
+        ],
+    );
+    add_gpu(
+        &app,
+        &gpus,
+        "b-healthy",
+        &[("KERNELBOT_COOLDOWN_SECS", "0")],
+    );
+
+    let job = run(&app, &passing("foreign", "test")).await;
+    assert_eq!(job.outcome.as_deref().unwrap().verdict, Verdict::Passed);
+    let b = job.build.as_ref().unwrap().number;
+    assert_eq!(tries(&app, b)[0], ("a-foreign".into(), Some(75)));
+    assert!(
+        user_text(&app).contains("Retried on another GPU (foreign"),
+        "{}",
+        user_text(&app)
+    );
+
+    // A persistent thermal slowdown: the pre-flight's read is clean, every read after
+    // shows it; throttled twice, the leaderboard run is no ranked time.
+    app.buildkite.resume("a-foreign");
+    app.buildkite.set_agents(&[]);
+    add_gpu(
+        &app,
+        &gpus,
+        "c-hot",
+        &[
+            ("GPU_STANDIN_EVENTS", "0x40"),
+            ("GPU_STANDIN_EVENTS_FROM", "1"),
+            ("GPU_STANDIN_STATE", &hot),
+            ("KERNELBOT_COOLDOWN_SECS", "0"),
+        ],
+    );
+    add_gpu(
+        &app,
+        &gpus,
+        "d-healthy",
+        &[("KERNELBOT_COOLDOWN_SECS", "0")],
+    );
+    let job = run(&app, &passing("hot", "leaderboard")).await;
+    let outcome = job.outcome.as_deref().unwrap();
+    assert_eq!(outcome.verdict, Verdict::Passed, "{outcome:?}");
+    assert_eq!(
+        tries(&app, job.build.as_ref().unwrap().number)[0],
+        ("c-hot".into(), Some(75))
+    );
+    let note = app.buildkite.agent("c-hot").unwrap().paused.unwrap().0;
+    assert!(
+        note.contains("throttled") || note.contains("slowdown"),
+        "{note}"
+    );
+
+    // A slowdown that clears: measured again after the cool-down, on the same GPU (the
+    // GPU's reads: the pre-flight's, the benchmark's two, then the leaderboard's).
+    app.buildkite.set_agents(&[]);
+    add_gpu(
+        &app,
+        &gpus,
+        "e-warm",
+        &[
+            ("GPU_STANDIN_EVENTS", "0x40"),
+            ("GPU_STANDIN_EVENTS_FROM", "3"),
+            ("GPU_STANDIN_EVENTS_READS", "2"),
+            ("GPU_STANDIN_STATE", &warm),
+            ("KERNELBOT_COOLDOWN_SECS", "0"),
+        ],
+    );
+    let job = run(&app, &passing("warm", "leaderboard")).await;
+    let outcome = job.outcome.as_deref().unwrap();
+    assert_eq!(outcome.verdict, Verdict::Passed, "{outcome:?}");
+    assert_eq!(
+        tries(&app, job.build.as_ref().unwrap().number),
+        [("e-warm".into(), Some(0))]
+    );
+    let conditions = outcome.result.as_ref().unwrap().runs["leaderboard"]
+        .conditions
+        .clone()
+        .unwrap();
+    assert_eq!((conditions.attempts, conditions.throttled), (2, false));
+    assert_eq!(app.buildkite.agent("e-warm").unwrap().paused, None);
+    let report = app
+        .discord
+        .messages()
+        .values()
+        .find(|m| m.to_string().contains("warm"))
+        .map(|m| m.to_string())
+        .unwrap_or_default();
+    assert!(
+        report.contains("measured again after a cool-down"),
+        "{report}"
+    );
+    assert_eq!(ops_messages(&app).len(), 2, "{:?}", ops_messages(&app));
+}
+
+/// With every agent of the queue failing its pre-flight, the job ends as `infra` with the
+/// sentence that blames the node; each agent is paused and told of once.
+async fn when_every_gpu_fails_the_job_is_an_infrastructure_failure(kind: StoreKind) {
+    let (app, gpus) = fleet_app(kind).await;
+    for name in ["gpu0", "gpu1", "gpu2"] {
+        add_gpu(&app, &gpus, name, &[("GPU_STANDIN_ECC", "1")]);
+    }
+    let job = run(&app, &passing("all-bad", "test")).await;
+    let outcome = job.outcome.as_deref().unwrap();
+    assert_eq!(outcome.verdict, Verdict::Infra, "{outcome:?}");
+    assert!(
+        outcome.error.as_deref().unwrap().contains("not your code"),
+        "{outcome:?}"
+    );
+    assert_eq!(
+        outcome.tries.len(),
+        3,
+        "the first try and the pipeline's two retries"
+    );
+    for name in ["gpu0", "gpu1", "gpu2"] {
+        assert!(
+            app.buildkite.agent(name).unwrap().paused.is_some(),
+            "{name}"
+        );
+    }
+    let text = user_text(&app);
+    assert!(
+        text.contains("Infrastructure failure — not your code"),
+        "{text}"
+    );
+    assert!(text.contains("Tried on 3 GPUs"), "{text}");
+    assert!(!text.contains("✅ success"), "{text}");
+    assert_eq!(
+        ops_messages(&app).len(),
+        3,
+        "one per agent: {:?}",
+        ops_messages(&app)
+    );
+}
+
+/// `agent.lost` for an agent of our queue reaches the operators once; its duplicate, and
+/// an agent of a queue we do not serve, do not. `GET /fleet` shows it lost, then connected.
+async fn a_lost_agent_is_told_once(kind: StoreKind) {
+    let (app, _gpus) = fleet_app(kind).await;
+    app.buildkite.add_agent("h100-gpu3", "h100", &[]);
+    app.buildkite
+        .add_agent("other-gpu0", "someone-elses-queue", &[]);
+    assert!(app.buildkite.agent_event("agent.lost", "h100-gpu3").await);
+    assert!(app.buildkite.agent_event("agent.lost", "h100-gpu3").await);
+    assert!(
+        app.buildkite
+            .agent_event("agent.disconnected", "h100-gpu3")
+            .await
+    );
+    assert!(app.buildkite.agent_event("agent.lost", "other-gpu0").await);
+    let ops = ops_messages(&app);
+    assert_eq!(ops.len(), 1, "{ops:?}");
+    assert!(
+        ops[0].contains("h100-gpu3") && ops[0].contains("agent.lost"),
+        "{ops:?}"
+    );
+    assert!(!ops[0].contains("@everyone"));
+    let row = agent_row(&fleet(&app).await, "h100-gpu3").clone();
+    assert_eq!(row["connection_state"], "lost", "{row}");
+    let fleet_now = fleet(&app).await;
+    assert!(
+        fleet_now["agents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["name"] != "other-gpu0"),
+        "{fleet_now}"
+    );
+    // Connected again (and listed by the agents API once its cache is refreshed).
+    assert!(
+        app.buildkite
+            .agent_event("agent.connected", "h100-gpu3")
+            .await
+    );
+    assert!(app.buildkite.agent_event("agent.lost", "h100-gpu3").await);
+    assert_eq!(
+        ops_messages(&app).len(),
+        2,
+        "a new incident after it came back"
+    );
+}
+
+/// `GET /fleet` takes the submit token.
+async fn the_fleet_needs_the_token(kind: StoreKind) {
+    let (app, _gpus) = fleet_app(kind).await;
+    let resp = app
+        .client
+        .get(format!("{}/fleet", app.submit_url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+    let body: Value = resp.json().await.unwrap_or(json!(null));
+    assert!(body.get("agents").is_none(), "{body}");
+}
+
+on_both_stores!(
+    an_ecc_fault_is_retried_on_a_healthy_gpu_and_the_agent_paused,
+    foreign_processes_and_slowdowns_end_as_the_contract_says,
+    when_every_gpu_fails_the_job_is_an_infrastructure_failure,
+    a_lost_agent_is_told_once,
+    the_fleet_needs_the_token,
+);
