@@ -325,6 +325,9 @@ pub struct Config {
     pub callback: Option<CallbackConfig>,
     /// Links to profile runs' files; `None` when `PROFILE_LINK_SECRET` is unset.
     pub profile_links: Option<ProfileLinkConfig>,
+    /// `USER_MAX_IN_FLIGHT`: at most this many of a user's jobs per queue have a build at
+    /// once (0: no fair share, first come first served).
+    pub user_max_in_flight: usize,
 }
 
 struct Env<'a>(&'a dyn Fn(&str) -> Option<String>);
@@ -498,6 +501,8 @@ impl Config {
             timing: env.timing()?,
             callback: env.callback()?,
             profile_links: env.profile_links()?,
+            user_max_in_flight: usize::try_from(env.number("USER_MAX_IN_FLIGHT", 2)?)
+                .map_err(|_| ConfigError::invalid("USER_MAX_IN_FLIGHT", "too large"))?,
         })
     }
 

@@ -3,7 +3,7 @@
 
 use tracing::{info, warn};
 
-use super::{Deps, DispatchError, deliver, fleet};
+use super::{Deps, DispatchError, deliver, fair, fleet};
 use crate::buildkite::Build;
 use crate::jobs::{BuildRef, Job, JobState, StoreError, Transition, Updated, update_seen};
 use crate::retry::Deadline;
@@ -60,9 +60,17 @@ pub(crate) async fn advance(
                 let verdict = [("Verdict", outcome.verdict.as_str())];
                 d.metrics
                     .put(&verdict, &[("JobsFinished", Unit::Count, 1.0)]);
+            }
+            // The user's report first; then the fleet's notes and the queue's waiting jobs.
+            let delivered = deliver::deliver(d, &job, deadline).await;
+            if job.outcome.is_some() {
                 fleet::record_finish(d, &job, deadline).await;
             }
-            deliver::deliver(d, &job, deadline).await?;
+            if job.state.is_terminal() {
+                // Its slot on the queue is free: fair share's waiting jobs may go.
+                fair::after_end(d, &job, deadline).await;
+            }
+            delivered?;
             Ok(EventOutcome::Advanced(job.state))
         }
         Updated::Unchanged(job) => {

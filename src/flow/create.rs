@@ -156,6 +156,17 @@ pub(crate) async fn create_deferred(
     if job.creation.is_none() || now - job.created_at >= queue_timeout {
         return Ok((too_late(d, job, deadline).await?, Tried::Nothing));
     }
+    create_if_due(d, job, deadline).await
+}
+
+/// Creates the build of a job without one, if its creation is due (and not held or waiting):
+/// claimed by compare-and-swap first, so it is made once whoever else tries.
+pub(crate) async fn create_if_due(
+    d: &Deps,
+    job: &Job,
+    deadline: Deadline,
+) -> Result<(EventOutcome, Tried), DispatchError> {
+    let now = d.clock.now();
     if d.buildkite.over_budget() {
         let why = "no Buildkite calls left in this pass";
         return Ok((EventOutcome::Ignored(why), Tried::Nothing));
@@ -184,8 +195,13 @@ async fn too_late(d: &Deps, job: &Job, deadline: Deadline) -> Result<EventOutcom
     {
         return adopt(d, job, build, deadline).await;
     }
-    let t = Transition::to(JobState::Failed, d.clock.now())
-        .with_failure("no Buildkite build could be created in time");
+    let why = if job.waiting {
+        "it waited for its turn past the queue deadline: this user's earlier runs held its \
+         share of the GPUs"
+    } else {
+        "no Buildkite build could be created in time"
+    };
+    let t = Transition::to(JobState::Failed, d.clock.now()).with_failure(why);
     // `apply` fails only a job still without a build, as stored now.
     advance(d, job, t, deadline).await
 }

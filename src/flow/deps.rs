@@ -97,10 +97,16 @@ impl Deps {
                 config.discord.default_webhook.as_ref(),
                 "DISCORD_WEBHOOK_URL",
             )?,
+            // The operators' channel is optional: a malformed one is logged and left out
+            // (its alarm still holds) rather than stopping every user's report.
             ops_discord: discord_target(
                 config.discord.ops_webhook.as_ref(),
                 "OPS_DISCORD_WEBHOOK_URL",
-            )?,
+            )
+            .unwrap_or_else(|e| {
+                tracing::error!(error = %e, "the operators' channel is left out");
+                None
+            }),
             config,
             clock: Clock::default(),
             metrics: Metrics::for_function("local"),

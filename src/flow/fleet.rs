@@ -10,11 +10,12 @@ use tracing::{info, warn};
 use super::Deps;
 use super::queues::{self, QueueError};
 use super::rules::fleet::{AgentRecord, DAY_MS, Incident, Since};
+use super::rules::tries::{MAX_NAME_CHARS, clean};
 use crate::buildkite::Agent;
 use crate::discord::{AllowedMentions, Message};
 use crate::jobs::{CacheEntry, Job, StoreError};
 use crate::result::{GpuReading, Outcome};
-use crate::retry::Deadline;
+use crate::retry::{Deadline, Policy};
 use crate::telemetry::metrics::Unit;
 use crate::text::{plain, span};
 use crate::time::Millis;
@@ -23,6 +24,11 @@ use crate::time::Millis;
 const FLEET_KEY: &str = "~fleet";
 /// A record changed by many at once gives up after this many tries (it is only a count).
 const MAX_TRIES: usize = 8;
+/// Agents the fleet's list holds at most (one item in the store): donated nodes number tens.
+const MAX_AGENTS: usize = 1000;
+/// The operators' post is one try this long at most: the user's report went first, and the
+/// metric's alarm holds when the post fails.
+const OPS_POST: std::time::Duration = std::time::Duration::from_secs(5);
 
 fn agent_key(name: &str) -> String {
     format!("~agent/{name}")
@@ -40,8 +46,10 @@ pub(crate) async fn record_finish(d: &Deps, job: &Job, deadline: Deadline) {
         if t.agent.is_empty() {
             continue;
         }
-        let readings = (i == last).then(|| readings_of(outcome)).flatten();
-        match update(d, &t.agent, &job.queue, |r| r.saw_try(t, readings, now)).await {
+        let readings = t.result.then(|| readings_of(outcome)).flatten();
+        let retried = i < last;
+        let seen = |r: &mut AgentRecord| r.saw_try(t, readings, retried, now);
+        match update(d, &t.agent, &job.queue, seen).await {
             Ok(Some(incident)) => {
                 tell(d, &t.agent, &job.queue, &incident, Some(job), deadline).await;
             }
@@ -73,13 +81,21 @@ pub(crate) async fn on_agent_event(
     deadline: Deadline,
 ) -> Result<bool, StoreError> {
     let queue = agent.queue();
-    if agent.name.is_empty() || !d.config.queues.serves(queue) {
+    if !d.config.queues.serves(queue) {
         info!(event, queue, "an agent event of a queue we do not serve");
         return Ok(false);
     }
+    let name = clean(&agent.name, MAX_NAME_CHARS);
+    if name.is_empty() || name.chars().count() < agent.name.trim().chars().count() {
+        warn!(
+            event,
+            queue, "an agent event whose agent name is empty or too long"
+        );
+        return Ok(false);
+    }
     let now = d.clock.now();
-    if let Some(incident) = update(d, &agent.name, queue, |r| r.saw_event(event, now)).await? {
-        tell(d, &agent.name, queue, &incident, None, deadline).await;
+    if let Some(incident) = update(d, &name, queue, |r| r.saw_event(event, now)).await? {
+        tell(d, &name, queue, &incident, None, deadline).await;
     }
     Ok(true)
 }
@@ -111,8 +127,12 @@ async fn update<T>(
             claimed_at: version.unwrap_or(0) + 1,
         };
         if d.store.put_cached(&key, &next, version).await? {
-            if version.is_none() {
-                list_agent(d, name).await?;
+            // Listed with its first record. A listing that fails loses the agent from the
+            // fleet view, never the incident just decided.
+            if version.is_none()
+                && let Err(e) = list_agent(d, name).await
+            {
+                warn!(error = %e, agent = name, "the agent could not be added to the fleet's list");
             }
             return Ok(said);
         }
@@ -126,6 +146,13 @@ async fn list_agent(d: &Deps, name: &str) -> Result<(), StoreError> {
         let entry = d.store.cached(FLEET_KEY).await?;
         let mut names = names_in(entry.as_ref());
         if names.iter().any(|n| n == name) {
+            return Ok(());
+        }
+        if names.len() >= MAX_AGENTS {
+            warn!(
+                agent = name,
+                "the fleet's list is full; the agent is not listed"
+            );
             return Ok(());
         }
         names.push(name.to_owned());
@@ -176,7 +203,12 @@ async fn tell(
         allowed_mentions: AllowedMentions::default(),
         file: None,
     };
-    if let Err(e) = d.discord.post(target, &message, deadline).await {
+    let once = d.discord.clone().with_retry(Policy {
+        attempts: 1,
+        ..Policy::default()
+    });
+    let deadline = Deadline::after(OPS_POST.min(deadline.remaining()));
+    if let Err(e) = once.post(target, &message, deadline).await {
         warn!(error = %e, agent, "the operators' channel could not be told");
     }
 }
@@ -190,14 +222,32 @@ pub(crate) fn incident_text(
 ) -> String {
     let who = format!("Agent {} (queue {})", span(agent), span(queue));
     match incident {
-        Incident::Infra { reason, .. } => {
+        Incident::Infra {
+            reason,
+            paused,
+            retried,
+            ..
+        } => {
             let run = job.map_or(String::new(), |j| {
                 format!(" Run {}.", span(j.run_id.as_str()))
             });
+            let then = match (paused, retried) {
+                (true, true) => " It paused itself; the job was retried on another agent.",
+                (true, false) => {
+                    " It paused itself; no retry was left, so the job ended as an infrastructure failure."
+                }
+                (false, true) => {
+                    " Retried on another agent; it was not paused (the fault may pass)."
+                }
+                (false, false) => " It was not paused (the fault may pass); no retry was left.",
+            };
+            let resume = if *paused {
+                " Resume it once the GPU is healthy: Resume on its page in Buildkite, or `bk agent resume <agent id>`."
+            } else {
+                ""
+            };
             format!(
-                "⚠️ {who} failed the GPU checks: {}. It paused itself; the job was retried on \
-                 another agent.{run} Resume it once the GPU is healthy: `buildkite-agent resume` \
-                 on the node, or Resume on its page in Buildkite.",
+                "⚠️ {who} failed the GPU checks: {}.{then}{run}{resume}",
                 plain(reason)
             )
         }
@@ -233,7 +283,16 @@ pub struct FleetAgent {
 /// Every agent of our queues: those the (cached) agents API lists, and those we have a
 /// record of, by queue and name.
 pub async fn view(d: &Deps, deadline: Deadline) -> Result<Vec<FleetAgent>, QueueError> {
-    let seen = queues::agents(d, deadline).await?;
+    // The records are the store's: shown even when the agents API fails, with the last
+    // list that came (an agent not in it reads as not connected).
+    let seen = match queues::agents(d, deadline).await {
+        Ok(seen) => seen,
+        Err(QueueError::Store(e)) => return Err(QueueError::Store(e)),
+        Err(e) => {
+            warn!(error = %e, "the agents list could not be read; the last one is shown");
+            queues::cached_agents(d).await?
+        }
+    };
     let names = names_in(d.store.cached(FLEET_KEY).await?.as_ref());
     let mut records = Vec::new();
     for name in &names {
@@ -270,13 +329,20 @@ fn row(r: AgentRecord, seen: &[queues::SeenAgent], now: Millis) -> FleetAgent {
         (None, Some(Since { why, .. })) => why.trim_start_matches("agent.").to_owned(),
         (None, None) => "not connected".to_owned(),
     };
-    let api_pause =
-        listed.and_then(|a| a.paused.then(|| a.paused_note.clone().unwrap_or_default()));
     let (jobs_24h, infra_failures_24h) = r.counts_since(now - DAY_MS);
-    let (paused_why, paused_since) = match (&r.paused, api_pause) {
-        (Some(p), _) => (Some(p.why.clone()), Some(p.at)),
-        (None, Some(note)) => (Some(note), None),
-        (None, None) => (None, None),
+    // The agents API says whether it is paused now (resumed by hand, or timed out); the
+    // record says why its hook paused it, and since when.
+    let ours = r.paused.as_ref().map(|p| (p.why.clone(), p.at));
+    let (paused_why, paused_since) = match listed {
+        Some(a) if !a.paused => (None, None),
+        Some(a) => match ours {
+            Some((why, at)) => (Some(why), Some(at)),
+            None => (
+                Some(clean(a.paused_note.as_deref().unwrap_or("paused"), 200)),
+                None,
+            ),
+        },
+        None => ours.map_or((None, None), |(why, at)| (Some(why), Some(at))),
     };
     FleetAgent {
         connection_state,
@@ -299,16 +365,27 @@ mod tests {
 
     #[test]
     fn an_incident_names_the_agent_and_what_to_do_and_pings_no_one() {
-        let infra = Incident::Infra {
+        let infra = |paused, retried| Incident::Infra {
             job_id: "j".into(),
-            reason: "too_hot: 91 °C @everyone **now**".into(),
+            reason: "ecc_errors: 3 @everyone **now**".into(),
+            paused,
+            retried,
         };
-        let text = incident_text("node-gpu0", "h100", &infra, None);
+        let text = incident_text("node-gpu0", "h100", &infra(false, false), None);
+        assert!(
+            text.contains("not paused") && text.contains("no retry was left"),
+            "{text}"
+        );
+        assert!(!text.contains("Resume"), "{text}");
+        let text = incident_text("node-gpu0", "h100", &infra(true, true), None);
         assert!(
             text.starts_with("⚠️ Agent `node-gpu0` (queue `h100`)"),
             "{text}"
         );
-        assert!(text.contains("Resume"), "{text}");
+        assert!(
+            text.contains("retried on another agent") && text.contains("bk agent resume"),
+            "{text}"
+        );
         assert!(
             !text.contains("**now**"),
             "the node's note is plain text: {text}"

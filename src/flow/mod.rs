@@ -22,6 +22,7 @@ mod create;
 pub mod deliver;
 mod deps;
 pub mod events;
+pub(crate) mod fair;
 pub mod fleet;
 mod follow;
 mod outcome;

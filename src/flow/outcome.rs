@@ -11,7 +11,7 @@ use super::rules::tries::tries;
 use super::{Deps, DispatchError};
 use crate::buildkite::{Artifact, Build, BuildkiteError, beside, pick_result};
 use crate::jobs::{Job, RunId, Updated, update_seen};
-use crate::result::{ArtifactRef, FullResult, Outcome, Verdict};
+use crate::result::{ArtifactRef, FullResult, Outcome};
 use crate::retry::Deadline;
 
 #[derive(Debug, thiserror::Error)]
@@ -118,6 +118,11 @@ async fn outcome_with(
     deadline: Deadline,
 ) -> Result<Outcome, DispatchError> {
     let state = build.final_state().to_owned();
+    let result_job = artifacts
+        .as_ref()
+        .ok()
+        .and_then(|a| pick_result(build, a))
+        .map(|a| a.job_id.clone());
     let zips = artifacts
         .as_ref()
         .map(|a| profile_zips(build, a))
@@ -135,7 +140,8 @@ async fn outcome_with(
     };
     let mut outcome = Outcome::judge(&state, result, error).with_timings(build.timings());
     outcome.profile_zips = zips;
-    outcome.tries = tries(build, outcome.verdict == Verdict::Infra);
+    let node_failed = outcome.result.as_ref().and_then(|r| r.infra.as_ref());
+    outcome.tries = tries(build, result_job.as_deref(), node_failed);
     let links = d.config.profile_links.as_ref();
     Ok(profiles::attach(links, run_id, d.clock.now(), outcome))
 }

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::Deps;
 use crate::buildkite::{Agent, BuildkiteError};
-use crate::jobs::{CacheEntry, JobState, StoreError};
+use crate::jobs::{CacheEntry, JobState, OpenJob, StoreError};
 use crate::retry::Deadline;
 use crate::time::Millis;
 
@@ -57,14 +57,18 @@ pub(crate) struct SeenAgent {
 pub struct AgentSeen {
     pub name: String,
     pub busy: bool,
+    /// Paused (after an infrastructure failure, or by hand): takes no new job.
+    pub paused: bool,
 }
 
 /// The queue's connected agents, by name.
 #[derive(Debug, PartialEq)]
 pub struct Agents {
     pub total: usize,
+    /// Neither busy nor paused: ready for the next job.
     pub idle: usize,
     pub busy: usize,
+    pub paused: usize,
     pub list: Vec<AgentSeen>,
 }
 
@@ -92,7 +96,7 @@ pub(crate) fn summarize(
     gpu: &str,
     queue: &str,
     agents: &[SeenAgent],
-    open: &[(JobState, Millis)],
+    open: &[OpenJob],
     now: Millis,
 ) -> QueueStatus {
     let mut list: Vec<AgentSeen> = agents
@@ -101,29 +105,32 @@ pub(crate) fn summarize(
         .map(|a| AgentSeen {
             name: a.name.clone(),
             busy: a.busy,
+            paused: a.paused,
         })
         .collect();
     list.sort_by(|a, b| a.name.cmp(&b.name));
     let busy = list.iter().filter(|a| a.busy).count();
+    let paused = list.iter().filter(|a| a.paused && !a.busy).count();
     let queued = || {
         open.iter()
-            .filter(|(s, _)| matches!(s, JobState::Submitted | JobState::Scheduled))
+            .filter(|j| matches!(j.state, JobState::Submitted | JobState::Scheduled))
     };
     QueueStatus {
         gpu: gpu.to_owned(),
         queue: queue.to_owned(),
         agents: Agents {
             total: list.len(),
-            idle: list.len() - busy,
+            idle: list.len() - busy - paused,
             busy,
+            paused,
             list,
         },
         jobs: Jobs {
             queued: queued().count(),
-            running: open.iter().filter(|(s, _)| *s == JobState::Running).count(),
+            running: open.iter().filter(|j| j.state == JobState::Running).count(),
         },
         oldest_queued_secs: queued()
-            .map(|(_, created)| *created)
+            .map(|j| j.created_at)
             .min()
             .map(|oldest| ((now - oldest).max(0) / 1000) as u64),
     }
@@ -146,6 +153,12 @@ pub(crate) fn seen(agents: &[Agent]) -> Vec<SeenAgent> {
 
 fn parse(entry: &CacheEntry) -> Option<Vec<SeenAgent>> {
     serde_json::from_str(entry.value.as_deref()?).ok()
+}
+
+/// The agents list as last cached, however old (no Buildkite call): empty before the first.
+pub(crate) async fn cached_agents(d: &Deps) -> Result<Vec<SeenAgent>, StoreError> {
+    let entry = d.store.cached(AGENTS_KEY).await?;
+    Ok(entry.as_ref().and_then(parse).unwrap_or_default())
 }
 
 /// `GET /queues/{gpu}`: the queue's agents and open jobs.
@@ -245,6 +258,16 @@ mod tests {
         }
     }
 
+    fn open_job(state: JobState, created_at: Millis) -> OpenJob {
+        OpenJob {
+            run_id: format!("r{created_at}"),
+            state,
+            created_at,
+            user: None,
+            waiting: false,
+        }
+    }
+
     #[test]
     fn counts_only_this_queues_agents_and_open_jobs() {
         let agents = [
@@ -253,9 +276,9 @@ mod tests {
             agent("b200-gpu0", "b200", true),
         ];
         let open = [
-            (JobState::Submitted, 10_000),
-            (JobState::Scheduled, 4_000),
-            (JobState::Running, 1_000),
+            open_job(JobState::Submitted, 10_000),
+            open_job(JobState::Scheduled, 4_000),
+            open_job(JobState::Running, 1_000),
         ];
         let status = summarize("H100_BK", "h100", &agents, &open, 65_000);
         assert_eq!(
@@ -269,7 +292,8 @@ mod tests {
             Some(61),
             "the running job is not waiting"
         );
-        let empty = summarize("H100_BK", "h100", &[], &[(JobState::Running, 0)], 9_000);
+        let running = [open_job(JobState::Running, 0)];
+        let empty = summarize("H100_BK", "h100", &[], &running, 9_000);
         assert_eq!(empty.oldest_queued_secs, None);
         assert_eq!(empty.agents.total, 0);
     }

@@ -17,7 +17,10 @@ const FIELDS: &[&str] = &[
     "discord",
     "title",
     "max_queue_secs",
+    "user",
 ];
+/// The longest a submission's `user` may be (kernelbot's user ids are far shorter).
+pub(crate) const MAX_USER_CHARS: usize = 64;
 /// The longest a submission may ask to wait for an agent.
 pub(crate) const MAX_QUEUE_SECS: u64 = 3600;
 
@@ -39,6 +42,8 @@ pub struct Submission {
     pub payload: String,
     /// `config.mode == "private"`: Discord shows the verdict only.
     pub private: bool,
+    /// Who submitted it (opaque): fair share counts builds in flight per user.
+    pub user: Option<String>,
 }
 
 /// Why a submission was refused. Each variant names its HTTP status in `http::error`.
@@ -182,6 +187,23 @@ fn title(obj: &Object) -> Result<Option<String>, Invalid> {
     Ok(title.map(str::to_owned))
 }
 
+/// The submitter, opaque: 1 to 64 printable characters (kernelbot passes its user id).
+fn user(obj: &Object) -> Result<Option<String>, Invalid> {
+    let Some(user) = optional_str(obj, "user")? else {
+        return Ok(None);
+    };
+    if user.is_empty()
+        || user.chars().count() > MAX_USER_CHARS
+        || user.chars().any(|c| c.is_control() || c.is_whitespace())
+    {
+        return Err(field(
+            "user",
+            format!("must be 1 to {MAX_USER_CHARS} characters without spaces"),
+        ));
+    }
+    Ok(Some(user.to_owned()))
+}
+
 fn max_queue_secs(obj: &Object) -> Result<Option<u64>, Invalid> {
     match obj.get("max_queue_secs") {
         None | Some(Value::Null) => Ok(None),
@@ -240,6 +262,7 @@ pub fn parse(
     let (config, payload) = config(&obj)?;
     let title = title(&obj)?;
     let max_queue_secs = max_queue_secs(&obj)?;
+    let user = user(&obj)?;
     let discord = discord(&obj, has_default_discord)?;
     // Last, once the body's shape is right: the runner's own rules, so a config it would
     // refuse never takes a GPU slot.
@@ -256,6 +279,7 @@ pub fn parse(
         discord,
         payload,
         private,
+        user,
     })
 }
 
@@ -395,6 +419,18 @@ mod tests {
             (
                 json!({"gpu": "H100_BK", "config": valid(), "gpuu": 1}),
                 "unknown field \"gpuu\"",
+            ),
+            (
+                json!({"gpu": "H100_BK", "config": valid(), "user": "u".repeat(65)}),
+                "user: must be 1 to 64 characters without spaces",
+            ),
+            (
+                json!({"gpu": "H100_BK", "config": valid(), "user": "a b"}),
+                "user: must be 1 to 64 characters without spaces",
+            ),
+            (
+                json!({"gpu": "H100_BK", "config": valid(), "user": 42}),
+                "user: must be a string",
             ),
             (
                 json!({"gpu": "H100_BK", "config": valid(), "discord": {}}),

@@ -3,10 +3,10 @@
 
 use tracing::{Instrument, info};
 
-use super::create::{settle_creation, try_create};
+use super::create::{create_if_due, settle_creation, try_create};
 use super::rules::creation::CREATE_HOLD_MS;
 use super::submission::Submission;
-use super::{Deps, DispatchError, deliver};
+use super::{Deps, DispatchError, deliver, fair};
 use crate::jobs::{CallbackOutbox, Created, Creation, Job, RunId};
 use crate::retry::Deadline;
 
@@ -32,6 +32,10 @@ fn job_of(d: &Deps, sub: &Submission) -> Job {
     );
     job.max_queue_secs = sub.max_queue_secs;
     job.private = sub.private;
+    job.user.clone_from(&sub.user);
+    // With fair share every submission starts waiting: the queue's release decides, under
+    // its lease, whether its user has a slot.
+    job.waiting = d.config.user_max_in_flight > 0;
     if d.callbacks.is_some() {
         job.callback = Some(CallbackOutbox::new(now));
     }
@@ -56,13 +60,46 @@ pub async fn submit(
             info!(state = %existing.state, "run id already known; nothing created");
             return Ok(Submitted::Existing(*existing));
         }
-        let creating = try_create(d, &job, &sub.payload, d.buildkite_deadline(deadline)).await;
-        let job = settle_creation(d, &job, creating, deadline).await?;
+        let job = match take_turn(d, job, deadline).await? {
+            Turn::Go(job) => {
+                let bk_deadline = d.buildkite_deadline(deadline);
+                let creating = try_create(d, &job, &sub.payload, bk_deadline).await;
+                settle_creation(d, &job, creating, deadline).await?
+            }
+            Turn::Wait(job) => {
+                info!(user = ?job.user, "waiting: its user has builds in flight");
+                job
+            }
+        };
+        let job = fair::place(d, &job).await?;
         let job = deliver::deliver(d, &job, deadline).await?.unwrap_or(job);
         Ok(Submitted::New(job))
     }
     .instrument(span)
     .await
+}
+
+/// Whether a new job's build is made now.
+enum Turn {
+    Go(Job),
+    /// Its user's limit holds it back: fair share releases it later.
+    Wait(Job),
+}
+
+/// Asks fair share for the new job's turn: released (this submit creates its build), or
+/// left waiting. Others the release let go are created too.
+async fn take_turn(d: &Deps, job: Job, deadline: Deadline) -> Result<Turn, DispatchError> {
+    if !job.waiting {
+        return Ok(Turn::Go(job));
+    }
+    let released = fair::release(d, &job.queue, Some(&job.run_id)).await?;
+    for other in &released.others {
+        create_if_due(d, other, d.buildkite_deadline(deadline)).await?;
+    }
+    Ok(match released.mine {
+        Some(mine) => Turn::Go(mine),
+        None => Turn::Wait(job),
+    })
 }
 
 /// The job of `run_id`, as `GET /submissions/{run_id}` shows it.

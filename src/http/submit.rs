@@ -15,7 +15,7 @@ use super::views::{CanceledView, FleetView, JobView, QueueView, SubmittedView};
 use super::{ApiError, MAX_BODY, healthz, in_span};
 use crate::flow::cancel::Canceled;
 use crate::flow::submit::Submitted;
-use crate::flow::{Deps, cancel, fleet, profiles, queues, submission, submit};
+use crate::flow::{Deps, cancel, fair, fleet, profiles, queues, submission, submit};
 use crate::jobs::RunId;
 
 pub fn router(deps: Arc<Deps>) -> Router {
@@ -67,7 +67,10 @@ async fn show(
     let job = submit::find(&d, &run_id(&raw)?)
         .await?
         .ok_or_else(|| not_found(&raw))?;
-    Ok(Json(JobView::of(&job)).into_response())
+    let standing = fair::standing(&d, &job)
+        .await
+        .map_err(crate::flow::DispatchError::from)?;
+    Ok(Json(JobView::of(&job, standing)).into_response())
 }
 
 /// `POST /submissions/{run_id}/cancel`: 202 with the job's state, also on a repeat.

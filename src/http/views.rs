@@ -3,6 +3,7 @@
 
 use serde::Serialize;
 
+use crate::flow::fair::Standing;
 use crate::flow::queues::QueueStatus;
 use crate::jobs::{BuildRef, Channel, Delivery, Job, JobState};
 use crate::result::{Outcome, Verdict};
@@ -23,6 +24,20 @@ pub(crate) struct JobView<'a> {
     verdict: Option<Verdict>,
     result: Option<&'a Outcome>,
     delivery: DeliveryView<'a>,
+    /// `user_limit` while fair share holds it back (its user's builds fill their share).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    waiting: Option<&'static str>,
+    /// Where it stands on its queue now (1: next), until it runs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    queue_position: Option<u32>,
+    /// When it is expected to start, once the queue has run times to go by.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    expected_start: Option<String>,
+}
+
+/// Fair share's word for a waiting job, as the API shows it.
+fn waiting(job: &Job) -> Option<&'static str> {
+    job.waiting.then_some("user_limit")
 }
 
 /// Where the job's messages stand, for operators (never the webhook token).
@@ -82,8 +97,12 @@ fn status(job: &Job, channel: Channel, d: &Delivery) -> &'static str {
 }
 
 impl<'a> JobView<'a> {
-    pub(crate) fn of(job: &'a Job) -> Self {
+    /// The job, and where it stands on its queue now (`None` once it runs).
+    pub(crate) fn of(job: &'a Job, standing: Option<Standing>) -> Self {
         Self {
+            waiting: waiting(job),
+            queue_position: standing.map(|s| s.position),
+            expected_start: standing.and_then(|s| s.expected_start).map(rfc3339),
             run_id: job.run_id.as_str(),
             state: job.state,
             gpu: &job.gpu,
@@ -122,14 +141,24 @@ pub(crate) struct SubmittedView<'a> {
     run_id: &'a str,
     state: JobState,
     build: Option<&'a BuildRef>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    waiting: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    queue_position: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    expected_start: Option<String>,
 }
 
 impl<'a> SubmittedView<'a> {
     pub(crate) fn of(job: &'a Job) -> Self {
+        let placed = job.state.rank() < JobState::Running.rank();
         Self {
             run_id: job.run_id.as_str(),
             state: job.state,
             build: job.build.as_ref(),
+            waiting: waiting(job),
+            queue_position: job.queue_position.filter(|_| placed),
+            expected_start: job.expected_start.filter(|_| placed).map(rfc3339),
         }
     }
 }
@@ -207,6 +236,7 @@ struct AgentsView<'a> {
     total: usize,
     idle: usize,
     busy: usize,
+    paused: usize,
     list: Vec<AgentView<'a>>,
 }
 
@@ -214,6 +244,7 @@ struct AgentsView<'a> {
 struct AgentView<'a> {
     name: &'a str,
     busy: bool,
+    paused: bool,
 }
 
 #[derive(Serialize)]
@@ -232,12 +263,14 @@ impl<'a> QueueView<'a> {
                 total: agents.total,
                 idle: agents.idle,
                 busy: agents.busy,
+                paused: agents.paused,
                 list: agents
                     .list
                     .iter()
                     .map(|a| AgentView {
                         name: &a.name,
                         busy: a.busy,
+                        paused: a.paused,
                     })
                     .collect(),
             },

@@ -22,13 +22,13 @@ use super::id::RunId;
 use super::listed::Listing;
 use super::model::Job;
 use super::record::{JobRecord, listed_fields};
-use super::state::JobState;
-use super::store::{CacheEntry, Created, Cursor, JobStore, Replaced, Shard};
+use super::store::{CacheEntry, Created, Cursor, JobStore, OpenJob, Replaced, Shard};
 use crate::time::Millis;
 
 pub(crate) const OPEN_JOBS_INDEX: &str = "open-jobs";
-/// Open jobs by queue (sparse: only unfinished jobs carry `open_queue`), for queue status.
-pub(crate) const QUEUE_JOBS_INDEX: &str = "queue-jobs";
+/// Open jobs by queue (sparse: only unfinished jobs carry `open_queue`), with their state,
+/// user and whether they wait: queue status, positions and fair share read it.
+pub(crate) const QUEUE_JOBS_INDEX: &str = "queue-fair";
 /// 1 MB pages of two small attributes: tens of thousands of open jobs, far past any queue.
 const MAX_QUEUE_PAGES: usize = 10;
 
@@ -68,6 +68,23 @@ fn record_from_item(item: Item) -> Result<JobRecord, StoreError> {
 
 fn item_from_record(record: &JobRecord) -> Result<Item, StoreError> {
     serde_dynamo::to_item(record).map_err(StoreError::corrupt)
+}
+
+/// An open job as the queue index's projection holds it.
+fn open_job(item: &Item) -> Result<OpenJob, StoreError> {
+    let text = |name: &str| item.get(name).and_then(|v| v.as_s().ok()).cloned();
+    let state = text("state").ok_or_else(|| StoreError::corrupt("open job without a state"))?;
+    Ok(OpenJob {
+        run_id: text("run_id").unwrap_or_default(),
+        state: state.parse().map_err(StoreError::corrupt)?,
+        created_at: item
+            .get("created_at")
+            .and_then(|v| v.as_n().ok())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0),
+        user: text("user"),
+        waiting: text("waiting").is_some(),
+    })
 }
 
 fn s(v: impl Into<String>) -> AttributeValue {
@@ -221,7 +238,7 @@ impl JobStore for DynamoStore {
         }
     }
 
-    async fn open_in_queue(&self, queue: &str) -> Result<Vec<(JobState, Millis)>, StoreError> {
+    async fn open_in_queue(&self, queue: &str) -> Result<Vec<OpenJob>, StoreError> {
         let mut jobs = Vec::new();
         let mut start: Option<Item> = None;
         for _ in 0..MAX_QUEUE_PAGES {
@@ -231,26 +248,21 @@ impl JobStore for DynamoStore {
                 .table_name(&self.table)
                 .index_name(QUEUE_JOBS_INDEX)
                 .key_condition_expression("#q = :q")
-                .projection_expression("#s, #created")
+                .projection_expression("#id, #s, #created, #u, #w")
                 .expression_attribute_names("#q", "open_queue")
+                .expression_attribute_names("#id", "run_id")
                 .expression_attribute_names("#s", "state")
                 .expression_attribute_names("#created", "created_at")
+                // `user` is one of DynamoDB's reserved words.
+                .expression_attribute_names("#u", "user")
+                .expression_attribute_names("#w", "waiting")
                 .expression_attribute_values(":q", s(queue))
                 .set_exclusive_start_key(start.take())
                 .send()
                 .await
                 .map_err(|e| unavailable(e.into_service_error()))?;
             for item in out.items.unwrap_or_default() {
-                let state = item
-                    .get("state")
-                    .and_then(|v| v.as_s().ok())
-                    .ok_or_else(|| StoreError::corrupt("open job without a state"))?;
-                let created = item
-                    .get("created_at")
-                    .and_then(|v| v.as_n().ok())
-                    .and_then(|n| n.parse().ok())
-                    .unwrap_or(0);
-                jobs.push((state.parse().map_err(StoreError::corrupt)?, created));
+                jobs.push(open_job(&item)?);
             }
             match out.last_evaluated_key {
                 Some(key) => start = Some(key),

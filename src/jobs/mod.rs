@@ -30,7 +30,7 @@ pub use record::JobRecord;
 #[cfg(feature = "embedded-store")]
 pub use sqlite::SqliteStore;
 pub use state::JobState;
-pub use store::{CacheEntry, Created, Cursor, JobStore, Replaced, Shard};
+pub use store::{CacheEntry, Created, Cursor, JobStore, OpenJob, Replaced, Shard};
 
 pub use update::{Updated, update, update_seen};
 

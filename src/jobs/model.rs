@@ -64,6 +64,16 @@ pub struct Job {
     pub finish_attempts: u32,
     /// A `private` run (`config.mode`): Discord shows its verdict and build link only.
     pub private: bool,
+    /// Who submitted it (opaque, the submission's `user`): fair share counts per user, and a
+    /// job without one counts as its own user.
+    pub user: Option<String>,
+    /// Held back by its user's limit on builds in flight: no build is created until fair
+    /// share releases it (see `flow::fair`).
+    pub waiting: bool,
+    /// Where it stood on its queue when last shown (1: next to start) and when it was
+    /// expected to start, for the status message; the API computes both afresh.
+    pub queue_position: Option<u32>,
+    pub expected_start: Option<Millis>,
     /// Why a submission failed (`failed` only).
     pub failure: Option<String>,
     /// The build's end and what its `result.json` said (`finished` only). Shared: a result
@@ -99,6 +109,10 @@ impl Job {
             cancel_requested: false,
             finish_attempts: 0,
             private: false,
+            user: None,
+            waiting: false,
+            queue_position: None,
+            expected_start: None,
             failure: None,
             outcome: None,
             created_at: now,

@@ -98,6 +98,15 @@ pub struct JobRecord {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub(crate) private: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) user: Option<String>,
+    /// `user_limit` while fair share holds the job back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) waiting: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) queue_position: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) expected_start: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) failure: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) outcome: Option<String>,
@@ -184,6 +193,9 @@ mod fields {
     }
 }
 
+/// The stored `waiting` of a job its user's limit holds back.
+pub(crate) const WAITING_USER_LIMIT: &str = "user_limit";
+
 fn is_zero(n: &u32) -> bool {
     *n == 0
 }
@@ -233,6 +245,10 @@ impl JobRecord {
             cancel_requested: job.cancel_requested,
             finish_attempts: job.finish_attempts,
             private: job.private,
+            user: job.user.clone(),
+            waiting: job.waiting.then(|| WAITING_USER_LIMIT.to_owned()),
+            queue_position: job.queue_position,
+            expected_start: job.expected_start,
             failure: job.failure.clone(),
             outcome: encoded.json,
             outcome_z: encoded.zlib_b64,
@@ -412,6 +428,10 @@ impl JobRecord {
             cancel_requested: self.cancel_requested,
             finish_attempts: self.finish_attempts,
             private: self.private,
+            user: self.user,
+            waiting: self.waiting.is_some(),
+            queue_position: self.queue_position,
+            expected_start: self.expected_start,
             failure: self.failure,
             outcome: decode_outcome(self.outcome.as_deref(), self.outcome_z.as_deref())?
                 .map(std::sync::Arc::new),

@@ -19,8 +19,7 @@ use super::id::RunId;
 use super::listed::Listing;
 use super::model::Job;
 use super::record::{JobRecord, UNLISTED};
-use super::state::JobState;
-use super::store::{CacheEntry, Created, Cursor, JobStore, Replaced, Shard};
+use super::store::{CacheEntry, Created, Cursor, JobStore, OpenJob, Replaced, Shard};
 use crate::time::Millis;
 
 /// Largest record either store accepts (DynamoDB's item limit): this store enforces it too,
@@ -310,24 +309,37 @@ impl JobStore for SqliteStore {
         .await
     }
 
-    async fn open_in_queue(&self, queue: &str) -> Result<Vec<(JobState, Millis)>, StoreError> {
+    async fn open_in_queue(&self, queue: &str) -> Result<Vec<OpenJob>, StoreError> {
         let queue = queue.to_owned();
         self.with(Access::Read, move |conn| {
             // The shard index holds only open jobs; their queue is read from the record.
             let mut stmt = conn
                 .prepare(
-                    "SELECT json_extract(record, '$.state'), created_at FROM jobs
-                     WHERE shard = ?1 AND json_extract(record, '$.queue') = ?2",
+                    "SELECT run_id, json_extract(record, '$.state'), created_at,
+                            json_extract(record, '$.user'), json_extract(record, '$.waiting')
+                     FROM jobs WHERE shard = ?1 AND json_extract(record, '$.queue') = ?2",
                 )
                 .map_err(unavailable)?;
             let rows = stmt
                 .query_map(params![Shard::Open.key(), queue], |r| {
-                    Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?))
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        r.get::<_, String>(1)?,
+                        r.get::<_, i64>(2)?,
+                        r.get::<_, Option<String>>(3)?,
+                        r.get::<_, Option<String>>(4)?,
+                    ))
                 })
                 .map_err(unavailable)?;
             rows.map(|r| {
-                let (state, created) = r.map_err(unavailable)?;
-                Ok((state.parse().map_err(StoreError::corrupt)?, created))
+                let (run_id, state, created_at, user, waiting) = r.map_err(unavailable)?;
+                Ok(OpenJob {
+                    run_id,
+                    state: state.parse().map_err(StoreError::corrupt)?,
+                    created_at,
+                    user,
+                    waiting: waiting.is_some(),
+                })
             })
             .collect()
         })

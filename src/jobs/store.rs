@@ -54,6 +54,19 @@ impl Shard {
     }
 }
 
+/// An open job of a queue, as the queue index shows it: what fair share and queue positions
+/// are computed from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OpenJob {
+    pub run_id: String,
+    pub state: JobState,
+    pub created_at: Millis,
+    /// Its submitter, where the submission named one.
+    pub user: Option<String>,
+    /// Held back by its user's limit: no build yet.
+    pub waiting: bool,
+}
+
 /// A shared cached value: what was fetched and when, and when a refresh was last claimed
 /// (the claim is what limits refreshes across instances).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -105,8 +118,8 @@ pub trait JobStore: Send + Sync {
     /// record this version cannot read is counted, not fatal.
     async fn list(&self, shard: Shard, from: Millis, limit: usize) -> Result<Listing, StoreError>;
 
-    /// The state and creation time of every open job of `queue` (an index, not a scan).
-    async fn open_in_queue(&self, queue: &str) -> Result<Vec<(JobState, Millis)>, StoreError>;
+    /// Every open job of `queue` (an index, not a scan), in no particular order.
+    async fn open_in_queue(&self, queue: &str) -> Result<Vec<OpenJob>, StoreError>;
 
     /// A value every instance shares (the agents list), kept under `key`.
     async fn cached(&self, key: &str) -> Result<Option<CacheEntry>, StoreError>;

@@ -64,6 +64,18 @@ async fn run(app: &TestApp, body: &Value) -> kernelbot_dispatch::jobs::Job {
     }
 }
 
+/// What the operators' channel received once `n` messages came (the service tells them
+/// after the user's report, so they may land a moment later), or 10 s passed.
+async fn ops_after(app: &TestApp, n: usize) -> Vec<String> {
+    let until = Instant::now() + Duration::from_secs(10);
+    while ops_messages(app).len() < n && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Anything more would come at once: a short look for extras.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    ops_messages(app)
+}
+
 /// What the operators' channel received.
 fn ops_messages(app: &TestApp) -> Vec<String> {
     app.discord
@@ -150,7 +162,7 @@ async fn an_ecc_fault_is_retried_on_a_healthy_gpu_and_the_agent_paused(kind: Sto
         text.contains("Retried on another GPU (ecc") && text.contains("3 uncorrected ECC"),
         "{text}"
     );
-    let ops = ops_messages(&app);
+    let ops = ops_after(&app, 1).await;
     assert_eq!(ops.len(), 1, "{ops:?}");
     assert!(
         ops[0].contains("node1-gpu0") && ops[0].contains("3 uncorrected ECC"),
@@ -247,11 +259,10 @@ async fn foreign_processes_and_slowdowns_end_as_the_contract_says(kind: StoreKin
         tries(&app, job.build.as_ref().unwrap().number)[0],
         ("c-hot".into(), Some(75))
     );
-    let note = app.buildkite.agent("c-hot").unwrap().paused.unwrap().0;
-    assert!(
-        note.contains("throttled") || note.contains("slowdown"),
-        "{note}"
-    );
+    // A throttled run may be the submission's own heat: retried elsewhere, never a pause.
+    assert_eq!(app.buildkite.agent("c-hot").unwrap().paused, None);
+    let text = user_text(&app);
+    assert!(text.contains("Retried on another GPU (throttled"), "{text}");
 
     // A slowdown that clears: measured again after the cool-down, on the same GPU (the
     // GPU's reads: the pre-flight's, the benchmark's two, then the leaderboard's).
@@ -292,7 +303,8 @@ async fn foreign_processes_and_slowdowns_end_as_the_contract_says(kind: StoreKin
         report.contains("measured again after a cool-down"),
         "{report}"
     );
-    assert_eq!(ops_messages(&app).len(), 2, "{:?}", ops_messages(&app));
+    let ops = ops_after(&app, 2).await;
+    assert_eq!(ops.len(), 2, "{ops:?}");
 }
 
 /// With every agent of the queue failing its pre-flight, the job ends as `infra` with the
@@ -327,12 +339,8 @@ async fn when_every_gpu_fails_the_job_is_an_infrastructure_failure(kind: StoreKi
     );
     assert!(text.contains("Tried on 3 GPUs"), "{text}");
     assert!(!text.contains("✅ success"), "{text}");
-    assert_eq!(
-        ops_messages(&app).len(),
-        3,
-        "one per agent: {:?}",
-        ops_messages(&app)
-    );
+    let ops = ops_after(&app, 3).await;
+    assert_eq!(ops.len(), 3, "one per agent: {ops:?}");
 }
 
 /// `agent.lost` for an agent of our queue reaches the operators once; its duplicate, and

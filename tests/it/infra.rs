@@ -733,7 +733,7 @@ fn after_an_infrastructure_failure_the_agent_pauses_itself() {
     let hook = "/etc/buildkite-agent/agent-0/hooks/post-command";
     assert_eq!(mode(root.path(), hook), 0o755);
     let reason = "ecc_errors: GPU 0 has 3 uncorrected ECC errors";
-    let r = post_command(root.path(), "75", Some(&format!("{reason}\n")), true);
+    let r = post_command(root.path(), "75", Some(&format!("pause\n{reason}\n")), true);
     assert_eq!(r.code, 0, "{}", r.output);
     let commands: Vec<&serde_json::Value> = r.calls.iter().map(|c| &c["command"]).collect();
     assert_eq!(
@@ -752,13 +752,31 @@ fn after_an_infrastructure_failure_the_agent_pauses_itself() {
         r.output
     );
     for exit in ["0", "1", "-1", "255", "74"] {
-        let r = post_command(root.path(), exit, Some(reason), true);
+        let r = post_command(root.path(), exit, Some(&format!("pause\n{reason}\n")), true);
         assert_eq!((r.code, r.calls.len()), (0, 0), "exit {exit}: {}", r.output);
     }
-    // No reason written (a runner killed before it wrote one): a pause all the same.
+    // A fault that may pass (a hot GPU, a throttled run: perhaps the submission's own doing):
+    // noted for the report, retried elsewhere, the agent not paused.
+    let hot = "throttled: HwThermalSlowdown before and after the leaderboard run, twice";
+    let r = post_command(root.path(), "75", Some(&format!("retry\n{hot}\n")), true);
+    let commands: Vec<&serde_json::Value> = r.calls.iter().map(|c| &c["command"]).collect();
+    assert_eq!(
+        commands,
+        [&serde_json::json!([
+            "meta-data",
+            "set",
+            "kernelbot-infra:0190f0e4-job",
+            hot
+        ])],
+        "{}",
+        r.output
+    );
+    assert!(r.output.contains("agent not paused"), "{}", r.output);
+    // No infra.txt (no runner wrote one): noted, and no pause on a word it did not say.
     let r = post_command(root.path(), "75", None, true);
+    assert_eq!(r.calls.len(), 1, "{:?}", r.calls);
     assert!(
-        r.calls[1]["command"][2]
+        r.calls[0]["command"][3]
             .as_str()
             .unwrap()
             .contains("no reason written"),
@@ -766,7 +784,12 @@ fn after_an_infrastructure_failure_the_agent_pauses_itself() {
         r.calls
     );
     // Without the agent's token both calls fail: said in the log, the exit stays the job's.
-    let r = post_command(root.path(), "75", Some(reason), false);
+    let r = post_command(
+        root.path(),
+        "75",
+        Some(&format!("pause\n{reason}\n")),
+        false,
+    );
     assert_eq!((r.code, r.calls.len()), (0, 0), "{}", r.output);
     assert!(
         r.output.contains("could not pause this agent"),

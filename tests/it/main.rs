@@ -30,6 +30,7 @@ mod callbacks;
 mod chaos;
 mod docs;
 mod end_to_end;
+mod fair;
 mod faults;
 mod fleet;
 mod hostile_results;

@@ -54,8 +54,9 @@ async fn counts_agents_and_open_jobs_of_the_queue_only(kind: StoreKind) {
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(
         body["agents"],
-        json!({"total": 2, "idle": 1, "busy": 1, "list": [
-            {"name": "h100-gpu0", "busy": false}, {"name": "h100-gpu1", "busy": true}]})
+        json!({"total": 2, "idle": 1, "busy": 1, "paused": 0, "list": [
+            {"name": "h100-gpu0", "busy": false, "paused": false},
+            {"name": "h100-gpu1", "busy": true, "paused": false}]})
     );
     assert_eq!(body["jobs"], json!({"queued": 1, "running": 1}));
     assert_eq!(

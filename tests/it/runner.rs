@@ -1160,15 +1160,20 @@ fn a_gpu_fault_stops_the_job_before_any_of_its_code_runs() {
         );
         let raw = r.raw.unwrap();
         assert!(raw["infra"]["readings"].is_array(), "{raw}");
-        // One printable line for the agent's hook: the reason, then what was found.
-        let line = r.infra_line.expect("infra.txt");
-        assert!(line.starts_with(&format!("{reason}: ")), "{line:?}");
-        assert!(line.contains(says.trim_matches('"')), "{line:?}");
-        assert!(
-            line.ends_with('\n') && line.trim_end().lines().count() == 1,
-            "{line:?}"
+        // For the agent's hook: whether to pause (a fault that outlasts the job), then one
+        // printable line, the reason and what was found.
+        let text = r.infra_line.expect("infra.txt");
+        let lines: Vec<&str> = text.lines().collect();
+        let lasting = !matches!(*reason, "clock_slowdown" | "too_hot");
+        assert_eq!(
+            lines[0],
+            if lasting { "pause" } else { "retry" },
+            "{reason}"
         );
-        assert!(!line.trim_end().chars().any(char::is_control), "{line:?}");
+        assert_eq!(lines.len(), 2, "{text:?}");
+        assert!(lines[1].starts_with(&format!("{reason}: ")), "{text:?}");
+        assert!(lines[1].contains(says.trim_matches('"')), "{text:?}");
+        assert!(!lines[1].chars().any(char::is_control), "{text:?}");
     }
 }
 

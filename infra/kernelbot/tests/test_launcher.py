@@ -341,6 +341,32 @@ async def test_max_queue_secs_is_sent_with_the_submission():
     assert fake.requests[0].json["max_queue_secs"] == 120
 
 
+async def test_the_user_is_sent_and_a_waiting_run_shows_its_place():
+    inbox = MemoryInbox()
+
+    async def on_submit(run_id: str) -> None:
+        await inbox.put(event(run_id, "finished"))
+
+    waiting = {
+        "state": "submitted",
+        "build": None,
+        "waiting": "user_limit",
+        "queue_position": 3,
+        "expected_start": "2026-11-25T16:30:00.000Z",
+    }
+    fake = FakeApi(submit_answers=[(202, waiting)], on_submit=on_submit)
+    status = RecordingStatus()
+    with ServerThread(fake) as api:
+        launch = launcher(api, inbox)
+        result = await launch.run_submission(dict(CONFIG), "H100_BK", status, user="4815162342")
+        await launch.aclose()
+    assert result.success is True
+    assert fake.requests[0].json["user"] == "4815162342"
+    shown = "\n".join(status.shown)
+    assert "Waiting for its turn on H100_BK" in shown, shown
+    assert "3rd in line, expected to start <t:1795624200:R>" in shown, shown
+
+
 async def submitted(launch: DispatchLauncher, fake: FakeApi) -> asyncio.Task:
     """A running submission's task, once its POST has reached `fake`."""
     task = asyncio.create_task(launch.run_submission(dict(CONFIG), "H100_BK", RecordingStatus()))

@@ -202,8 +202,9 @@ fn write_result(
 /// The file the agent's post-command hook reads its pause note from (`setup-node.sh`).
 pub const INFRA_FILE: &str = "infra.txt";
 
-/// `infra.txt`: one printable line saying why the node, not the submission, failed, for the
-/// agent's hook to pause itself with (it reads no JSON).
+/// `infra.txt`, for the agent's hook (which reads no JSON): a first line `pause` (a fault
+/// that outlasts the job: the agent takes itself out of the queue) or `retry` (the job is
+/// retried elsewhere, the agent stays), then one printable line saying why.
 fn write_infra_line(out_dir: &Path, infra: &InfraFailure) -> std::io::Result<()> {
     let line: String = format!("{}: {}", infra.reason, infra.detail)
         .chars()
@@ -214,7 +215,12 @@ fn write_infra_line(out_dir: &Path, infra: &InfraFailure) -> std::io::Result<()>
         .prefix(".infra-")
         .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644))
         .tempfile_in(out_dir)?;
-    writeln!(file, "{line}")?;
+    let action = if infra.pauses_agent() {
+        "pause"
+    } else {
+        "retry"
+    };
+    writeln!(file, "{action}\n{line}")?;
     file.persist(out_dir.join(INFRA_FILE))?;
     Ok(())
 }

@@ -334,18 +334,22 @@ pub struct Try {
     pub exit_status: Option<i64>,
     /// The GPU node, not the submission, ended it (the runner's infrastructure exit code).
     pub infra: bool,
+    /// Its fault outlasts the job, so its agent paused itself (see [`health::is_lasting`]).
+    pub paused: bool,
+    /// The try whose `result.json` was read.
+    pub result: bool,
     /// Why it ended as it did, in a few words (the agent's note after an infrastructure
     /// failure); empty for the try that gave the result.
     pub reason: String,
 }
 
 impl Outcome {
-    /// The reasons of the tries that failed on the node before a later try ran.
+    /// The reasons of the tries that failed before the one whose result was read (before the
+    /// last, when none was).
     pub fn retried_reasons(&self) -> Vec<&str> {
-        let Some((_, earlier)) = self.tries.split_last() else {
-            return Vec::new();
-        };
-        earlier
+        let last = self.tries.len().saturating_sub(1);
+        let read = self.tries.iter().position(|t| t.result).unwrap_or(last);
+        self.tries[..read]
             .iter()
             .filter(|t| !t.reason.is_empty())
             .map(|t| t.reason.as_str())

@@ -133,9 +133,21 @@ impl BuildkiteStandin {
                 if !s.agents.iter().any(|a| a.queue == queue) {
                     return Ok(None);
                 }
-                if let Some(agent) = s.agents.iter_mut().find(|a| a.free_for(&queue)) {
-                    agent.busy = true;
-                    return Ok(Some(agent.clone()));
+                // Buildkite gives a job to any free agent of its queue: here, one that has
+                // not run this build yet if there is one, so a retry shows it went elsewhere.
+                let tried: Vec<String> = build
+                    .tries
+                    .values()
+                    .filter_map(|t| t.agent.as_ref().map(|(_, name)| name.clone()))
+                    .collect();
+                let fresh = s
+                    .agents
+                    .iter()
+                    .position(|a| a.free_for(&queue) && !tried.contains(&a.name));
+                let pick = fresh.or_else(|| s.agents.iter().position(|a| a.free_for(&queue)));
+                if let Some(i) = pick {
+                    s.agents[i].busy = true;
+                    return Ok(Some(s.agents[i].clone()));
                 }
             }
             tokio::time::sleep(Duration::from_millis(50)).await;

@@ -251,8 +251,8 @@ impl Inner {
 /// A job a stand-in agent ran, as the REST API shows it with `include_retried_jobs`.
 fn try_json(id: &str, t: &StandinJob, b: &StandinBuild, api: &str) -> Value {
     let state = match (t.retried_in_job_id.is_some(), t.exit_status) {
-        (true, _) | (false, Some(1..)) => "failed".to_owned(),
-        (false, Some(_)) => "passed".to_owned(),
+        (false, Some(0)) => "passed".to_owned(),
+        (true, _) | (false, Some(_)) => "failed".to_owned(),
         (false, None) if t.started_at.is_some() => "running".to_owned(),
         (false, None) => b.state.clone(),
     };

@@ -44,17 +44,60 @@ pub fn render(job: &Job) -> Message {
     .fit()
 }
 
+/// Where a job not yet running stands, as its message last noted it: its position and, in
+/// Discord's timestamp markup (which counts down by itself), when it is expected to start.
+fn place(job: &Job) -> String {
+    let Some(position) = job.queue_position else {
+        return String::new();
+    };
+    let next = if position == 1 {
+        "next to start".to_owned()
+    } else {
+        format!("{} in line", ordinal(position))
+    };
+    match job.expected_start {
+        Some(ms) => format!(
+            "\n> 🧭 {next}, expected to start <t:{}:R>",
+            ms.div_euclid(1000)
+        ),
+        None => format!("\n> 🧭 {next}"),
+    }
+}
+
+/// `2nd`, `3rd`, `11th`, `22nd`.
+fn ordinal(n: u32) -> String {
+    let suffix = match (n % 10, n % 100) {
+        (_, 11..=13) => "th",
+        (1, _) => "st",
+        (2, _) => "nd",
+        (3, _) => "rd",
+        _ => "th",
+    };
+    format!("{n}{suffix}")
+}
+
 /// The message of a job that has not finished (or failed before its build existed).
 fn status_line(job: &Job, head: &str) -> String {
     match job.state {
+        JobState::Submitted if job.waiting => format!(
+            "{head}\n> ⏳ Waiting for its turn on queue {}: this user's earlier runs hold its \
+             share of the GPUs{}",
+            span(&job.queue),
+            place(job)
+        ),
         JobState::Submitted => {
-            format!("{head}\n> ⏳ Submitting to queue {}", span(&job.queue))
+            format!(
+                "{head}\n> ⏳ Submitting to queue {}{}",
+                span(&job.queue),
+                place(job)
+            )
         }
         JobState::Scheduled => {
             format!(
-                "{head}\n> ⏳ Queued on {}, {}",
+                "{head}\n> ⏳ Queued on {}, {}{}",
                 span(&job.queue),
-                build_link(job)
+                build_link(job),
+                place(job)
             )
         }
         JobState::Running => {
@@ -180,6 +223,52 @@ fn final_report(job: &Job, head: &str, outcome: &Outcome) -> (String, Vec<Embed>
 mod tests {
     use super::*;
     use crate::result::Try;
+
+    #[test]
+    fn a_job_not_yet_running_shows_its_place_and_a_self_updating_start() {
+        let mut job = Job::new(
+            "r1".parse().unwrap(),
+            "H100_BK".into(),
+            "h100".into(),
+            None,
+            None,
+            0,
+        );
+        assert!(!render(&job).content.contains('🧭'), "no place noted yet");
+        job.waiting = true;
+        job.queue_position = Some(3);
+        job.expected_start = Some(1_795_600_061_999);
+        let text = render(&job).content;
+        assert!(
+            text.contains("Waiting for its turn on queue `h100`"),
+            "{text}"
+        );
+        assert!(
+            text.contains("3rd in line, expected to start <t:1795600061:R>"),
+            "{text}"
+        );
+        job.waiting = false;
+        job.queue_position = Some(1);
+        job.expected_start = None;
+        assert!(
+            render(&job).content.ends_with("🧭 next to start"),
+            "{}",
+            render(&job).content
+        );
+        job.state = JobState::Running;
+        assert!(!render(&job).content.contains('🧭'), "running: no place");
+        let ordinals: Vec<String> = [1, 2, 3, 4, 11, 12, 13, 21, 22, 101, 111]
+            .into_iter()
+            .map(ordinal)
+            .collect();
+        assert_eq!(
+            ordinals,
+            [
+                "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "101st",
+                "111th"
+            ]
+        );
+    }
 
     #[test]
     fn a_retry_on_another_gpu_is_said_and_never_blamed_on_the_user() {

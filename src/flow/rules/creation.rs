@@ -16,7 +16,12 @@ pub(crate) const LOOK_UP_AFTER_MS: Millis = 60_000;
 /// as written and the creation as it was (which says whether to look the build up first).
 pub(crate) fn claim_creation(job: &Job, now: Millis) -> Option<(Job, Creation)> {
     let creation = job.creation.as_ref()?;
-    if job.state != JobState::Submitted || job.build.is_some() || creation.after > now {
+    // A job its user's limit holds back is fair share's to release first.
+    if job.state != JobState::Submitted
+        || job.build.is_some()
+        || job.waiting
+        || creation.after > now
+    {
         return None;
     }
     let mut next = job.clone();

@@ -9,8 +9,9 @@ use crate::time::Millis;
 
 /// The fleet view counts the last day.
 pub(crate) const DAY_MS: Millis = 86_400_000;
-/// Jobs kept per agent (a GPU runs a few hundred a day at most).
-const MAX_JOBS: usize = 2000;
+/// Jobs kept per agent (a GPU runs a few hundred a day at most; the record is rewritten whole
+/// at each try, so it stays small).
+const MAX_JOBS: usize = 500;
 /// Incidents remembered per agent, so one told is never told again.
 const MAX_TOLD: usize = 64;
 
@@ -51,8 +52,14 @@ pub(crate) struct AgentRecord {
 /// An incident an operator must hear of, once.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Incident {
-    /// The node failed its checks on a job; the agent paused itself.
-    Infra { job_id: String, reason: String },
+    /// The node failed its checks on a job (`paused`: for a lasting fault, and its agent
+    /// paused itself; `retried`: a later try ran elsewhere).
+    Infra {
+        job_id: String,
+        reason: String,
+        paused: bool,
+        retried: bool,
+    },
     /// `agent.lost` or `agent.disconnected`.
     Offline { event: String },
 }
@@ -72,6 +79,7 @@ impl AgentRecord {
         &mut self,
         t: &Try,
         readings: Option<&[GpuReading]>,
+        retried: bool,
         now: Millis,
     ) -> Option<Incident> {
         if self.jobs.iter().any(|j| j.job_id == t.job_id) {
@@ -92,14 +100,18 @@ impl AgentRecord {
             self.paused = None;
             return None;
         }
-        self.paused = Some(Since {
-            why: t.reason.clone(),
-            at: now,
-        });
+        if t.paused {
+            self.paused = Some(Since {
+                why: t.reason.clone(),
+                at: now,
+            });
+        }
         self.claim(format!("infra:{}", t.job_id))
             .then(|| Incident::Infra {
                 job_id: t.job_id.clone(),
                 reason: t.reason.clone(),
+                paused: t.paused,
+                retried,
             })
     }
 
@@ -159,6 +171,8 @@ mod tests {
             agent: "gpu0".into(),
             exit_status: Some(if infra { 75 } else { 0 }),
             infra,
+            paused: infra,
+            result: !infra,
             reason: if infra {
                 "ecc_errors: 3".into()
             } else {
@@ -170,12 +184,14 @@ mod tests {
     #[test]
     fn an_infrastructure_failure_is_told_once_and_pauses_until_a_job_runs() {
         let mut r = AgentRecord::new("gpu0", "h100");
-        let first = r.saw_try(&t("j1", true), None, 1_000);
+        let first = r.saw_try(&t("j1", true), None, true, 1_000);
         assert_eq!(
             first,
             Some(Incident::Infra {
                 job_id: "j1".into(),
-                reason: "ecc_errors: 3".into()
+                reason: "ecc_errors: 3".into(),
+                paused: true,
+                retried: true,
             })
         );
         assert_eq!(
@@ -183,14 +199,21 @@ mod tests {
             Some("ecc_errors: 3")
         );
         // The same finish seen again (a webhook and the sweep): nothing new.
-        assert_eq!(r.saw_try(&t("j1", true), None, 2_000), None);
+        assert_eq!(r.saw_try(&t("j1", true), None, true, 2_000), None);
         assert_eq!(r.counts_since(0), (1, 1));
         // Another failure is another incident.
-        assert!(r.saw_try(&t("j2", true), None, 3_000).is_some());
+        assert!(r.saw_try(&t("j2", true), None, true, 3_000).is_some());
         // A job that ran: resumed.
-        assert_eq!(r.saw_try(&t("j3", false), None, 4_000), None);
+        assert_eq!(r.saw_try(&t("j3", false), None, false, 4_000), None);
         assert_eq!(r.paused, None);
         assert_eq!(r.counts_since(0), (3, 2));
+        // A passing fault (a hot GPU) is told, and pauses nothing.
+        let hot = Try {
+            paused: false,
+            ..t("j4", true)
+        };
+        assert!(r.saw_try(&hot, None, true, 5_000).is_some());
+        assert_eq!(r.paused, None);
     }
 
     #[test]
@@ -213,10 +236,11 @@ mod tests {
     #[test]
     fn the_last_day_is_counted_and_older_jobs_forgotten() {
         let mut r = AgentRecord::new("gpu0", "h100");
-        r.saw_try(&t("old", true), None, 0);
+        r.saw_try(&t("old", true), None, false, 0);
         r.saw_try(
             &t("new", false),
             Some(&[GpuReading::default()]),
+            false,
             DAY_MS + 10,
         );
         assert_eq!(r.counts_since(10), (1, 0));

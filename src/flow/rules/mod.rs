@@ -6,6 +6,7 @@
 
 pub mod creation;
 pub mod ending;
+pub(crate) mod fair;
 pub(crate) mod fleet;
 pub mod outbox;
 pub mod signal;

@@ -3,7 +3,8 @@
 //! and the meta-data the agents' hooks wrote, at no extra call.
 
 use crate::buildkite::{Build, BuildJob};
-use crate::result::Try;
+use crate::result::health::is_lasting;
+use crate::result::{InfraFailure, Try};
 use crate::runner::exit;
 
 use super::signal::is_eval_step;
@@ -15,33 +16,56 @@ pub(crate) const INFRA_NOTE_PREFIX: &str = "kernelbot-infra:";
 /// A note longer than this is cut: it comes from a GPU node, and goes into reports.
 const MAX_REASON_CHARS: usize = 200;
 
-/// The evaluation step's tries, oldest first. `final_infra`: the result the last try left
-/// says the node failed (the runner's `infra`).
-pub(crate) fn tries(build: &Build, final_infra: bool) -> Vec<Try> {
-    let eval: Vec<&BuildJob> = build.jobs.iter().filter(|j| is_eval_step(j)).collect();
-    let last = eval.len().saturating_sub(1);
-    eval.iter()
-        .enumerate()
-        .map(|(i, job)| {
-            let infra =
-                job.exit_status == Some(i64::from(exit::INFRA)) || (i == last && final_infra);
-            let gave_result = i == last && !infra;
+/// The evaluation step's tries, oldest first. `result_job`: the job whose `result.json` was
+/// read; `final_infra`: what that result said of the node, if it failed.
+pub(crate) fn tries(
+    build: &Build,
+    result_job: Option<&str>,
+    final_infra: Option<&InfraFailure>,
+) -> Vec<Try> {
+    build
+        .jobs
+        .iter()
+        .filter(|j| is_eval_step(j))
+        .map(|job| {
+            let result = result_job == Some(job.id.as_str());
+            let node_failed = result && final_infra.is_some();
+            let infra = job.exit_status == Some(i64::from(exit::INFRA)) || node_failed;
+            let reason = if result && !infra {
+                String::new()
+            } else {
+                reason(build, job, infra)
+            };
+            let paused = match final_infra {
+                Some(f) if result => f.pauses_agent(),
+                _ => infra && is_lasting(reason.split(':').next().unwrap_or("").trim()),
+            };
             Try {
                 job_id: job.id.clone(),
-                agent: job
-                    .agent
-                    .as_ref()
-                    .map(|a| a.name.clone())
-                    .unwrap_or_default(),
+                agent: clean(
+                    job.agent.as_ref().map_or("", |a| a.name.as_str()),
+                    MAX_NAME_CHARS,
+                ),
                 exit_status: job.exit_status,
                 infra,
-                reason: if gave_result {
-                    String::new()
-                } else {
-                    reason(build, job, infra)
-                },
+                paused,
+                result,
+                reason,
             }
         })
+        .collect()
+}
+
+/// Agent names longer than this are cut: they key the agents' records.
+pub(crate) const MAX_NAME_CHARS: usize = 128;
+
+/// Text from a node (an agent's name, its hook's note): control characters blanked, cut to
+/// `max` characters, so it reads on one line wherever it is shown.
+pub(crate) fn clean(text: &str, max: usize) -> String {
+    text.trim()
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .take(max)
         .collect()
 }
 
@@ -56,7 +80,7 @@ fn reason(build: &Build, job: &BuildJob, infra: bool) -> String {
         .map(str::trim)
         .filter(|n| !n.is_empty());
     if let Some(note) = note {
-        return note.chars().take(MAX_REASON_CHARS).collect();
+        return clean(note, MAX_REASON_CHARS);
     }
     match job.exit_status {
         _ if infra => "the GPU failed its checks".into(),
@@ -137,16 +161,57 @@ mod tests {
             ),
         ];
         for (jobs, meta, final_infra, want) in cases {
-            let got: Vec<(String, bool, String)> = tries(&build(jobs.clone(), meta), final_infra)
-                .into_iter()
-                .map(|t| (t.agent, t.infra, t.reason))
-                .collect();
+            let b = build(jobs.clone(), meta);
+            let last = b.jobs.last().map(|j| j.id.clone());
+            let infra = InfraFailure {
+                stage: "preflight".into(),
+                reason: "ecc_errors".into(),
+                ..InfraFailure::default()
+            };
+            let got: Vec<(String, bool, String)> =
+                tries(&b, last.as_deref(), final_infra.then_some(&infra))
+                    .into_iter()
+                    .map(|t| (t.agent, t.infra, t.reason))
+                    .collect();
             let want: Vec<(String, bool, String)> = want
                 .into_iter()
                 .map(|(a, i, r)| (a.to_owned(), i, r.to_owned()))
                 .collect();
             assert_eq!(got, want, "{jobs}");
         }
+    }
+
+    #[test]
+    fn the_node_s_failure_is_pinned_on_the_try_read_and_only_lasting_faults_pause() {
+        // The last try was lost without a result: the one read is the second's.
+        let b = build(
+            json!([
+                job("j1", "gpu0", Some(75), true),
+                job("j2", "gpu1", Some(75), true),
+                job("j3", "gpu2", Some(-1), false)
+            ]),
+            json!({"kernelbot-infra:j1": "ecc_errors: GPU 0 has 3 uncorrected ECC errors",
+                   "kernelbot-infra:j2": "throttled: HwThermalSlowdown twice"}),
+        );
+        let throttled = InfraFailure {
+            stage: "measurement".into(),
+            reason: "throttled".into(),
+            ..InfraFailure::default()
+        };
+        let got: Vec<(String, bool, bool, bool)> = tries(&b, Some("j2"), Some(&throttled))
+            .into_iter()
+            .map(|t| (t.agent, t.infra, t.paused, t.result))
+            .collect();
+        let want = [
+            ("gpu0", true, true, false),
+            ("gpu1", true, false, true),
+            ("gpu2", false, false, false),
+        ];
+        let want: Vec<(String, bool, bool, bool)> = want
+            .into_iter()
+            .map(|(a, i, p, r)| (a.to_owned(), i, p, r))
+            .collect();
+        assert_eq!(got, want);
     }
 
     #[test]
@@ -157,8 +222,11 @@ mod tests {
                 job("j1", "gpu0", Some(75), true),
                 job("j2", "gpu1", Some(0), false)
             ]),
-            json!({"kernelbot-infra:j1": long}),
+            json!({"kernelbot-infra:j1": format!("{long}\u{1b}[2J")}),
         );
-        assert_eq!(tries(&b, false)[0].reason.chars().count(), MAX_REASON_CHARS);
+        assert_eq!(
+            tries(&b, Some("j2"), None)[0].reason.chars().count(),
+            MAX_REASON_CHARS
+        );
     }
 }

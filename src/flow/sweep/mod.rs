@@ -23,7 +23,7 @@ use self::send::deliver_both;
 use super::follow::{PipelineSeen, overdue_now};
 use super::{Deps, DispatchError};
 use crate::buildkite::CallBudget;
-use crate::jobs::{Channel, RunId, Shard};
+use crate::jobs::{Channel, Listed, RunId, Shard};
 use crate::retry::Deadline;
 
 /// A pass starts no new job's work with less than this left.
@@ -80,9 +80,26 @@ async fn pass_over(
         Duration::ZERO
     };
     let buildkite_deadline = deadline.less(share.saturating_sub(PASS_RESERVE));
+    release_waiting(d, &open).await?;
     let buildkite = buildkite_work(d, &open, buildkite_deadline, report).await;
     deliver_owed(d, &open, deadline, report).await?;
     buildkite
+}
+
+/// Fair share's waiting jobs that a slot lets go, released on each queue that has jobs
+/// without a build: their creates follow in this pass.
+async fn release_waiting(d: &Deps, open: &[Listed]) -> Result<(), DispatchError> {
+    let mut queues: Vec<&str> = open
+        .iter()
+        .filter(|j| j.build.is_none())
+        .map(|j| j.queue.as_str())
+        .collect();
+    queues.sort_unstable();
+    queues.dedup();
+    for queue in queues {
+        super::fair::release(d, queue, None).await?;
+    }
+    Ok(())
 }
 
 /// The part of a pass's remaining time kept for deliveries (their reserve included): a

@@ -15,6 +15,7 @@ import math
 import random
 import uuid
 from collections.abc import Iterable
+from datetime import datetime
 from typing import Any
 
 import httpx
@@ -199,7 +200,13 @@ class DispatchLauncher(_Base):
     # -- kernelbot's launcher interface -------------------------------------------------
 
     async def run_submission(
-        self, config: dict, gpu_type: Any, status: Any, *, run_id: str | None = None
+        self,
+        config: dict,
+        gpu_type: Any,
+        status: Any,
+        *,
+        run_id: str | None = None,
+        user: str | None = None,
     ) -> FullResult:
         """Submits ``config`` to ``gpu_type``'s queue and returns kernelbot's ``FullResult``.
 
@@ -207,8 +214,11 @@ class DispatchLauncher(_Base):
         POST cannot make a second job) and callbacks may arrive before the answer (the
         inbox holds them). By default it is a fresh ``kb-<uuid hex>``; kernelbot may name
         the run itself (``run_id``: 1 to 64 of ``A-Za-z0-9_.-``, unique per run), so that
-        after a restart it knows whose result :meth:`recover` hands it. Cancelling the task
-        cancels the job. However it ends, the run is recorded in the inbox as taken.
+        after a restart it knows whose result :meth:`recover` hands it. ``user`` (kernelbot's
+        user id, opaque, 1 to 64 characters without spaces) is the service's fair share: at
+        most a few of one user's runs per queue have a build at once, the rest wait their
+        turn, and the status shows each run's place. Cancelling the task cancels the job.
+        However it ends, the run is recorded in the inbox as taken.
         """
         run_id = run_id or new_run_id()
         gpu = gpu_name(gpu_type)
@@ -216,7 +226,7 @@ class DispatchLauncher(_Base):
         await status.push(f"⏳ Submitting to kernelbot-dispatch ({gpu})")
         try:
             try:
-                accepted = await self._submit(run_id, gpu, config)
+                accepted = await self._submit(run_id, gpu, config, user)
             except DispatchError as e:
                 if e.maybe_created:
                     await self._cancel(run_id)  # nobody will read its result
@@ -350,11 +360,15 @@ class DispatchLauncher(_Base):
 
     # -- submitting ------------------------------------------------------------------------
 
-    async def _submit(self, run_id: str, gpu: str, config: dict) -> dict[str, Any]:
+    async def _submit(
+        self, run_id: str, gpu: str, config: dict, user: str | None = None
+    ) -> dict[str, Any]:
         """POSTs the submission, retrying what may pass later; the 200/202 answer's body."""
         body: dict[str, Any] = {"run_id": run_id, "gpu": gpu, "config": config}
         if self.max_queue_secs is not None:
             body["max_queue_secs"] = self.max_queue_secs
+        if user is not None:
+            body["user"] = str(user)
         problem = "no attempt made"
         answer: httpx.Response | None = None
         # Whether an attempt may have recorded the job (and built it) before failing: one
@@ -396,10 +410,15 @@ class DispatchLauncher(_Base):
         return self.retry_backoff * 2 ** (attempt - 1) * (0.5 + random.random() / 2)
 
     async def _show_accepted(self, accepted: dict[str, Any], gpu: str, status: Any) -> None:
+        place = _place(accepted)
         if accepted.get("build"):
-            await status.update(f"⏳ Queued for {gpu}: {_link(accepted['build'])}")
+            await status.update(f"⏳ Queued for {gpu}: {_link(accepted['build'])}{place}")
+        elif accepted.get("waiting") == "user_limit":
+            await status.update(
+                f"⏳ Waiting for its turn on {gpu}: your earlier runs hold your share{place}"
+            )
         else:
-            await status.update(f"⏳ Submitted for {gpu}: waiting for a build")
+            await status.update(f"⏳ Submitted for {gpu}: waiting for a build{place}")
 
     async def _cancel(self, run_id: str) -> None:
         """Cancels the run: waits for the first answer (briefly, shielded from the
@@ -528,8 +547,14 @@ class DispatchLauncher(_Base):
     async def _show(self, job: Any, gpu: str, status: Any) -> None:
         """One status line for a state; ``job`` is a callback's ``data`` or a polled view."""
         state, build = job.get("state"), _link(job.get("build"))
-        if state == "scheduled":
-            await status.update(f"⏳ Queued on `{job.get('queue')}` for {gpu}: {build}")
+        if state == "submitted" and job.get("waiting") == "user_limit":
+            await status.update(
+                f"⏳ Waiting for its turn on {gpu}: your earlier runs hold your share{_place(job)}"
+            )
+        elif state == "scheduled":
+            await status.update(
+                f"⏳ Queued on `{job.get('queue')}` for {gpu}: {build}{_place(job)}"
+            )
         elif state == "running":
             await status.update(f"⏳ Running on {gpu}: {build}")
         elif state == "finished":
@@ -538,6 +563,28 @@ class DispatchLauncher(_Base):
             await status.update(f"{mark} Finished on {gpu} ({verdict}): {build}")
         elif state == "failed":
             await status.update(f"❌ Failed before running on {gpu}: {build}")
+
+
+def _place(job: dict[str, Any]) -> str:
+    """`` — 3rd in line, expected to start <t:…:R>`` from an answer's ``queue_position`` and
+    ``expected_start``; empty when it has none. Discord's timestamp markup counts down by
+    itself, so the line stays true between edits."""
+    position = job.get("queue_position")
+    if not isinstance(position, int) or isinstance(position, bool) or position < 1:
+        return ""
+    if position % 100 in (11, 12, 13):
+        suffix = "th"
+    else:
+        suffix = {1: "st", 2: "nd", 3: "rd"}.get(position % 10, "th")
+    text = " — next to start" if position == 1 else f" — {position}{suffix} in line"
+    start = job.get("expected_start")
+    if isinstance(start, str):
+        try:
+            when = datetime.fromisoformat(start.replace("Z", "+00:00"))
+        except ValueError:
+            return text
+        text += f", expected to start <t:{int(when.timestamp())}:R>"
+    return text
 
 
 def _no_result_error(verdict: Any, build_state: Any, error: Any) -> str:

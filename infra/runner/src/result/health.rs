@@ -107,7 +107,35 @@ fn cap_readings(readings: &mut Vec<GpuReading>) {
     readings.iter_mut().for_each(GpuReading::cap);
 }
 
+/// Pre-flight findings that outlast the job: the agent takes itself out of its queue for
+/// them. A hot or slowed-down GPU may be the last job's doing, and a throttled measurement
+/// the submission's own, so those are retried elsewhere without a pause: a submission must
+/// not be able to take agents out of the queue.
+const LASTING: &[&str] = &[
+    "no_gpu",
+    "gpu_missing",
+    "gpu_not_given",
+    "foreign_process",
+    "ecc_errors",
+    "retired_pages_pending",
+    "max_clock_low",
+    "tool_failed",
+    "tool_output_unreadable",
+    "bad_threshold",
+];
+
+/// Whether an infrastructure failure's `reason` is a lasting fault (only pre-flights find
+/// those): what the agent's hook paused it for.
+pub fn is_lasting(reason: &str) -> bool {
+    LASTING.contains(&reason)
+}
+
 impl InfraFailure {
+    /// Whether the node's fault outlasts the job, so its agent should pause itself.
+    pub fn pauses_agent(&self) -> bool {
+        self.stage == "preflight" && is_lasting(&self.reason)
+    }
+
     /// The `error` sentence of a job this stopped: the blame where it belongs.
     pub fn sentence(&self) -> String {
         let what = match self.stage.as_str() {

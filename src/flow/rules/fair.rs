@@ -1,0 +1,304 @@
+//! Fair share on a queue, as pure functions of its open jobs: which waiting jobs get their
+//! builds now (round-robin over users, oldest first within a user, at most a limit of each
+//! user's jobs in flight), the order the queue's jobs are expected to start in, and where one
+//! stands: its position and an expected start from the queue's agents and recent run times.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::jobs::{Job, JobState, OpenJob};
+use crate::time::Millis;
+
+/// Whose job it is: its user, or the job itself when the submission named none.
+pub(crate) fn user_of(job: &OpenJob) -> &str {
+    job.user.as_deref().unwrap_or(&job.run_id)
+}
+
+/// The waiting jobs in the order fair share releases them: round `r` holds each user's
+/// `r`-th oldest waiting job, and within a round users come in the order of their oldest
+/// waiting job.
+pub(crate) fn waiting_order(open: &[OpenJob]) -> Vec<&OpenJob> {
+    let mut by_user: BTreeMap<&str, Vec<&OpenJob>> = BTreeMap::new();
+    for job in open.iter().filter(|j| j.waiting) {
+        by_user.entry(user_of(job)).or_default().push(job);
+    }
+    let mut users: Vec<Vec<&OpenJob>> = by_user.into_values().collect();
+    for jobs in &mut users {
+        jobs.sort_by_key(|j| (j.created_at, j.run_id.clone()));
+    }
+    users.sort_by_key(|jobs| (jobs[0].created_at, jobs[0].run_id.clone()));
+    let rounds = users.iter().map(Vec::len).max().unwrap_or(0);
+    (0..rounds)
+        .flat_map(|r| users.iter().filter_map(move |jobs| jobs.get(r).copied()))
+        .collect()
+}
+
+/// The waiting jobs to release now: in waiting order, each whose user has fewer than
+/// `limit` jobs in flight (open and not waiting), counting those released before it.
+pub(crate) fn releases(open: &[OpenJob], limit: usize) -> Vec<&OpenJob> {
+    let mut in_flight: HashMap<&str, usize> = HashMap::new();
+    for job in open.iter().filter(|j| !j.waiting) {
+        *in_flight.entry(user_of(job)).or_default() += 1;
+    }
+    let mut released = Vec::new();
+    for job in waiting_order(open) {
+        let n = in_flight.entry(user_of(job)).or_default();
+        if *n < limit {
+            *n += 1;
+            released.push(job);
+        }
+    }
+    released
+}
+
+/// The queue's jobs not yet running, in the order they are expected to start: those with a
+/// build (or about to have one) oldest first, as Buildkite runs its queue, then the
+/// waiting ones in waiting order.
+pub(crate) fn queue_order(open: &[OpenJob]) -> Vec<&OpenJob> {
+    let mut ahead: Vec<&OpenJob> = open
+        .iter()
+        .filter(|j| !j.waiting && j.state != JobState::Running)
+        .collect();
+    ahead.sort_by_key(|j| (j.created_at, j.run_id.clone()));
+    ahead.extend(waiting_order(open));
+    ahead
+}
+
+/// Where a job stands on its queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Standing {
+    /// 1: the next to start.
+    pub(crate) position: u32,
+    /// When it is expected to start; `None` until the queue has run times to go by.
+    pub(crate) expected_start: Option<Millis>,
+}
+
+/// Where `run_id` stands among `open` (its queue's open jobs) at `now`, with `agents`
+/// agents on the queue and a median run time of `median_ms`; `None` once it runs.
+pub(crate) fn standing(
+    open: &[OpenJob],
+    run_id: &str,
+    agents: usize,
+    median_ms: Option<Millis>,
+    now: Millis,
+) -> Option<Standing> {
+    let ahead = queue_order(open).iter().position(|j| j.run_id == run_id)?;
+    let running = open.iter().filter(|j| j.state == JobState::Running).count();
+    let agents = agents.max(1);
+    // The jobs that take an agent before it: those running and those ahead of it.
+    let before = running + ahead;
+    let expected_start = median_ms.map(|m| {
+        let turns = if before < agents {
+            0
+        } else {
+            (before - agents) / agents + 1
+        };
+        now + m * turns as Millis
+    });
+    Some(Standing {
+        position: u32::try_from(ahead + 1).unwrap_or(u32::MAX),
+        expected_start,
+    })
+}
+
+/// The band a position falls in (1, 2–3, 4–7, 8–15, …): a job's message is edited when its
+/// band changes, not at every move of the queue.
+pub(crate) fn band(position: u32) -> u32 {
+    position.max(1).ilog2()
+}
+
+/// The median of recent run times, in ms.
+pub(crate) fn median(runs: &[Millis]) -> Option<Millis> {
+    let mut sorted = runs.to_vec();
+    sorted.sort_unstable();
+    sorted.get(sorted.len() / 2).copied()
+}
+
+/// The job with its standing `s` noted, when that moves it to another band (or it had none);
+/// a message already showing its state is owed again, so it is edited with the new place.
+pub(crate) fn placed(job: &Job, s: Standing, now: Millis) -> Option<Job> {
+    if job.state.rank() >= JobState::Running.rank()
+        || job.queue_position.map(band) == Some(band(s.position))
+    {
+        return None;
+    }
+    let mut next = job.clone();
+    next.queue_position = Some(s.position);
+    next.expected_start = s.expected_start;
+    let rank = job.state.rank();
+    if let Some(o) = next.discord.as_mut()
+        && o.delivery.accepted == Some(rank)
+    {
+        o.delivery.accepted = rank.checked_sub(1);
+        o.delivery.restart();
+    }
+    next.updated_at = now;
+    Some(next)
+}
+
+/// The job released: no longer waiting, its build due now (or, when `held`, still held by
+/// the submit that is about to create it).
+pub(crate) fn release_job(job: &Job, now: Millis, held: bool) -> Option<Job> {
+    if !job.waiting || job.state != JobState::Submitted || job.build.is_some() {
+        return None;
+    }
+    let mut next = job.clone();
+    next.waiting = false;
+    if !held && let Some(c) = next.creation.as_mut() {
+        c.after = c.after.min(now);
+    }
+    next.updated_at = now;
+    Some(next)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn open(
+        run_id: &str,
+        user: &str,
+        created_at: Millis,
+        state: JobState,
+        waiting: bool,
+    ) -> OpenJob {
+        OpenJob {
+            run_id: run_id.into(),
+            state,
+            created_at,
+            user: (!user.is_empty()).then(|| user.to_owned()),
+            waiting,
+        }
+    }
+
+    fn ids(jobs: &[&OpenJob]) -> Vec<String> {
+        jobs.iter().map(|j| j.run_id.clone()).collect()
+    }
+
+    #[test]
+    fn a_user_s_third_job_waits_while_two_run() {
+        let q = [
+            open("a1", "alice", 1, JobState::Running, false),
+            open("a2", "alice", 2, JobState::Scheduled, false),
+            open("a3", "alice", 3, JobState::Submitted, true),
+            open("b1", "bob", 4, JobState::Submitted, true),
+        ];
+        assert_eq!(ids(&releases(&q, 2)), ["b1"]);
+        // One of alice's finished: her third goes, bob's too.
+        assert_eq!(ids(&releases(&q[1..], 2)), ["a3", "b1"]);
+        // With a limit of one, alice's third waits still.
+        assert_eq!(ids(&releases(&q[1..], 1)), ["b1"]);
+    }
+
+    #[test]
+    fn waiting_jobs_start_round_robin_over_users_oldest_first() {
+        let q = [
+            open("h1", "heavy", 1, JobState::Submitted, true),
+            open("h2", "heavy", 2, JobState::Submitted, true),
+            open("h3", "heavy", 3, JobState::Submitted, true),
+            open("l1", "light", 5, JobState::Submitted, true),
+            open("m1", "mid", 4, JobState::Submitted, true),
+            open("m2", "mid", 6, JobState::Submitted, true),
+            open("anon", "", 7, JobState::Submitted, true),
+            open("anon2", "", 0, JobState::Submitted, true),
+        ];
+        assert_eq!(
+            ids(&waiting_order(&q)),
+            ["anon2", "h1", "m1", "l1", "anon", "h2", "m2", "h3"],
+            "each job without a user is a user of its own"
+        );
+        assert_eq!(ids(&releases(&q, 1)), ["anon2", "h1", "m1", "l1", "anon"]);
+    }
+
+    #[test]
+    fn position_and_expected_start_come_from_the_queue_s_agents_and_run_times() {
+        let q = [
+            open("r1", "a", 1, JobState::Running, false),
+            open("r2", "b", 2, JobState::Running, false),
+            open("s1", "c", 3, JobState::Scheduled, false),
+            open("w1", "a", 0, JobState::Submitted, true),
+            open("w2", "d", 9, JobState::Submitted, true),
+        ];
+        let at = |id: &str, agents| standing(&q, id, agents, Some(30_000), 1_000_000);
+        assert_eq!(at("r1", 2), None, "running: no position");
+        assert_eq!(
+            at("s1", 2),
+            Some(Standing {
+                position: 1,
+                expected_start: Some(1_030_000)
+            })
+        );
+        assert_eq!(at("w1", 2).map(|s| s.position), Some(2));
+        assert_eq!(
+            at("w2", 2),
+            Some(Standing {
+                position: 3,
+                expected_start: Some(1_060_000)
+            })
+        );
+        assert_eq!(at("w2", 8).and_then(|s| s.expected_start), Some(1_000_000));
+        assert_eq!(
+            standing(&q, "w2", 0, None, 5).map(|s| s.expected_start),
+            Some(None)
+        );
+    }
+
+    #[test]
+    fn bands_and_medians() {
+        let bands: Vec<u32> = [1, 2, 3, 4, 7, 8, 100].into_iter().map(band).collect();
+        assert_eq!(bands, [0, 1, 1, 2, 2, 3, 6]);
+        assert_eq!(median(&[30, 10, 20]), Some(20));
+        assert_eq!(median(&[]), None);
+    }
+
+    #[test]
+    fn a_new_band_is_noted_and_shown_a_new_place_within_one_is_not() {
+        let target = crate::jobs::Target::Default;
+        let mut j = Job::new(
+            "r".parse().unwrap(),
+            "g".into(),
+            "q".into(),
+            None,
+            Some(target),
+            0,
+        );
+        let at = |position| Standing {
+            position,
+            expected_start: Some(5),
+        };
+        let first = placed(&j, at(9), 1).unwrap();
+        assert_eq!(first.queue_position, Some(9));
+        assert_eq!(first.discord.as_ref().unwrap().delivery.accepted, None);
+        j = first;
+        j.discord.as_mut().unwrap().delivery.accepted = Some(0);
+        assert_eq!(placed(&j, at(8), 2), None, "8 and 9 share a band");
+        let moved = placed(&j, at(7), 3).unwrap();
+        assert_eq!(moved.queue_position, Some(7));
+        assert!(
+            moved.owes(crate::jobs::Channel::Discord),
+            "its message is edited"
+        );
+        j.state = JobState::Running;
+        assert_eq!(placed(&j, at(1), 4), None, "a running job has no place");
+    }
+
+    #[test]
+    fn a_job_is_released_once_and_only_while_waiting() {
+        let mut j = Job::new("r".parse().unwrap(), "g".into(), "q".into(), None, None, 0);
+        j.waiting = true;
+        j.creation = Some(crate::jobs::Creation {
+            payload: "p".into(),
+            after: 90_000,
+            look_up_first: false,
+        });
+        let released = release_job(&j, 10, false).unwrap();
+        assert!(!released.waiting);
+        assert_eq!(released.creation.as_ref().unwrap().after, 10, "due now");
+        let held = release_job(&j, 10, true).unwrap();
+        assert_eq!(
+            held.creation.as_ref().unwrap().after,
+            90_000,
+            "its submit creates it"
+        );
+        assert_eq!(release_job(&released, 20, false), None, "once");
+    }
+}

@@ -1,0 +1,242 @@
+//! Fair share through the local stack, on both stores: a user's builds in flight per queue
+//! are capped (`USER_MAX_IN_FLIGHT`), the rest wait in the store and start, round-robin over
+//! users, as builds of the queue end; cancel and the queue deadline reach waiting jobs; each
+//! job's place and expected start show in the API and in its message.
+
+use std::time::Duration;
+
+use kernelbot_dispatch::devstack::buildkite::sample_result;
+use kernelbot_dispatch::jobs::{CacheEntry, JobState};
+use reqwest::StatusCode;
+use serde_json::Value;
+
+use crate::support::{StoreKind, TestApp, submission};
+
+/// `run_id` from `user`.
+fn from(user: &str, run_id: &str) -> Value {
+    let mut body = submission(run_id);
+    body["user"] = user.into();
+    body
+}
+
+async fn submit(app: &TestApp, user: &str, run_id: &str) -> Value {
+    let (status, answer) = app.submit(&from(user, run_id)).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{answer}");
+    answer
+}
+
+/// The run ids of the builds created so far, in the order Buildkite got them.
+fn built(app: &TestApp) -> Vec<String> {
+    app.buildkite
+        .builds()
+        .iter()
+        .map(|b| b.meta_data.get("run_id").cloned().unwrap_or_default())
+        .collect()
+}
+
+async fn build_of(app: &TestApp, run_id: &str) -> u64 {
+    app.job(run_id).await.build.expect("a build").number
+}
+
+/// The current text of `run_id`'s Discord message (by the message id its job keeps).
+async fn message_of(app: &TestApp, run_id: &str) -> String {
+    let job = app.job(run_id).await;
+    let id = job.discord.and_then(|o| o.message_id).expect("a message");
+    app.discord.messages()[&id]["content"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// A user's third submission waits while two of theirs have builds, and gets its build when
+/// one of them ends; another user is not held back by them.
+async fn a_third_submission_waits_while_two_run(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    for run_id in ["a1", "a2"] {
+        let answer = submit(&app, "alice", run_id).await;
+        assert_eq!(answer["state"], "scheduled", "{answer}");
+    }
+    let third = submit(&app, "alice", "a3").await;
+    assert_eq!(third["state"], "submitted", "{third}");
+    assert_eq!(third["waiting"], "user_limit", "{third}");
+    let bob = submit(&app, "bob", "b1").await;
+    assert_eq!(
+        bob["state"], "scheduled",
+        "another user is not held back: {bob}"
+    );
+    assert_eq!(built(&app), ["a1", "a2", "b1"]);
+    let (_, shown) = app.status("a3").await;
+    assert_eq!(shown["waiting"], "user_limit", "{shown}");
+    assert_eq!(
+        shown["queue_position"], 4,
+        "behind the three builds: {shown}"
+    );
+    let text = message_of(&app, "a3").await;
+    assert!(text.contains("Waiting for its turn"), "{text}");
+    // One of alice's ends: her third gets its build at once, from the webhook.
+    let a1 = build_of(&app, "a1").await;
+    app.finish(a1, "passed", Some(sample_result(false))).await;
+    assert_eq!(built(&app), ["a1", "a2", "b1", "a3"]);
+    let job = app.job("a3").await;
+    assert_eq!((job.state, job.waiting), (JobState::Scheduled, false));
+    let text = message_of(&app, "a3").await;
+    assert!(
+        text.contains("Queued on `h100`"),
+        "its message was edited: {text}"
+    );
+}
+
+/// Waiting jobs of several users get their builds round-robin over users, oldest first
+/// within a user, not in the order they came.
+async fn waiting_jobs_start_round_robin_over_users(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    submit(&app, "zed", "z1").await;
+    // While another instance holds the queue's lease, submissions wait (as when two arrive
+    // at once); the lease here is held past the submits' patience.
+    let held = CacheEntry {
+        value: Some(i64::MAX.to_string()),
+        fetched_at: 0,
+        claimed_at: 99,
+    };
+    let lease = "~fair/h100";
+    let before = app.store.cached(lease).await.unwrap().map(|e| e.claimed_at);
+    assert!(app.store.put_cached(lease, &held, before).await.unwrap());
+    for (user, run_id) in [
+        ("alice", "a1"),
+        ("alice", "a2"),
+        ("bob", "b1"),
+        ("carol", "c1"),
+    ] {
+        let answer = submit(&app, user, run_id).await;
+        assert_eq!(answer["waiting"], "user_limit", "{answer}");
+    }
+    let free = CacheEntry {
+        value: None,
+        fetched_at: 0,
+        claimed_at: 100,
+    };
+    assert!(app.store.put_cached(lease, &free, Some(99)).await.unwrap());
+    // A build of the queue ends: every waiting job with a slot is created, fairly ordered.
+    let z1 = build_of(&app, "z1").await;
+    app.finish(z1, "passed", Some(sample_result(false))).await;
+    assert_eq!(built(&app), ["z1", "a1", "b1", "c1", "a2"]);
+}
+
+/// Two builds ending at once (two webhook instances) create each waiting job once.
+async fn two_finishes_at_once_create_each_waiting_job_once(kind: StoreKind) {
+    let app = TestApp::spawn_with(kind, &[("USER_MAX_IN_FLIGHT", "1")]).await;
+    for (user, run_id) in [
+        ("alice", "a1"),
+        ("alice", "a2"),
+        ("bob", "b1"),
+        ("bob", "b2"),
+    ] {
+        submit(&app, user, run_id).await;
+    }
+    assert_eq!(built(&app), ["a1", "b1"]);
+    let (a1, b1) = (build_of(&app, "a1").await, build_of(&app, "b1").await);
+    app.buildkite
+        .upload(a1, "result.json", sample_result(false), "finished", false);
+    app.buildkite
+        .upload(b1, "result.json", sample_result(false), "finished", false);
+    app.buildkite.set_state(a1, "passed");
+    app.buildkite.set_state(b1, "passed");
+    // Each finish twice, all four at once.
+    let (w, x, y, z) = tokio::join!(
+        app.event("build.finished", a1),
+        app.event("build.finished", b1),
+        app.event("build.finished", a1),
+        app.event("build.finished", b1),
+    );
+    assert!([w, x, y, z].iter().all(|s| s.is_success()));
+    let mut made = built(&app);
+    made.sort();
+    assert_eq!(
+        made,
+        ["a1", "a2", "b1", "b2"],
+        "each waiting job built once"
+    );
+    // A sweep pass finds nothing more to create.
+    app.sweep().await;
+    assert_eq!(app.buildkite.builds().len(), 4);
+}
+
+/// Cancel ends a waiting job, which then never gets a build; the queue deadline ends one
+/// that waited too long, saying why.
+async fn cancel_and_the_queue_deadline_reach_waiting_jobs(kind: StoreKind) {
+    let app = TestApp::spawn_with(kind, &[("USER_MAX_IN_FLIGHT", "1")]).await;
+    for run_id in ["a1", "a2", "a3"] {
+        submit(&app, "alice", run_id).await;
+    }
+    let (status, answer) = app.cancel("a2").await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{answer}");
+    let a2 = app.job("a2").await;
+    assert!(a2.state.is_terminal(), "{:?}", a2.state);
+    // Past the queue deadline (15 min by default), a sweep ends the one still waiting.
+    app.advance_clock(Duration::from_secs(16 * 60));
+    app.sweep().await;
+    let a3 = app.job("a3").await;
+    assert_eq!(a3.state, JobState::Failed, "{a3:?}");
+    assert!(
+        a3.failure
+            .as_deref()
+            .unwrap()
+            .contains("waited for its turn"),
+        "{a3:?}"
+    );
+    assert_eq!(built(&app), ["a1"], "neither got a build");
+}
+
+/// With run times to go by, the place and the expected start show in the API and in the
+/// first message, in Discord's self-updating time markup.
+async fn the_place_and_expected_start_show_in_the_api_and_the_message(kind: StoreKind) {
+    let app = TestApp::spawn_with(kind, &[("USER_MAX_IN_FLIGHT", "1")]).await;
+    submit(&app, "zed", "z1").await;
+    let z1 = build_of(&app, "z1").await;
+    app.buildkite.start_eval(z1);
+    app.advance_clock(Duration::from_secs(40));
+    app.finish(z1, "passed", Some(sample_result(false))).await;
+    submit(&app, "alice", "a1").await;
+    let waiting = submit(&app, "alice", "a2").await;
+    assert_eq!(waiting["queue_position"], 2, "{waiting}");
+    let expected = waiting["expected_start"]
+        .as_str()
+        .expect("an expected start");
+    let at = |text: &str| {
+        let t = humantime::parse_rfc3339_weak(text).unwrap();
+        t.duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
+    };
+    let (_, shown) = app.status("a2").await;
+    assert_eq!(shown["queue_position"], 2, "{shown}");
+    // Computed afresh: the same within the moments between the two reads.
+    let now_expected = at(shown["expected_start"].as_str().expect("an expected start"));
+    assert!(
+        (now_expected - at(expected)).abs() < 5_000,
+        "{shown} vs {expected}"
+    );
+    // One run of 40 s ahead of it on a queue of one agent.
+    let submitted = at(shown["created_at"].as_str().unwrap());
+    assert!(
+        (at(expected) - submitted - 40_000).abs() < 5_000,
+        "{expected} vs {shown}"
+    );
+    let secs = at(expected) / 1000;
+    let text = message_of(&app, "a2").await;
+    assert!(
+        text.contains(&format!("2nd in line, expected to start <t:{secs}:R>")),
+        "{text}"
+    );
+    let (_, running) = app.status("z1").await;
+    assert!(
+        running.get("queue_position").is_none(),
+        "an ended job has no place: {running}"
+    );
+}
+
+on_both_stores!(
+    a_third_submission_waits_while_two_run,
+    waiting_jobs_start_round_robin_over_users,
+    two_finishes_at_once_create_each_waiting_job_once,
+    cancel_and_the_queue_deadline_reach_waiting_jobs,
+    the_place_and_expected_start_show_in_the_api_and_the_message,
+);
