@@ -2,7 +2,7 @@
 # Runs the whole test suite. First installs what the tests use: the Python tools in
 # scripts/requirements.txt (moto server, cfn-lint, aws-sam-cli, cargo-lambda) and the kernelbot launcher
 # package (infra/kernelbot) into .venv, again whenever either changes, and Debian's
-# ShellCheck and PostgreSQL if they are missing.
+# ShellCheck, PostgreSQL and Chromium if they are missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,6 +27,17 @@ if ! compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null && [ -z "${POSTGRE
      apt-get install -y -qq postgresql >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq postgresql; }) >&2
   else
     echo "PostgreSQL is missing: sudo apt-get install postgresql" >&2
+    exit 1
+  fi
+fi
+
+# Debian's Chromium: a test opens the public status page in it, headless.
+if ! command -v chromium >/dev/null 2>&1 && [ -z "${CHROMIUM:-}" ]; then
+  if [ "$(id -u)" = 0 ]; then
+    (export DEBIAN_FRONTEND=noninteractive
+     apt-get install -y -qq chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium; }) >&2
+  else
+    echo "Chromium is missing: sudo apt-get install chromium" >&2
     exit 1
   fi
 fi

@@ -152,7 +152,10 @@ pub(crate) async fn create_deferred(
     deadline: Deadline,
 ) -> Result<(EventOutcome, Tried), DispatchError> {
     let now = d.clock.now();
-    let queue_timeout = d.config.timing.queue_timeout.as_millis() as i64;
+    let queue_timeout = match job.max_queue_secs {
+        Some(secs) => secs as i64 * 1000,
+        None => d.config.timing.queue_timeout.as_millis() as i64,
+    };
     if job.creation.is_none() || now - job.created_at >= queue_timeout {
         return Ok((too_late(d, job, deadline).await?, Tried::Nothing));
     }
@@ -187,7 +190,9 @@ pub(crate) async fn create_if_due(
 /// A job past its queue deadline with no build: a create whose answer was lost may have
 /// made one after all, so it is looked up first; else the job fails.
 async fn too_late(d: &Deps, job: &Job, deadline: Deadline) -> Result<EventOutcome, DispatchError> {
-    if job.creation.as_ref().is_none_or(|c| c.look_up_first)
+    // A job that waited its turn never had a create sent: nothing to look up.
+    if !job.waiting
+        && job.creation.as_ref().is_none_or(|c| c.look_up_first)
         && let Some(build) = d
             .buildkite
             .find_build(job.run_id.as_str(), d.buildkite_deadline(deadline))

@@ -11,6 +11,7 @@ use crate::callback::{CallbackSender, SenderError};
 use crate::config::{Config, ConfigError};
 use crate::discord::{DiscordError, DiscordTarget, Notifier};
 use crate::flow::profiles::ClickCounter;
+use crate::flow::status::PageCache;
 use crate::jobs::JobStore;
 use crate::retry::{Deadline, Policy};
 use crate::telemetry::metrics::Metrics;
@@ -38,6 +39,8 @@ pub struct Deps {
     pub(crate) send_slice: Option<Duration>,
     /// Clicks on profile links per run (submit only).
     pub(crate) profile_clicks: ClickCounter,
+    /// The status page this instance read last (submit only).
+    pub(crate) status_page: PageCache,
 }
 
 /// Why a function could not start.
@@ -112,6 +115,7 @@ impl Deps {
             metrics: Metrics::for_function("local"),
             send_slice: None,
             profile_clicks: ClickCounter::default(),
+            status_page: PageCache::default(),
         })
     }
 

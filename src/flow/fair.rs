@@ -14,24 +14,27 @@ use super::create::create_if_due;
 use super::queues::cached_agents;
 use super::rules::fair;
 pub(crate) use super::rules::fair::Standing;
+use super::rules::stats::{Ended, QueueRecord};
 use super::{Deps, DispatchError, deliver};
 use crate::jobs::{CacheEntry, Job, JobState, OpenJob, RunId, StoreError, Updated, update_seen};
+use crate::result::Verdict;
 use crate::retry::Deadline;
 use crate::time::Millis;
 
 /// How long a queue's lease is held at most (a holder that dies frees it this late).
 const LEASE_MS: Millis = 5_000;
+/// Messages one end edits at most for places that moved (Discord allows a webhook about five
+/// requests per two seconds; the next end or sweep pass goes on).
+const MAX_PLACE_EDITS: usize = 8;
 /// How long to wait for a queue's lease another instance holds.
 const LEASE_WAIT: Duration = Duration::from_secs(3);
-/// Recent run times kept per queue, for the expected start's median.
-const RUNS_KEPT: usize = 50;
 
 fn lease_key(queue: &str) -> String {
     format!("~fair/{queue}")
 }
 
-fn runs_key(queue: &str) -> String {
-    format!("~runs/{queue}")
+fn queue_key(queue: &str) -> String {
+    format!("~queue/{queue}")
 }
 
 /// The jobs a release let go: the submitter's own (which it creates itself), and others.
@@ -41,17 +44,27 @@ pub(crate) struct Released {
     pub(crate) others: Vec<Job>,
 }
 
-/// Releases the queue's waiting jobs that fair share lets go now. `mine`: the job of the
-/// submit calling, whose creation it holds.
+/// What a release knows that the queue index may not show yet (a global index lags its
+/// table): the submit's own new job, or the job that just ended.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Fresh<'a> {
+    /// The job of the submit calling, whose creation it holds.
+    pub(crate) mine: Option<&'a Job>,
+    /// A job of the queue that has just ended: no longer in flight.
+    pub(crate) ended: Option<&'a RunId>,
+}
+
+/// Releases the queue's waiting jobs that fair share lets go now. With no limit (0), every
+/// waiting job goes (jobs left waiting when fair share was turned off included).
 pub(crate) async fn release(
     d: &Deps,
     queue: &str,
-    mine: Option<&RunId>,
+    fresh: Fresh<'_>,
 ) -> Result<Released, StoreError> {
-    let limit = d.config.user_max_in_flight;
-    if limit == 0 {
-        return Ok(Released::default());
-    }
+    let limit = match d.config.user_max_in_flight {
+        0 => usize::MAX,
+        n => n,
+    };
     let Some(lease) = take_lease(d, queue).await? else {
         warn!(
             queue,
@@ -59,28 +72,55 @@ pub(crate) async fn release(
         );
         return Ok(Released::default());
     };
-    let released = release_held(d, queue, mine, limit).await;
+    let released = release_held(d, queue, fresh, limit).await;
     give_back(d, queue, lease).await;
     released
+}
+
+/// The queue's open jobs as the index shows them, corrected by what this caller knows.
+async fn open_jobs(d: &Deps, queue: &str, fresh: Fresh<'_>) -> Result<Vec<OpenJob>, StoreError> {
+    let mut open = d.store.open_in_queue(queue).await?;
+    if let Some(ended) = fresh.ended {
+        open.retain(|j| j.run_id != ended.as_str());
+    }
+    if let Some(mine) = fresh.mine
+        && !open.iter().any(|j| j.run_id == mine.run_id.as_str())
+    {
+        open.push(OpenJob {
+            run_id: mine.run_id.to_string(),
+            state: mine.state,
+            created_at: mine.created_at,
+            user: mine.user.clone(),
+            waiting: mine.waiting,
+        });
+    }
+    Ok(open)
 }
 
 async fn release_held(
     d: &Deps,
     queue: &str,
-    mine: Option<&RunId>,
+    fresh: Fresh<'_>,
     limit: usize,
 ) -> Result<Released, StoreError> {
-    let open = d.store.open_in_queue(queue).await?;
+    let open = open_jobs(d, queue, fresh).await?;
     let now = d.clock.now();
     let mut out = Released::default();
     for o in fair::releases(&open, limit) {
         let Ok(run_id) = o.run_id.parse::<RunId>() else {
             continue;
         };
-        let Some(job) = d.store.get(&run_id).await? else {
-            continue;
+        let job = match d.store.get(&run_id).await {
+            Ok(Some(job)) => job,
+            Ok(None) => continue,
+            // One record this version cannot read holds back no other.
+            Err(e @ StoreError::Corrupt(_)) => {
+                warn!(error = %e, %run_id, "a waiting job could not be read");
+                continue;
+            }
+            Err(e) => return Err(e),
         };
-        let held = mine == Some(&run_id);
+        let held = fresh.mine.is_some_and(|m| m.run_id == run_id);
         let written = update_seen(d.store.as_ref(), &job, |j| fair::release_job(j, now, held));
         if let Updated::Written(job) = written.await? {
             info!(run_id = %job.run_id, queue, "released by fair share");
@@ -142,43 +182,53 @@ async fn give_back(d: &Deps, queue: &str, version: Millis) {
 /// waiting jobs its slot lets go released and created, and the waiting jobs whose standing
 /// moved to another band shown it. Trouble here is logged: the job itself has ended.
 pub(crate) async fn after_end(d: &Deps, job: &Job, deadline: Deadline) {
-    if let Some(ran) = job.outcome.as_ref().and_then(|o| o.timings?.ran_secs)
-        && let Err(e) = note_run(d, &job.queue, (ran * 1000.0) as Millis).await
-    {
-        warn!(error = %e, "the run time could not be noted");
+    if let Err(e) = note_end(d, job).await {
+        warn!(error = %e, "the ended job could not be noted on its queue's record");
     }
-    if let Err(e) = release_and_create(d, &job.queue, deadline).await {
-        warn!(error = %e, queue = %job.queue, "waiting jobs could not be released");
+    let fresh = Fresh {
+        mine: None,
+        ended: Some(&job.run_id),
+    };
+    match release(d, &job.queue, fresh).await {
+        Ok(released) => create_released(d, released.others, deadline).await,
+        Err(e) => warn!(error = %e, queue = %job.queue, "waiting jobs could not be released"),
     }
     if let Err(e) = place_all(d, &job.queue, deadline).await {
         warn!(error = %e, queue = %job.queue, "waiting jobs could not be shown their place");
     }
 }
 
-/// Releases the queue's waiting jobs fair share lets go, and creates their builds.
-pub(crate) async fn release_and_create(
-    d: &Deps,
-    queue: &str,
-    deadline: Deadline,
-) -> Result<(), DispatchError> {
-    for job in release(d, queue, None).await?.others {
-        create_if_due(d, &job, d.buildkite_deadline(deadline)).await?;
+/// Creates the builds of jobs a release let go, one after another; one that fails is left
+/// to the sweep (its creation is due) and holds back no other.
+pub(crate) async fn create_released(d: &Deps, jobs: Vec<Job>, deadline: Deadline) {
+    for job in jobs {
+        if let Err(e) = create_if_due(d, &job, d.buildkite_deadline(deadline)).await {
+            warn!(error = %e, run_id = %job.run_id, "a released job's build is left to the sweep");
+        }
     }
-    Ok(())
 }
 
-/// Adds a run time to the queue's recent ones.
-async fn note_run(d: &Deps, queue: &str, ran_ms: Millis) -> Result<(), StoreError> {
-    let key = runs_key(queue);
+/// Notes an ended job on its queue's record (its wait and run time, whether the node
+/// failed it): what the status page and the expected start read.
+async fn note_end(d: &Deps, job: &Job) -> Result<(), StoreError> {
+    let Some(outcome) = job.outcome.as_deref() else {
+        return Ok(());
+    };
+    let ms = |secs: Option<f64>| secs.map(|s| (s * 1000.0) as Millis);
+    let ended = Ended {
+        at: d.clock.now(),
+        waited_ms: ms(outcome.timings.and_then(|t| t.queued_secs)),
+        ran_ms: ms(outcome.timings.and_then(|t| t.ran_secs)),
+    };
+    let infra = outcome.verdict == Verdict::Infra;
+    let key = queue_key(&job.queue);
     for _ in 0..5 {
         let entry = d.store.cached(&key).await?;
-        let mut runs = runs_in(entry.as_ref());
-        runs.push(ran_ms);
-        let over = runs.len().saturating_sub(RUNS_KEPT);
-        runs.drain(..over);
+        let mut record = record_in(entry.as_ref());
+        record.note(ended.clone(), infra);
         let version = entry.as_ref().map(|e| e.claimed_at);
         let next = CacheEntry {
-            value: serde_json::to_string(&runs).ok(),
+            value: serde_json::to_string(&record).ok(),
             fetched_at: d.clock.now(),
             claimed_at: version.unwrap_or(0) + 1,
         };
@@ -189,22 +239,27 @@ async fn note_run(d: &Deps, queue: &str, ran_ms: Millis) -> Result<(), StoreErro
     Ok(())
 }
 
-fn runs_in(entry: Option<&CacheEntry>) -> Vec<Millis> {
+fn record_in(entry: Option<&CacheEntry>) -> QueueRecord {
     entry
         .and_then(|e| serde_json::from_str(e.value.as_deref()?).ok())
         .unwrap_or_default()
 }
 
+/// A queue's record of its ended jobs, as last written.
+pub(crate) async fn queue_record(d: &Deps, queue: &str) -> Result<QueueRecord, StoreError> {
+    Ok(record_in(d.store.cached(&queue_key(queue)).await?.as_ref()))
+}
+
 /// What a standing is computed from, besides the queue's open jobs: its connected agents
 /// (the cached list; no Buildkite call) and the median of its recent run times.
 async fn queue_facts(d: &Deps, queue: &str) -> Result<(usize, Option<Millis>), StoreError> {
+    // A paused agent takes no job: it does not shorten anyone's wait.
     let agents = cached_agents(d)
         .await?
         .iter()
-        .filter(|a| a.queue == queue)
+        .filter(|a| a.queue == queue && !a.paused)
         .count();
-    let runs = runs_in(d.store.cached(&runs_key(queue)).await?.as_ref());
-    Ok((agents, fair::median(&runs)))
+    Ok((agents, queue_record(d, queue).await?.median_run()))
 }
 
 /// Where `job` stands on its queue now; `None` once it runs (or has ended).
@@ -240,7 +295,12 @@ async fn place_all(d: &Deps, queue: &str, deadline: Deadline) -> Result<(), Disp
     let open: Vec<OpenJob> = d.store.open_in_queue(queue).await?;
     let (agents, median) = queue_facts(d, queue).await?;
     let now = d.clock.now();
+    let mut edits = 0;
     for o in fair::queue_order(&open) {
+        if edits == MAX_PLACE_EDITS {
+            // The rest move on at the next end (or pass): a few edits per invocation.
+            break;
+        }
         let Some(s) = fair::standing(&open, &o.run_id, agents, median, now) else {
             continue;
         };
@@ -255,6 +315,7 @@ async fn place_all(d: &Deps, queue: &str, deadline: Deadline) -> Result<(), Disp
         }
         let written = update_seen(d.store.as_ref(), &job, |j| fair::placed(j, s, now)).await?;
         if let Updated::Written(job) = written {
+            edits += 1;
             deliver::deliver(d, &job, deadline).await?;
         }
     }

@@ -31,6 +31,7 @@ pub mod profiles;
 pub mod queues;
 pub mod resend;
 pub mod rules;
+pub mod status;
 pub mod submission;
 pub mod submit;
 pub mod sweep;

@@ -14,7 +14,7 @@ use crate::retry::Deadline;
 use crate::time::Millis;
 
 /// The store key of the shared agents list (`~` never starts a run id).
-const AGENTS_KEY: &str = "~agents";
+pub(crate) const AGENTS_KEY: &str = "~agents";
 /// The agents list is refreshed at most this often, by one instance.
 const REFRESH_MS: Millis = 60_000;
 /// A list this old is not served: the agents API has been failing for minutes.

@@ -1,9 +1,9 @@
 //! Submit: record the job, then create its build (or leave that to the sweep), then show it
 //! in Discord. The record comes first so a webhook never arrives for a job we do not know.
 
-use tracing::{Instrument, info};
+use tracing::{Instrument, info, warn};
 
-use super::create::{create_if_due, settle_creation, try_create};
+use super::create::{settle_creation, try_create};
 use super::rules::creation::CREATE_HOLD_MS;
 use super::submission::Submission;
 use super::{Deps, DispatchError, deliver, fair};
@@ -33,9 +33,10 @@ fn job_of(d: &Deps, sub: &Submission) -> Job {
     job.max_queue_secs = sub.max_queue_secs;
     job.private = sub.private;
     job.user.clone_from(&sub.user);
-    // With fair share every submission starts waiting: the queue's release decides, under
-    // its lease, whether its user has a slot.
-    job.waiting = d.config.user_max_in_flight > 0;
+    // With fair share a named user's submission starts waiting: the queue's release decides,
+    // under its lease, whether its user has a slot. One without a user is a user of its own,
+    // whose slot is always free.
+    job.waiting = d.config.user_max_in_flight > 0 && sub.user.is_some();
     if d.callbacks.is_some() {
         job.callback = Some(CallbackOutbox::new(now));
     }
@@ -60,7 +61,8 @@ pub async fn submit(
             info!(state = %existing.state, "run id already known; nothing created");
             return Ok(Submitted::Existing(*existing));
         }
-        let job = match take_turn(d, job, deadline).await? {
+        let (turn, others) = take_turn(d, job).await?;
+        let job = match turn {
             Turn::Go(job) => {
                 let bk_deadline = d.buildkite_deadline(deadline);
                 let creating = try_create(d, &job, &sub.payload, bk_deadline).await;
@@ -71,7 +73,16 @@ pub async fn submit(
                 job
             }
         };
-        let job = fair::place(d, &job).await?;
+        // Others the release let go: best effort (the sweep creates what this does not), and
+        // never this submission's failure.
+        fair::create_released(d, others, deadline).await;
+        let job = match fair::place(d, &job).await {
+            Ok(placed) => placed,
+            Err(e) => {
+                warn!(error = %e, "the job's place could not be noted");
+                job
+            }
+        };
         let job = deliver::deliver(d, &job, deadline).await?.unwrap_or(job);
         Ok(Submitted::New(job))
     }
@@ -87,19 +98,21 @@ enum Turn {
 }
 
 /// Asks fair share for the new job's turn: released (this submit creates its build), or
-/// left waiting. Others the release let go are created too.
-async fn take_turn(d: &Deps, job: Job, deadline: Deadline) -> Result<Turn, DispatchError> {
+/// left waiting; and the others the release let go.
+async fn take_turn(d: &Deps, job: Job) -> Result<(Turn, Vec<Job>), DispatchError> {
     if !job.waiting {
-        return Ok(Turn::Go(job));
+        return Ok((Turn::Go(job), Vec::new()));
     }
-    let released = fair::release(d, &job.queue, Some(&job.run_id)).await?;
-    for other in &released.others {
-        create_if_due(d, other, d.buildkite_deadline(deadline)).await?;
-    }
-    Ok(match released.mine {
+    let fresh = fair::Fresh {
+        mine: Some(&job),
+        ended: None,
+    };
+    let released = fair::release(d, &job.queue, fresh).await?;
+    let turn = match released.mine {
         Some(mine) => Turn::Go(mine),
         None => Turn::Wait(job),
-    })
+    };
+    Ok((turn, released.others))
 }
 
 /// The job of `run_id`, as `GET /submissions/{run_id}` shows it.

@@ -57,6 +57,19 @@ impl<S: Sync> FromRequestParts<S> for Invocation {
     }
 }
 
+/// Whether the client asked for JSON (`Accept: application/json`) rather than a page.
+pub(crate) struct WantsJson(pub(crate) bool);
+
+impl<S: Sync> FromRequestParts<S> for WantsJson {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        let accept = parts.headers.get(axum::http::header::ACCEPT);
+        let accept = accept.and_then(|v| v.to_str().ok()).unwrap_or_default();
+        Ok(Self(accept.contains("application/json")))
+    }
+}
+
 /// A webhook's Buildkite headers, as claims the flow checks against the signed body. One
 /// that is absent or not text is `None`: verifying, not extracting, refuses the request.
 pub(crate) struct BuildkiteHeaders(pub(crate) Claimed);

@@ -4,6 +4,7 @@
 
 mod error;
 mod extract;
+mod status;
 pub mod submit;
 mod views;
 pub mod webhook;

@@ -1,6 +1,6 @@
 //! The submit function's routes: `POST /submissions`, `GET /submissions/{run_id}`,
 //! `POST /submissions/{run_id}/cancel`, `GET /submissions/{run_id}/profiles/{index}` (a
-//! signed link, no token), `GET /queues/{gpu}` and `GET /fleet`.
+//! signed link, no token), `GET /queues/{gpu}`, `GET /fleet` and `GET /status` (public).
 
 use std::sync::Arc;
 
@@ -26,6 +26,7 @@ pub fn router(deps: Arc<Deps>) -> Router {
         .route("/submissions/{run_id}/profiles/{index}", get(profile))
         .route("/queues/{gpu}", get(queue))
         .route("/fleet", get(fleet))
+        .route("/status", get(super::status::status))
         .route("/healthz", get(healthz))
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .layer(axum::middleware::from_fn(in_span))
@@ -67,9 +68,11 @@ async fn show(
     let job = submit::find(&d, &run_id(&raw)?)
         .await?
         .ok_or_else(|| not_found(&raw))?;
-    let standing = fair::standing(&d, &job)
-        .await
-        .map_err(crate::flow::DispatchError::from)?;
+    // The place is a courtesy: a failing index read leaves it out, not the job.
+    let standing = fair::standing(&d, &job).await.unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "the job's place could not be read");
+        None
+    });
     Ok(Json(JobView::of(&job, standing)).into_response())
 }
 

@@ -200,8 +200,9 @@ impl Job {
             next.build.clone_from(&t.build);
         }
         if next.build.is_some() || next.state.is_terminal() {
-            // The build exists (or never will): nothing is left to create.
+            // The build exists (or never will): nothing is left to create, or to wait for.
             next.creation = None;
+            next.waiting = false;
         }
         if t.failure.is_some() {
             next.failure.clone_from(&t.failure);

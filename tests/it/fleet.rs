@@ -97,7 +97,7 @@ fn user_text(app: &TestApp) -> String {
         .join("\n")
 }
 
-async fn fleet(app: &TestApp) -> Value {
+async fn fleet_view(app: &TestApp) -> Value {
     let resp = app
         .client
         .get(format!("{}/fleet", app.submit_url))
@@ -170,7 +170,15 @@ async fn an_ecc_fault_is_retried_on_a_healthy_gpu_and_the_agent_paused(kind: Sto
     );
     assert_eq!(app.metric("GpuIncidents").len(), 1);
 
-    let fleet = fleet(&app).await;
+    // The agents' records are written just after the user's report goes out.
+    let mut fleet = fleet_view(&app).await;
+    for _ in 0..100 {
+        if agent_row(&fleet, "node1-gpu1")["jobs_24h"] == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        fleet = fleet_view(&app).await;
+    }
     let bad = agent_row(&fleet, "node1-gpu0");
     assert_eq!(bad["paused"], true, "{fleet}");
     assert!(
@@ -365,9 +373,9 @@ async fn a_lost_agent_is_told_once(kind: StoreKind) {
         "{ops:?}"
     );
     assert!(!ops[0].contains("@everyone"));
-    let row = agent_row(&fleet(&app).await, "h100-gpu3").clone();
+    let row = agent_row(&fleet_view(&app).await, "h100-gpu3").clone();
     assert_eq!(row["connection_state"], "lost", "{row}");
-    let fleet_now = fleet(&app).await;
+    let fleet_now = fleet_view(&app).await;
     assert!(
         fleet_now["agents"]
             .as_array()

@@ -46,6 +46,7 @@ mod properties;
 mod queues;
 mod runner;
 mod secrets;
+mod status_page;
 mod store_contract;
 mod submit_api;
 mod support;

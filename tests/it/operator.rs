@@ -333,7 +333,18 @@ async fn the_fleet_is_a_table_of_our_agents(kind: StoreKind) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(app.buildkite.agent_event("agent.lost", "h100-gpu2").await);
-    let table = run(&app, Command::Fleet).await;
+    // The agents' records are written just after the job's report goes out.
+    let mut table = run(&app, Command::Fleet).await;
+    for _ in 0..100 {
+        let noted = table
+            .lines()
+            .any(|l| l.starts_with("h100-gpu1") && l.split_whitespace().nth(4) == Some("1"));
+        if noted {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        table = run(&app, Command::Fleet).await;
+    }
     let lines: Vec<&str> = table.lines().collect();
     assert!(
         lines[0].starts_with("AGENT") && lines[0].contains("INFRA 24H"),

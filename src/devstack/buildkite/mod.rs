@@ -141,6 +141,13 @@ impl BuildkiteStandin {
         self.lock().agents.iter().find(|a| a.name == name).cloned()
     }
 
+    /// Pauses an agent with `note`, as the UI or `buildkite-agent pause` does.
+    pub fn pause(&self, name: &str, note: &str) {
+        if let Some(a) = self.lock().agents.iter_mut().find(|a| a.name == name) {
+            a.paused = Some((note.to_owned(), 240));
+        }
+    }
+
     /// Resumes a paused agent, as `buildkite-agent resume` or the UI does.
     pub fn resume(&self, name: &str) {
         if let Some(a) = self.lock().agents.iter_mut().find(|a| a.name == name) {

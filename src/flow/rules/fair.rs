@@ -106,13 +106,6 @@ pub(crate) fn band(position: u32) -> u32 {
     position.max(1).ilog2()
 }
 
-/// The median of recent run times, in ms.
-pub(crate) fn median(runs: &[Millis]) -> Option<Millis> {
-    let mut sorted = runs.to_vec();
-    sorted.sort_unstable();
-    sorted.get(sorted.len() / 2).copied()
-}
-
 /// The job with its standing `s` noted, when that moves it to another band (or it had none);
 /// a message already showing its state is owed again, so it is edited with the new place.
 pub(crate) fn placed(job: &Job, s: Standing, now: Millis) -> Option<Job> {
@@ -145,6 +138,8 @@ pub(crate) fn release_job(job: &Job, now: Millis, held: bool) -> Option<Job> {
     next.waiting = false;
     if !held && let Some(c) = next.creation.as_mut() {
         c.after = c.after.min(now);
+        // No create was ever sent for a job that waited: nothing to look up first.
+        c.look_up_first = false;
     }
     next.updated_at = now;
     Some(next)
@@ -246,6 +241,7 @@ mod tests {
     fn bands_and_medians() {
         let bands: Vec<u32> = [1, 2, 3, 4, 7, 8, 100].into_iter().map(band).collect();
         assert_eq!(bands, [0, 1, 1, 2, 2, 3, 6]);
+        use super::super::stats::median;
         assert_eq!(median(&[30, 10, 20]), Some(20));
         assert_eq!(median(&[]), None);
     }

@@ -10,6 +10,7 @@ pub(crate) mod fair;
 pub(crate) mod fleet;
 pub mod outbox;
 pub mod signal;
+pub(crate) mod stats;
 pub(crate) mod tries;
 
 pub use signal::{progress_of, signal_of};

@@ -80,15 +80,16 @@ async fn pass_over(
         Duration::ZERO
     };
     let buildkite_deadline = deadline.less(share.saturating_sub(PASS_RESERVE));
-    release_waiting(d, &open).await?;
+    release_waiting(d, &open).await;
     let buildkite = buildkite_work(d, &open, buildkite_deadline, report).await;
     deliver_owed(d, &open, deadline, report).await?;
     buildkite
 }
 
 /// Fair share's waiting jobs that a slot lets go, released on each queue that has jobs
-/// without a build: their creates follow in this pass.
-async fn release_waiting(d: &Deps, open: &[Listed]) -> Result<(), DispatchError> {
+/// without a build: their creates follow in this pass. A queue whose release fails is
+/// logged; the rest of the pass goes on.
+async fn release_waiting(d: &Deps, open: &[Listed]) {
     let mut queues: Vec<&str> = open
         .iter()
         .filter(|j| j.build.is_none())
@@ -97,9 +98,10 @@ async fn release_waiting(d: &Deps, open: &[Listed]) -> Result<(), DispatchError>
     queues.sort_unstable();
     queues.dedup();
     for queue in queues {
-        super::fair::release(d, queue, None).await?;
+        if let Err(e) = super::fair::release(d, queue, Default::default()).await {
+            tracing::warn!(error = %e, queue, "the queue's waiting jobs could not be released");
+        }
     }
-    Ok(())
 }
 
 /// The part of a pass's remaining time kept for deliveries (their reserve included): a
