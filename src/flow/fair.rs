@@ -92,6 +92,7 @@ async fn open_jobs(d: &Deps, queue: &str, fresh: Fresh<'_>) -> Result<Vec<OpenJo
             created_at: mine.created_at,
             user: mine.user.clone(),
             waiting: mine.waiting,
+            scheduled_at: mine.scheduled_at,
         });
     }
     Ok(open)

@@ -265,6 +265,7 @@ mod tests {
             created_at,
             user: None,
             waiting: false,
+            scheduled_at: None,
         }
     }
 

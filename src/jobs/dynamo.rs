@@ -84,6 +84,10 @@ fn open_job(item: &Item) -> Result<OpenJob, StoreError> {
             .unwrap_or(0),
         user: text("user"),
         waiting: text("waiting").is_some(),
+        scheduled_at: item
+            .get("scheduled_at")
+            .and_then(|v| v.as_n().ok())
+            .and_then(|n| n.parse().ok()),
     })
 }
 
@@ -248,7 +252,7 @@ impl JobStore for DynamoStore {
                 .table_name(&self.table)
                 .index_name(QUEUE_JOBS_INDEX)
                 .key_condition_expression("#q = :q")
-                .projection_expression("#id, #s, #created, #u, #w")
+                .projection_expression("#id, #s, #created, #u, #w, #sched")
                 .expression_attribute_names("#q", "open_queue")
                 .expression_attribute_names("#id", "run_id")
                 .expression_attribute_names("#s", "state")
@@ -256,6 +260,7 @@ impl JobStore for DynamoStore {
                 // `user` is one of DynamoDB's reserved words.
                 .expression_attribute_names("#u", "user")
                 .expression_attribute_names("#w", "waiting")
+                .expression_attribute_names("#sched", "scheduled_at")
                 .expression_attribute_values(":q", s(queue))
                 .set_exclusive_start_key(start.take())
                 .send()

@@ -316,7 +316,8 @@ impl JobStore for SqliteStore {
             let mut stmt = conn
                 .prepare(
                     "SELECT run_id, json_extract(record, '$.state'), created_at,
-                            json_extract(record, '$.user'), json_extract(record, '$.waiting')
+                            json_extract(record, '$.user'), json_extract(record, '$.waiting'),
+                            json_extract(record, '$.scheduled_at')
                      FROM jobs WHERE shard = ?1 AND json_extract(record, '$.queue') = ?2",
                 )
                 .map_err(unavailable)?;
@@ -328,17 +329,20 @@ impl JobStore for SqliteStore {
                         r.get::<_, i64>(2)?,
                         r.get::<_, Option<String>>(3)?,
                         r.get::<_, Option<String>>(4)?,
+                        r.get::<_, Option<i64>>(5)?,
                     ))
                 })
                 .map_err(unavailable)?;
             rows.map(|r| {
-                let (run_id, state, created_at, user, waiting) = r.map_err(unavailable)?;
+                let (run_id, state, created_at, user, waiting, scheduled_at) =
+                    r.map_err(unavailable)?;
                 Ok(OpenJob {
                     run_id,
                     state: state.parse().map_err(StoreError::corrupt)?,
                     created_at,
                     user,
                     waiting: waiting.is_some(),
+                    scheduled_at,
                 })
             })
             .collect()

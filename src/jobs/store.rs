@@ -65,6 +65,8 @@ pub struct OpenJob {
     pub user: Option<String>,
     /// Held back by its user's limit: no build yet.
     pub waiting: bool,
+    /// When its build was recorded: Buildkite runs its queue in that order.
+    pub scheduled_at: Option<Millis>,
 }
 
 /// A shared cached value: what was fetched and when, and when a refresh was last claimed

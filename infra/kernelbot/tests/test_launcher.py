@@ -364,7 +364,28 @@ async def test_the_user_is_sent_and_a_waiting_run_shows_its_place():
     assert fake.requests[0].json["user"] == "4815162342"
     shown = "\n".join(status.shown)
     assert "Waiting for its turn on H100_BK" in shown, shown
-    assert "3rd in line, expected to start <t:1795624200:R>" in shown, shown
+    assert "3rd in line, expected to start" in shown, shown
+    assert "<t:" not in shown, "plain text: not every reporter is Discord"
+
+
+def test_a_place_reads_as_plain_text_at_the_time_it_is_shown():
+    from kernelbot_dispatch.launcher import _place, _user_key
+
+    start = "2026-11-25T16:30:00.000Z"
+    at = 1795624200.0
+    cases = [
+        ({"queue_position": 1}, " — next to start"),
+        ({"queue_position": 12, "expected_start": start}, " — 12th in line, expected to start now"),
+        ({"queue_position": 22, "expected_start": start}, " — 22nd in line, expected to start in about 4 min"),
+        ({"queue_position": 0}, ""),
+        ({"queue_position": True}, ""),
+        ({}, ""),
+    ]
+    for job, shown in cases:
+        now = at if job.get("queue_position") == 12 else at - 240
+        assert _place(job, now=now) == shown, job
+    assert _user_key(4815162342) == "4815162342"
+    assert _user_key("a b") is None and _user_key("x" * 65) is None and _user_key(None) is None
 
 
 async def submitted(launch: DispatchLauncher, fake: FakeApi) -> asyncio.Task:

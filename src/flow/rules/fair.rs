@@ -51,14 +51,17 @@ pub(crate) fn releases(open: &[OpenJob], limit: usize) -> Vec<&OpenJob> {
 }
 
 /// The queue's jobs not yet running, in the order they are expected to start: those with a
-/// build (or about to have one) oldest first, as Buildkite runs its queue, then the
-/// waiting ones in waiting order.
+/// build in the order the builds were made, as Buildkite runs its queue (those about to
+/// have one after them), then the waiting ones in waiting order.
 pub(crate) fn queue_order(open: &[OpenJob]) -> Vec<&OpenJob> {
     let mut ahead: Vec<&OpenJob> = open
         .iter()
         .filter(|j| !j.waiting && j.state != JobState::Running)
         .collect();
-    ahead.sort_by_key(|j| (j.created_at, j.run_id.clone()));
+    ahead.sort_by_key(|j| {
+        let made = j.scheduled_at.unwrap_or(Millis::MAX);
+        (made, j.created_at, j.run_id.clone())
+    });
     ahead.extend(waiting_order(open));
     ahead
 }
@@ -162,6 +165,7 @@ mod tests {
             created_at,
             user: (!user.is_empty()).then(|| user.to_owned()),
             waiting,
+            scheduled_at: (!waiting && state != JobState::Submitted).then_some(created_at),
         }
     }
 
@@ -235,6 +239,18 @@ mod tests {
             standing(&q, "w2", 0, None, 5).map(|s| s.expected_start),
             Some(None)
         );
+    }
+
+    #[test]
+    fn builds_go_in_the_order_they_were_made_not_submitted() {
+        // Submitted first, but waited its turn: its build was made after the other's.
+        let mut late = open("late", "a", 1, JobState::Scheduled, false);
+        late.scheduled_at = Some(50);
+        let mut early = open("early", "b", 10, JobState::Scheduled, false);
+        early.scheduled_at = Some(20);
+        let creating = open("creating", "c", 5, JobState::Submitted, false);
+        let q = [late, early, creating];
+        assert_eq!(ids(&queue_order(&q)), ["early", "late", "creating"]);
     }
 
     #[test]

@@ -13,6 +13,8 @@ import enum
 import logging
 import math
 import random
+import re
+import time
 import uuid
 from collections.abc import Iterable
 from datetime import datetime
@@ -367,8 +369,9 @@ class DispatchLauncher(_Base):
         body: dict[str, Any] = {"run_id": run_id, "gpu": gpu, "config": config}
         if self.max_queue_secs is not None:
             body["max_queue_secs"] = self.max_queue_secs
-        if user is not None:
-            body["user"] = str(user)
+        user_key = _user_key(user)
+        if user_key is not None:
+            body["user"] = user_key
         problem = "no attempt made"
         answer: httpx.Response | None = None
         # Whether an attempt may have recorded the job (and built it) before failing: one
@@ -565,10 +568,26 @@ class DispatchLauncher(_Base):
             await status.update(f"❌ Failed before running on {gpu}: {build}")
 
 
-def _place(job: dict[str, Any]) -> str:
-    """`` — 3rd in line, expected to start <t:…:R>`` from an answer's ``queue_position`` and
-    ``expected_start``; empty when it has none. Discord's timestamp markup counts down by
-    itself, so the line stays true between edits."""
+_USER = re.compile(r"[^\s\x00-\x1f\x7f]{1,64}")
+
+
+def _user_key(user: Any) -> str | None:
+    """kernelbot's user id as the service takes it (1 to 64 characters without spaces), or
+    ``None`` (the run then counts as a user of its own): an id that does not fit is left
+    out with a warning rather than have the submission refused."""
+    if user is None:
+        return None
+    text = str(user)
+    if _USER.fullmatch(text):
+        return text
+    log.warning("user id %r does not fit the service's 1-64 characters; sent without", text)
+    return None
+
+
+def _place(job: dict[str, Any], now: float | None = None) -> str:
+    """`` — 3rd in line, expected to start in about 4 min`` from an answer's
+    ``queue_position`` and ``expected_start``; empty when it has none. Plain text: kernelbot's
+    reporters are not all Discord (its API and CLI show the line as it is)."""
     position = job.get("queue_position")
     if not isinstance(position, int) or isinstance(position, bool) or position < 1:
         return ""
@@ -580,10 +599,11 @@ def _place(job: dict[str, Any]) -> str:
     start = job.get("expected_start")
     if isinstance(start, str):
         try:
-            when = datetime.fromisoformat(start.replace("Z", "+00:00"))
+            when = datetime.fromisoformat(start.replace("Z", "+00:00")).timestamp()
         except ValueError:
             return text
-        text += f", expected to start <t:{int(when.timestamp())}:R>"
+        minutes = round((when - (time.time() if now is None else now)) / 60)
+        text += ", expected to start " + ("now" if minutes <= 0 else f"in about {minutes} min")
     return text
 
 
