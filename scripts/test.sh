@@ -23,8 +23,8 @@ fi
 # their own with them (not the cluster the package may set up).
 if ! compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null && [ -z "${POSTGRES_BIN:-}" ]; then
   if [ "$(id -u)" = 0 ]; then
-    (export DEBIAN_FRONTEND=noninteractive
-     apt-get install -y -qq postgresql >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq postgresql; }) >&2
+    (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null 2>&1 ||
+      { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; }) >&2
   else
     echo "PostgreSQL is missing: sudo apt-get install postgresql" >&2
     exit 1
@@ -34,8 +34,8 @@ fi
 # Debian's Chromium: a test opens the public status page in it, headless.
 if ! command -v chromium >/dev/null 2>&1 && [ -z "${CHROMIUM:-}" ]; then
   if [ "$(id -u)" = 0 ]; then
-    (export DEBIAN_FRONTEND=noninteractive
-     apt-get install -y -qq chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium; }) >&2
+    (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1 ||
+      { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }) >&2
   else
     echo "Chromium is missing: sudo apt-get install chromium" >&2
     exit 1
