@@ -160,7 +160,8 @@ async fn take_lease(d: &Deps, queue: &str) -> Result<Option<Millis>, StoreError>
         if until.remaining().is_zero() {
             return Ok(None);
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        // Jittered, so instances waiting for one lease do not all ask at once.
+        tokio::time::sleep(Duration::from_millis(40 + fastrand::u64(0..40))).await;
     }
 }
 

@@ -202,6 +202,8 @@ async fn end_at_deadline(
     match written {
         Updated::Written(j) => {
             deliver::deliver(d, &j, deadline).await?;
+            // Its slot on the queue is free: fair share's waiting jobs may go.
+            super::fair::after_end(d, &j, deadline).await;
             Ok(EventOutcome::Advanced(j.state))
         }
         _ => Ok(EventOutcome::Ignored("the job moved on meanwhile")),

@@ -84,7 +84,9 @@ pub(crate) fn standing(
     median_ms: Option<Millis>,
     now: Millis,
 ) -> Option<Standing> {
-    let ahead = queue_order(open).iter().position(|j| j.run_id == run_id)?;
+    let order = queue_order(open);
+    let ahead = order.iter().position(|j| j.run_id == run_id)?;
+    let waiting = order[ahead].waiting;
     let running = open.iter().filter(|j| j.state == JobState::Running).count();
     let agents = agents.max(1);
     // The jobs that take an agent before it: those running and those ahead of it.
@@ -95,6 +97,8 @@ pub(crate) fn standing(
         } else {
             (before - agents) / agents + 1
         };
+        // A waiting job goes when one of its user's own runs ends, free agents or not.
+        let turns = if waiting { turns.max(1) } else { turns };
         now + m * turns as Millis
     });
     Some(Standing {
@@ -234,7 +238,12 @@ mod tests {
                 expected_start: Some(1_060_000)
             })
         );
-        assert_eq!(at("w2", 8).and_then(|s| s.expected_start), Some(1_000_000));
+        assert_eq!(
+            at("w2", 8).and_then(|s| s.expected_start),
+            Some(1_030_000),
+            "free agents, but a waiting job waits for one of its user's runs"
+        );
+        assert_eq!(at("s1", 8).and_then(|s| s.expected_start), Some(1_000_000));
         assert_eq!(
             standing(&q, "w2", 0, None, 5).map(|s| s.expected_start),
             Some(None)
