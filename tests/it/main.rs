@@ -45,6 +45,7 @@ mod profiles;
 mod properties;
 mod queues;
 mod runner;
+mod rush;
 mod secrets;
 mod status_page;
 mod store_contract;

@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use super::BuildkiteStandin;
-use super::state::{Shared, bk_error, lock};
+use super::state::{Limit, Shared, bk_error, lock};
 
 impl BuildkiteStandin {
     /// Every answer, REST and storage, waits `delay` first (`None`: answers at once).
@@ -63,6 +63,25 @@ impl BuildkiteStandin {
         self.lock().rate_remaining = Some(n);
     }
 
+    /// From now on the REST API allows `calls` a minute (Buildkite's default: 50 a token),
+    /// with `RateLimit-Remaining` and `RateLimit-Reset` on every answer and a 429 past it.
+    pub fn enforce_rate_limit(&self, calls: u32) {
+        let mut s = self.lock();
+        let now = s.clock.now();
+        s.limit = Some(Limit {
+            calls,
+            window: 60_000,
+            started: now,
+            used: 0,
+            refused: 0,
+        });
+    }
+
+    /// How many calls the enforced limit answered 429.
+    pub fn rate_limited_calls(&self) -> usize {
+        self.lock().limit.as_ref().map_or(0, |l| l.refused)
+    }
+
     /// The next reads of build `number` (the build, its artifacts, downloads) answer these.
     pub fn fail_build_reads(&self, number: u64, statuses: &[u16]) {
         self.lock()
@@ -110,6 +129,22 @@ pub(super) async fn rate_limit_headers(
     mut response: Response,
 ) -> Response {
     let mut s = lock(&inner);
+    let now = s.clock.now();
+    if let Some(l) = &s.limit {
+        let headers = [
+            ("ratelimit-limit", l.calls.to_string()),
+            (
+                "ratelimit-remaining",
+                l.calls.saturating_sub(l.used).to_string(),
+            ),
+            ("ratelimit-reset", l.reset_secs(now).to_string()),
+        ];
+        for (name, value) in headers {
+            if let Ok(v) = value.parse() {
+                response.headers_mut().entry(name).or_insert(v);
+            }
+        }
+    }
     if let Some(n) = s.rate_remaining {
         s.rate_remaining = Some(n - 1);
         for name in ["ratelimit-remaining", "ratelimit-user-remaining"] {

@@ -79,6 +79,22 @@ fn gate(s: &mut Inner, req: &Request, read: bool) -> Option<Response> {
             "No valid API token provided",
         ));
     }
+    let now = s.clock.now();
+    if let Some(Err(reset)) = s.limit.as_mut().map(|l| l.take(now)) {
+        let body = json!({"message": format!("You have exceeded your API rate limit. Please wait {reset} seconds before making more requests."),
+            "scope": "rest_user", "reset": reset});
+        return Some(
+            (
+                StatusCode::TOO_MANY_REQUESTS,
+                [
+                    ("ratelimit-reset", reset.to_string()),
+                    ("ratelimit-remaining", "0".to_owned()),
+                ],
+                Json(body),
+            )
+                .into_response(),
+        );
+    }
     let pipeline = format!("/v2/organizations/{}/pipelines/{}", s.org, s.pipeline);
     let path = req.uri().path();
     if path != pipeline && !path.starts_with(&format!("{pipeline}/")) {

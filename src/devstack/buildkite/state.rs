@@ -101,6 +101,41 @@ impl StandinAgent {
     }
 }
 
+/// Buildkite's REST limit, enforced: `calls` a window (a minute) on the stand-in's clock,
+/// for its one token (its organization's limit is the smaller one, as one token is all it
+/// has). Past it, a call answers 429 with `RateLimit-Reset`, as Buildkite does.
+#[derive(Clone, Debug)]
+pub(super) struct Limit {
+    pub(super) calls: u32,
+    pub(super) window: Millis,
+    pub(super) started: Millis,
+    pub(super) used: u32,
+    /// Calls answered 429.
+    pub(super) refused: usize,
+}
+
+impl Limit {
+    /// Counts a call at `now`; `Err(reset seconds)` when it is over the limit.
+    pub(super) fn take(&mut self, now: Millis) -> Result<(), u64> {
+        if now - self.started >= self.window {
+            self.started = now;
+            self.used = 0;
+        }
+        if self.used >= self.calls {
+            self.refused += 1;
+            return Err(self.reset_secs(now));
+        }
+        self.used += 1;
+        Ok(())
+    }
+
+    /// Whole seconds until the window ends (at least one, as Buildkite says it).
+    pub(super) fn reset_secs(&self, now: Millis) -> u64 {
+        let left = (self.started + self.window - now).max(0);
+        u64::try_from((left + 999) / 1000).unwrap_or(1).max(1)
+    }
+}
+
 #[derive(Clone)]
 pub(super) struct AutoRun {
     pub(super) webhook_url: String,
@@ -124,6 +159,8 @@ pub(super) struct Inner {
     pub(super) create_reset_secs: u64,
     /// When set, every API answer carries `RateLimit-Remaining` counting down from it.
     pub(super) rate_remaining: Option<i64>,
+    /// When set, the REST API's limit enforced as Buildkite does (see [`Limit`]).
+    pub(super) limit: Option<Limit>,
     /// Seeded everyday faults on creates and webhooks: (rate, generator).
     pub(super) chaos: Option<(f64, fastrand::Rng)>,
     pub(super) create_delay: Option<Duration>,
@@ -169,6 +206,7 @@ impl Inner {
             create_faults: VecDeque::new(),
             create_reset_secs: 30,
             rate_remaining: None,
+            limit: None,
             chaos: None,
             create_delay: None,
             read_failures: VecDeque::new(),
