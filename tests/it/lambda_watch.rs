@@ -105,6 +105,25 @@ async fn functions_under_the_lambda_emulator_complete_a_job() {
         .build()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(600);
+    // The emulator builds each function on its first call: both are asked for their health
+    // first, so no webhook of the run reaches a function still being built (and is lost, as
+    // the stand-in does not deliver again).
+    for function in ["submit", "webhook"] {
+        loop {
+            let health = client
+                .get(format!("{base}/{function}/healthz"))
+                .send()
+                .await;
+            if health.is_ok_and(|r| r.status().is_success()) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the {function} function never answered"
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
     let body = json!({"run_id": "watch-1", "gpu": "H100_BK", "title": "under the emulator",
         "config": {"lang": "py", "mode": "test", "main": "eval.py", "sources": {"eval.py": "print(1)"}},
         "discord": {"webhook_url": "https://discord.com/api/webhooks/222222222222222222/watch-token"}});
