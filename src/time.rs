@@ -28,20 +28,63 @@ pub fn rfc3339(ms: Millis) -> String {
 }
 
 /// Wall-clock time in milliseconds, which tests can move forward (deadlines of hours and the
-/// 24 h give-up are tested without waiting).
-#[derive(Clone, Debug, Default)]
+/// 24 h give-up are tested without waiting) and a benchmark can run faster than real time (a
+/// simulated hour in a minute). Deployed functions use the default: the wall clock itself.
+#[derive(Clone, Debug)]
 pub struct Clock {
     skew: Arc<AtomicI64>,
+    /// Clock milliseconds per real millisecond, counted from `origin` (1 when deployed).
+    scale: f64,
+    origin: Millis,
 }
 
+impl Default for Clock {
+    fn default() -> Self {
+        Self::scaled(1.0)
+    }
+}
+
+/// The longest a [`Clock::sleep`] waits in real time before it looks at the clock again, so
+/// that a test moving the clock forward wakes it.
+const SLEEP_SLICE: Duration = Duration::from_millis(50);
+
 impl Clock {
+    /// A clock that runs `scale` times faster than real time from now (at least 1×).
+    pub fn scaled(scale: f64) -> Self {
+        Self {
+            skew: Arc::default(),
+            scale: scale.max(1.0),
+            origin: now_millis(),
+        }
+    }
+
     pub fn now(&self) -> Millis {
-        now_millis() + self.skew.load(Ordering::Relaxed)
+        let real = now_millis();
+        let run = if self.scale == 1.0 {
+            real
+        } else {
+            self.origin + ((real - self.origin) as f64 * self.scale) as Millis
+        };
+        run + self.skew.load(Ordering::Relaxed)
     }
 
     pub fn advance(&self, by: Duration) {
         self.skew
             .fetch_add(by.as_millis() as i64, Ordering::Relaxed);
+    }
+
+    /// Waits until `span` has passed on this clock: a rate limit's reset is honoured on the
+    /// same clock the limit was counted on.
+    pub async fn sleep(&self, span: Duration) {
+        let until = self.now() + span.as_millis() as Millis;
+        loop {
+            let left = until - self.now();
+            if left <= 0 {
+                return;
+            }
+            let real = Duration::from_secs_f64(left as f64 / 1000.0 / self.scale);
+            tokio::time::sleep(real.min(SLEEP_SLICE)).await;
+        }
     }
 }
 
@@ -60,5 +103,28 @@ mod tests {
             clock.clone().now() >= before + 3_600_000,
             "clones share the skew"
         );
+    }
+
+    #[tokio::test]
+    async fn a_scaled_clock_runs_faster_and_its_sleep_follows_it() {
+        let clock = Clock::scaled(100.0);
+        let (real, at) = (std::time::Instant::now(), clock.now());
+        clock.sleep(Duration::from_secs(5)).await;
+        assert!(clock.now() - at >= 5_000, "slept 5 s of the clock");
+        assert!(
+            real.elapsed() < Duration::from_secs(2),
+            "5 clock seconds are 50 real ms at 100x, not {:?}",
+            real.elapsed()
+        );
+        // A sleep on a clock that is moved forward ends when the move passes its end.
+        let clock = Clock::default();
+        let moved = clock.clone();
+        let sleeper = tokio::spawn(async move { clock.sleep(Duration::from_secs(3600)).await });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        moved.advance(Duration::from_secs(3601));
+        tokio::time::timeout(Duration::from_secs(2), sleeper)
+            .await
+            .expect("woken by the move")
+            .expect("sleeper");
     }
 }

@@ -14,10 +14,14 @@ use url::Url;
 
 use super::budget::CallBudget;
 use super::error::{Answered, BuildkiteError, MAX_ARTIFACT_BYTES};
+use super::gate::{Priority, RateGate};
 use super::model::{Agent, Artifact, Build, NewBuild};
 use crate::config::BuildkiteConfig;
 use crate::retry::{self, Deadline, Policy};
+use crate::time::Clock;
 
+/// The least time a call is sent with after a wait for a reset.
+const MIN_TRY: Duration = Duration::from_millis(250);
 const API_TIMEOUT: Duration = Duration::from_secs(10);
 const STORAGE_TIMEOUT: Duration = Duration::from_secs(30);
 const MAX_ARTIFACT_PAGES: u32 = 10;
@@ -36,6 +40,8 @@ pub struct BuildkiteClient {
     retry: Policy,
     timeout: Duration,
     budget: Option<CallBudget>,
+    /// What Buildkite last said of the rate limit, shared by every clone.
+    gate: RateGate,
 }
 
 /// What a call addresses, which decides what its 404 means.
@@ -55,6 +61,8 @@ struct Call<'a> {
     /// May be sent again after an answer was lost.
     idempotent: bool,
     scope: Scope,
+    /// Whether it may take a window's last calls.
+    priority: Priority,
 }
 
 impl<'a> Call<'a> {
@@ -65,7 +73,14 @@ impl<'a> Call<'a> {
             body: None,
             idempotent: true,
             scope,
+            priority: Priority::Finish,
         }
+    }
+
+    /// A call that leaves a window's last requests to creates and finishes.
+    fn routine(mut self) -> Self {
+        self.priority = Priority::Routine;
+        self
     }
 }
 
@@ -189,12 +204,25 @@ impl BuildkiteClient {
             retry: Policy::default(),
             timeout: API_TIMEOUT,
             budget: None,
+            gate: RateGate::default(),
         })
+    }
+
+    /// This client, timing Buildkite's rate-limit windows on `clock`.
+    pub(crate) fn with_clock(mut self, clock: Clock) -> Self {
+        self.gate = RateGate::new(clock);
+        self
     }
 
     /// Whether this client's call budget (if it has one) is spent.
     pub(crate) fn over_budget(&self) -> bool {
         self.budget.as_ref().is_some_and(CallBudget::spent)
+    }
+
+    /// Whether Buildkite's window, as this instance was told it, has room for a call of
+    /// `priority` now.
+    pub(crate) fn allows(&self, priority: Priority) -> bool {
+        self.gate.allows(priority)
     }
 
     /// This client, counting every API call against `budget`.
@@ -239,6 +267,7 @@ impl BuildkiteClient {
         call: &Call<'_>,
         deadline: Deadline,
     ) -> Result<Response, BuildkiteError> {
+        self.admit(call.priority, deadline).await?;
         let timeout = deadline
             .call_timeout(self.timeout)
             .ok_or_else(|| BuildkiteError::unavailable("no time left for the call"))?;
@@ -255,14 +284,49 @@ impl BuildkiteClient {
         }
         match req.send().await {
             Ok(resp) => {
-                if let Some(b) = &self.budget {
-                    b.observe(resp.headers());
+                self.noted(&resp);
+                match classify(resp, call).await {
+                    // The gate holds the reset now: the retry waits there, on the service's
+                    // clock, or comes back at once with the time left.
+                    Err(BuildkiteError::RateLimited { .. }) => Err(BuildkiteError::RateLimited {
+                        reset: Some(Duration::ZERO),
+                    }),
+                    answered => answered,
                 }
-                classify(resp, call).await
             }
             // A request that may have reached Buildkite is not repeated unless idempotent.
             Err(e) if call.idempotent || e.is_connect() => Err(transport(e)),
             Err(e) => Err(BuildkiteError::Unconfirmed(e.without_url().into())),
+        }
+    }
+
+    /// Lets a call go within the rate limit Buildkite last told: at once, after a wait for
+    /// the window's reset that the retry policy would also wait, or not at all (a 429 of our
+    /// own, with the time to the reset, for the caller to defer the work).
+    async fn admit(&self, priority: Priority, deadline: Deadline) -> Result<(), BuildkiteError> {
+        let Err(wait) = self.gate.take(priority) else {
+            return Ok(());
+        };
+        let span = std::time::Duration::from_millis(wait.max(0) as u64);
+        let refused = BuildkiteError::RateLimited { reset: Some(span) };
+        if span > self.retry.max_wait || deadline.remaining() < span + MIN_TRY {
+            return Err(refused);
+        }
+        self.gate.wait(wait).await;
+        self.gate.take(priority).map_err(|_| refused)
+    }
+
+    /// What an answer says of the rate limit. A 429's own wait is left to [`Self::admit`]
+    /// (the retry comes back at once and waits there, on the service's clock).
+    fn noted(&self, resp: &Response) {
+        if let Some(b) = &self.budget {
+            b.observe(resp.headers());
+        }
+        if resp.status() == StatusCode::TOO_MANY_REQUESTS {
+            let reset = rate_limit_reset(resp).map(|d| d.as_secs() as i64);
+            self.gate.refused(reset);
+        } else {
+            self.gate.observe(resp.headers());
         }
     }
 
@@ -289,6 +353,7 @@ impl BuildkiteClient {
             body: Some(build),
             idempotent: false,
             scope: Scope::Pipeline,
+            priority: Priority::Create,
         };
         let resp = self.run(call, deadline).await?;
         // Buildkite answered 2xx: whatever goes wrong reading the body, the build exists.
@@ -300,7 +365,7 @@ impl BuildkiteClient {
     /// Checks that the configured pipeline exists and the token may read it.
     pub(crate) async fn check_pipeline(&self, deadline: Deadline) -> Result<(), BuildkiteError> {
         let url = self.pipeline_url();
-        self.run(Call::get(&url, Scope::Pipeline), deadline)
+        self.run(Call::get(&url, Scope::Pipeline).routine(), deadline)
             .await
             .map(drop)
     }
@@ -316,9 +381,9 @@ impl BuildkiteClient {
         url.query_pairs_mut()
             .append_pair("meta_data[run_id]", run_id)
             .append_pair("per_page", "2");
-        let resp = self
-            .run(Call::get(url.as_str(), Scope::Pipeline), deadline)
-            .await?;
+        let mut call = Call::get(url.as_str(), Scope::Pipeline);
+        call.priority = Priority::Create;
+        let resp = self.run(call, deadline).await?;
         let builds: Vec<Build> = Self::json(resp).await?;
         Ok(builds.into_iter().find(|b| b.run_id() == Some(run_id)))
     }
@@ -347,6 +412,8 @@ impl BuildkiteClient {
             // Canceling twice is harmless: the call may be repeated.
             idempotent: true,
             scope: Scope::Item,
+            // A build nobody reads must not hold a GPU through a rush.
+            priority: Priority::Create,
         };
         match self.run(call, deadline).await {
             Ok(_) | Err(BuildkiteError::Rejected { status: 422, .. }) => Ok(()),
@@ -376,7 +443,10 @@ impl BuildkiteClient {
         let mut url = url.to_string();
         let mut all: Vec<Build> = Vec::new();
         for _ in 0..max_pages {
-            let resp = match self.run(Call::get(&url, Scope::Pipeline), deadline).await {
+            // The sweep's listings find the builds that ended: they finish jobs.
+            let mut call = Call::get(&url, Scope::Pipeline);
+            call.priority = Priority::Create;
+            let resp = match self.run(call, deadline).await {
                 Ok(resp) => resp,
                 Err(BuildkiteError::OverBudget) if !all.is_empty() => return Ok(all),
                 Err(e) => return Err(e),
@@ -402,13 +472,15 @@ impl BuildkiteClient {
     /// Every item of a paged listing, up to `max_pages` pages.
     async fn pages<T: DeserializeOwned>(
         &self,
-        first: String,
+        (first, priority): (String, Priority),
         max_pages: u32,
         deadline: Deadline,
     ) -> Result<Vec<T>, BuildkiteError> {
         let (mut url, mut all) = (first, Vec::new());
         for _ in 0..max_pages {
-            let resp = self.run(Call::get(&url, Scope::Item), deadline).await?;
+            let mut call = Call::get(&url, Scope::Item);
+            call.priority = priority;
+            let resp = self.run(call, deadline).await?;
             let next = self.next_page(resp.headers());
             all.extend(Self::json::<Vec<T>>(resp).await?);
             match next {
@@ -430,7 +502,9 @@ impl BuildkiteClient {
             self.api_base(),
             self.org
         );
-        self.pages(url, MAX_AGENT_PAGES, deadline).await
+        // Fair share counts idle GPUs by it (a call a minute at most): it decides creates.
+        self.pages((url, Priority::Create), MAX_AGENT_PAGES, deadline)
+            .await
     }
 
     /// Every artifact of a build, following the `Link: rel="next"` pages.
@@ -440,7 +514,8 @@ impl BuildkiteClient {
         deadline: Deadline,
     ) -> Result<Vec<Artifact>, BuildkiteError> {
         let url = self.url(&format!("builds/{number}/artifacts?per_page=100"));
-        self.pages(url, MAX_ARTIFACT_PAGES, deadline).await
+        self.pages((url, Priority::Finish), MAX_ARTIFACT_PAGES, deadline)
+            .await
     }
 
     /// Downloads an artifact: the API answers 302 with a short-lived storage URL, which is
@@ -479,7 +554,7 @@ impl BuildkiteClient {
             "builds/{build_number}/jobs/{job_id}/artifacts/{artifact_id}/download"
         ));
         let resp = self
-            .attempt(&Call::get(&url, Scope::Item), deadline)
+            .attempt(&Call::get(&url, Scope::Item).routine(), deadline)
             .await?;
         if !resp.status().is_redirection() {
             return Err(BuildkiteError::protocol(

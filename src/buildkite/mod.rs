@@ -4,12 +4,14 @@
 mod budget;
 mod client;
 mod error;
+mod gate;
 mod model;
 mod webhook;
 
 pub(crate) use budget::CallBudget;
 pub use client::BuildkiteClient;
 pub use error::BuildkiteError;
+pub(crate) use gate::Priority;
 pub(crate) use model::{Agent, Artifact, NewBuild, beside, pick_result};
 pub use model::{Build, BuildJob, TERMINAL_STATES};
 pub(crate) use webhook::{EVENT_HEADER, SIGNATURE_HEADER, TOKEN_HEADER};

@@ -13,7 +13,9 @@ use axum::routing::{patch, post};
 use axum::{Json, Router};
 use serde_json::{Value, json};
 
+use super::discord_bucket::WebhookLimit;
 use crate::discord::limits;
+use crate::time::Clock;
 
 #[derive(Clone, Debug)]
 pub struct DiscordCall {
@@ -41,6 +43,9 @@ struct Inner {
     outages: HashMap<String, Outage>,
     /// Seeded everyday faults: (rate, generator).
     chaos: Option<(f64, fastrand::Rng)>,
+    /// Discord's per-webhook limit, when enforced.
+    limit: Option<WebhookLimit>,
+    clock: Clock,
 }
 
 /// One webhook's outage, until it is lifted.
@@ -138,8 +143,14 @@ fn error(status: StatusCode, code: u32, message: &str) -> Response {
 
 impl DiscordStandin {
     pub async fn start() -> std::io::Result<Self> {
+        Self::start_with_clock(Clock::default()).await
+    }
+
+    /// A stand-in whose rate limit (when enforced) is counted on `clock`.
+    pub async fn start_with_clock(clock: Clock) -> std::io::Result<Self> {
         let inner = Arc::new(Mutex::new(Inner {
             next_id: 1_300_000_000_000_000_000,
+            clock,
             ..Default::default()
         }));
         let router = Router::new()
@@ -168,6 +179,22 @@ impl DiscordStandin {
     /// The current body of every message, by id.
     pub fn messages(&self) -> BTreeMap<String, Value> {
         self.lock().messages.clone()
+    }
+
+    /// From now on each webhook takes `calls` per `window` (Discord: about 5 per 2 s), told
+    /// in `X-RateLimit-*` headers; past it, a 429 with `retry_after`.
+    pub fn enforce_rate_limit(&self, calls: u32, window: Duration) {
+        let mut s = self.lock();
+        let clock = s.clock.clone();
+        s.limit = Some(WebhookLimit::new(calls, window.as_millis() as i64, clock));
+    }
+
+    /// Calls the enforced limit refused, and the most one webhook made in one window.
+    pub fn rate_limit_seen(&self) -> (usize, u32) {
+        self.lock()
+            .limit
+            .as_ref()
+            .map_or((0, 0), |l| (l.refused, l.busiest))
     }
 
     /// The next `n` calls answer 429 with `retry_after` seconds.
@@ -252,14 +279,8 @@ async fn handle(
         tokio::time::sleep(d).await;
     }
     let mut s = inner.lock().unwrap_or_else(|p| p.into_inner());
-    match (fault, &message_id) {
-        (Some(Fault::ServerError), _) => s.failures.push_front(500),
-        (Some(Fault::RateLimited), _) => s.rate_limits.push_front(0.05),
-        (Some(Fault::Deleted), Some(id)) => {
-            s.messages.remove(id);
-        }
-        _ => {}
-    }
+    apply(&mut s, fault, message_id.as_deref());
+    let told = s.limit.as_mut().map(|l| l.take(&webhook_id));
     let call = Call {
         webhook_id: &webhook_id,
         token,
@@ -267,7 +288,13 @@ async fn handle(
         query: query.as_deref(),
         body: &body,
     };
-    let (status, response) = answer(&mut s, call);
+    let (status, mut response) = match &told {
+        Some(t) if !t.allowed => (429, rate_limited(t.retry_after())),
+        _ => answer(&mut s, call),
+    };
+    if let Some(t) = &told {
+        t.stamp(&mut response);
+    }
     s.calls.push(DiscordCall {
         method,
         webhook_id,
@@ -277,6 +304,18 @@ async fn handle(
         status,
     });
     response
+}
+
+/// Queues what the fault drawn for this call makes of its answer.
+fn apply(s: &mut Inner, fault: Option<Fault>, message_id: Option<&str>) {
+    match (fault, message_id) {
+        (Some(Fault::ServerError), _) => s.failures.push_front(500),
+        (Some(Fault::RateLimited), _) => s.rate_limits.push_front(0.05),
+        (Some(Fault::Deleted), Some(id)) => {
+            s.messages.remove(id);
+        }
+        _ => {}
+    }
 }
 
 /// One call as [`answer`] reads it.

@@ -8,6 +8,7 @@
 pub mod agent;
 pub mod buildkite;
 pub mod discord;
+mod discord_bucket;
 pub mod env;
 mod host;
 pub mod moto;

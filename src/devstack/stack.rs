@@ -138,7 +138,7 @@ impl StandIns {
             BuildkiteStandin::start_with_clock(BK_TOKEN, "test-org", "kernelbot", clock.clone());
         Ok(Self {
             buildkite: buildkite.await?,
-            discord: DiscordStandin::start().await?,
+            discord: DiscordStandin::start_with_clock(clock.clone()).await?,
             receiver: ReceiverStandin::start().await?,
         })
     }
@@ -203,10 +203,20 @@ impl Stack {
         vars: &[(&str, &str)],
         timeout: Duration,
     ) -> Result<Self, BoxError> {
+        Self::spawn_on(kind, vars, timeout, Clock::default()).await
+    }
+
+    /// As `spawn_with`, every function and stand-in on `clock` (a benchmark's runs faster
+    /// than real time).
+    pub async fn spawn_on(
+        kind: StoreKind,
+        vars: &[(&str, &str)],
+        timeout: Duration,
+        clock: Clock,
+    ) -> Result<Self, BoxError> {
         if std::env::var_os("TEST_LOG").is_some() {
             crate::telemetry::init();
         }
-        let clock = Clock::default();
         let stand_ins = StandIns::start(&clock).await?;
         let (store, dir, store_env) = fresh_store(kind).await?;
         let mut env = stand_ins.env(vars);

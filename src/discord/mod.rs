@@ -2,6 +2,7 @@
 //! This module speaks Discord's wire format (messages, limits, webhook URLs and answers);
 //! turning a job into a message is the flow's (`flow::present`).
 
+mod bucket;
 mod message;
 mod notifier;
 mod target;

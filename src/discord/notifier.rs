@@ -12,12 +12,16 @@ use reqwest::{Method, Response, StatusCode};
 use serde::Deserialize;
 use url::Url;
 
+use super::bucket::Buckets;
 use super::message::{Message, REPORT_FILENAME};
 use super::target::DiscordTarget;
 use crate::error::{BoxError, chain};
 use crate::retry::{Again, Deadline, Policy, Transient};
+use crate::time::Clock;
 
 /// Discord answers in well under a second; a slow answer must not hold a function long.
+/// The least time a call is sent with after a wait for its bucket.
+const MIN_TRY: Duration = Duration::from_millis(250);
 const TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Discord's JSON error codes we act on.
@@ -111,6 +115,8 @@ pub struct Notifier {
     base: Url,
     retry: Policy,
     timeout: Duration,
+    /// Each webhook's rate limit as Discord last told it, shared by every clone.
+    buckets: Buckets,
 }
 
 /// Discord's answer to a post could not be read for the new message's id.
@@ -215,7 +221,14 @@ impl Notifier {
             base,
             retry: Policy::default(),
             timeout: TIMEOUT,
+            buckets: Buckets::default(),
         })
+    }
+
+    /// This notifier, timing Discord's buckets on `clock`.
+    pub(crate) fn with_clock(mut self, clock: Clock) -> Self {
+        self.buckets = Buckets::new(clock);
+        self
     }
 
     pub fn with_retry(mut self, retry: Policy) -> Self {
@@ -260,10 +273,11 @@ impl Notifier {
     async fn attempt(
         &self,
         method: Method,
-        url: &Url,
+        (target, url): (&DiscordTarget, &Url),
         message: &Message,
         deadline: Deadline,
     ) -> Result<Response, DiscordError> {
+        self.admit(&target.webhook_id, deadline).await?;
         let timeout = deadline
             .call_timeout(self.timeout)
             .ok_or_else(|| DiscordError::unavailable("no time left for the call"))?;
@@ -274,10 +288,53 @@ impl Notifier {
         };
         let resp = request.send().await.map_err(transport)?;
         if resp.status().is_success() {
-            Ok(resp)
-        } else {
-            Err(classify(resp).await)
+            self.buckets
+                .observe(&target.webhook_id, resp.headers(), None);
+            return Ok(resp);
         }
+        let headers = resp.headers().clone();
+        let error = classify(resp).await;
+        let retry_after = match &error {
+            DiscordError::Unavailable {
+                retry_after: Some(wait),
+                ..
+            } => Some(wait.as_millis() as i64),
+            _ => None,
+        };
+        self.buckets
+            .observe(&target.webhook_id, &headers, retry_after);
+        // The bucket holds the wait now: the retry waits there, on the service's clock.
+        Err(match error {
+            DiscordError::Unavailable {
+                source,
+                retry_after: Some(_),
+                maybe_done,
+            } => DiscordError::Unavailable {
+                source,
+                retry_after: Some(Duration::ZERO),
+                maybe_done,
+            },
+            other => other,
+        })
+    }
+
+    /// Lets a call go within the webhook's bucket: at once, after a wait for its reset that
+    /// the retry policy would also wait, or not at all (as a 429 that was never sent).
+    async fn admit(&self, webhook: &str, deadline: Deadline) -> Result<(), DiscordError> {
+        let Err(wait) = self.buckets.take(webhook) else {
+            return Ok(());
+        };
+        let span = Duration::from_millis(wait.max(0) as u64);
+        let refused = || DiscordError::Unavailable {
+            source: format!("rate limited for {span:?}").into(),
+            retry_after: Some(span),
+            maybe_done: false,
+        };
+        if span > self.retry.max_wait || deadline.remaining() < span + MIN_TRY {
+            return Err(refused());
+        }
+        self.buckets.wait(wait).await;
+        self.buckets.take(webhook).map_err(|_| refused())
     }
 
     /// Posts a new message and returns its id (`?wait=true`, so Discord confirms it). A
@@ -293,7 +350,9 @@ impl Notifier {
         let resp = self
             .retry
             .run(deadline, "Discord", || async {
-                let sent = self.attempt(Method::POST, &url, message, deadline).await;
+                let sent = self
+                    .attempt(Method::POST, (target, &url), message, deadline)
+                    .await;
                 sent.map_err(DiscordError::for_post)
             })
             .await?;
@@ -315,7 +374,7 @@ impl Notifier {
         let url = self.url(target, &format!("/messages/{message_id}"), false)?;
         self.retry
             .run(deadline, "Discord", || {
-                self.attempt(Method::PATCH, &url, message, deadline)
+                self.attempt(Method::PATCH, (target, &url), message, deadline)
             })
             .await
             .map(drop)

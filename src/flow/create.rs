@@ -94,6 +94,11 @@ pub(crate) async fn settle_creation(
     let written = match creating {
         Creating::Created(build) => record_build(d, job, &build, deadline).await?,
         Creating::Deferred(miss) => {
+            if let CreateMiss::RateLimited { reset_ms } = miss {
+                // Taken up by the next webhook whose window has room, not only the sweep.
+                let work = super::catch_up::Work::Create;
+                super::catch_up::note(d, job, work, now.saturating_add(reset_ms)).await;
+            }
             update_seen(d.store.as_ref(), job, |j| defer_creation(j, miss, now)).await?
         }
         Creating::Refused(source) => return Err(refused(d, job, source, deadline).await),

@@ -121,6 +121,8 @@ impl Deps {
 
     /// These dependencies, on `clock` (tests move it forward).
     pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.buildkite = self.buildkite.with_clock(clock.clone());
+        self.discord = self.discord.with_clock(clock.clone());
         self.clock = clock;
         self
     }

@@ -7,9 +7,9 @@ use super::advance::{advance, build_ref};
 use super::cancel::stop_build;
 use super::outcome::read_outcome;
 use super::rules::signal::{Signal, progress_of, signal_of};
-use super::{Deps, DispatchError, deliver, fleet};
+use super::{Deps, DispatchError, catch_up, deliver, fleet};
 use crate::buildkite::{Build, VerifyError, WebhookEvent};
-use crate::jobs::{JobState, RunId, Transition};
+use crate::jobs::{Job, JobState, RunId, Transition};
 use crate::retry::Deadline;
 
 pub use super::advance::EventOutcome;
@@ -125,6 +125,22 @@ async fn on_build_signal(
         info!("no job for this run id");
         return Ok(EventOutcome::Ignored("unknown job"));
     };
+    let result = on_job_signal(d, job.clone(), target, build, deadline).await;
+    if target == JobState::Finished && result.as_ref().is_err_and(catch_up::rate_limited) {
+        catch_up::note(d, &job, catch_up::Work::Finish, 0).await;
+    }
+    // Events come every few seconds in a rush: each takes up what the rate limit deferred.
+    catch_up::take_up(d, &job.queue, deadline).await;
+    result
+}
+
+async fn on_job_signal(
+    d: &Deps,
+    job: Job,
+    target: JobState,
+    build: &Build,
+    deadline: Deadline,
+) -> Result<EventOutcome, DispatchError> {
     // A second build of one run (a create whose answer was lost, then made again, or a
     // rebuild), or the build of a job that ended before it had one (canceled, or given
     // up in the queue): nobody reads its result, so it must not hold a GPU.

@@ -11,7 +11,7 @@ use std::time::Duration;
 use tracing::{info, warn};
 
 use super::create::create_if_due;
-use super::queues::cached_agents;
+use super::queues::{cached_agents, recent_agents};
 use super::rules::fair;
 pub(crate) use super::rules::fair::Standing;
 use super::rules::stats::{Ended, QueueRecord};
@@ -28,6 +28,8 @@ const LEASE_MS: Millis = 5_000;
 const MAX_PLACE_EDITS: usize = 8;
 /// How long to wait for a queue's lease another instance holds.
 const LEASE_WAIT: Duration = Duration::from_secs(3);
+/// The longest a release waits for the agents list.
+const AGENTS_WAIT: Duration = Duration::from_secs(2);
 
 fn lease_key(queue: &str) -> String {
     format!("~fair/{queue}")
@@ -42,6 +44,8 @@ fn queue_key(queue: &str) -> String {
 pub(crate) struct Released {
     pub(crate) mine: Option<Job>,
     pub(crate) others: Vec<Job>,
+    /// Jobs of the queue still wait.
+    pub(crate) waiting_left: bool,
 }
 
 /// What a release knows that the queue index may not show yet (a global index lags its
@@ -74,6 +78,14 @@ pub(crate) async fn release(
     };
     let released = release_held(d, queue, fresh, limit).await;
     give_back(d, queue, lease).await;
+    if released.as_ref().is_ok_and(|r| r.waiting_left) {
+        // Whether GPUs would idle is read from the agents list: kept at most a minute old
+        // while jobs wait (a call a minute, none when Buildkite's window is low), outside
+        // the lease, for the next release.
+        if let Err(e) = super::queues::agents(d, Deadline::after(AGENTS_WAIT)).await {
+            warn!(error = %e, queue, "the agents list could not be read; the last one serves");
+        }
+    }
     released
 }
 
@@ -106,8 +118,18 @@ async fn release_held(
 ) -> Result<Released, StoreError> {
     let open = open_jobs(d, queue, fresh).await?;
     let now = d.clock.now();
-    let mut out = Released::default();
-    for o in fair::releases(&open, limit) {
+    // A paused agent takes no job; a list past its age is not counted on.
+    let agents = recent_agents(d)
+        .await?
+        .iter()
+        .filter(|a| a.queue == queue && !a.paused)
+        .count();
+    let releases = fair::releases(&open, limit, agents);
+    let mut out = Released {
+        waiting_left: open.iter().filter(|j| j.waiting).count() > releases.len(),
+        ..Released::default()
+    };
+    for o in releases {
         let Ok(run_id) = o.run_id.parse::<RunId>() else {
             continue;
         };
@@ -192,7 +214,11 @@ pub(crate) async fn after_end(d: &Deps, job: &Job, deadline: Deadline) {
         ended: Some(&job.run_id),
     };
     match release(d, &job.queue, fresh).await {
-        Ok(released) => create_released(d, released.others, deadline).await,
+        Ok(released) => {
+            // Creates the rate limit deferred are older than these: they go first.
+            super::catch_up::take_up_creates(d, &job.queue, deadline).await;
+            create_released(d, released.others, deadline).await;
+        }
         Err(e) => warn!(error = %e, queue = %job.queue, "waiting jobs could not be released"),
     }
     if let Err(e) = place_all(d, &job.queue, deadline).await {

@@ -8,7 +8,8 @@
 //! - [`sweep`]: one pass that finishes whatever the others left undone;
 //! - [`cancel`]: a user no longer wants a run;
 //! - [`resend`]: an operator sends an ended job's report and callback again;
-//! - [`queues`]: who can run a queue's jobs and how many wait.
+//! - [`queues`]: who can run a queue's jobs and how many wait;
+//! - [`catch_up`]: a job's end takes up the creates Buildkite's rate limit deferred.
 //!
 //! Moving a job forward is [`advance`]; reading a finished build's result is [`outcome`].
 //! The decisions they act on are pure functions in [`rules`]; what people and programs are
@@ -17,6 +18,7 @@
 
 mod advance;
 pub mod cancel;
+mod catch_up;
 mod clicks;
 mod create;
 pub mod deliver;

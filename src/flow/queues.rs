@@ -151,6 +151,14 @@ pub(crate) fn seen(agents: &[Agent]) -> Vec<SeenAgent> {
         .collect()
 }
 
+/// Whether a cached list is young enough to serve in place of a fresh one.
+fn usable(entry: &Option<CacheEntry>, list: &Option<Vec<SeenAgent>>, now: Millis) -> bool {
+    list.is_some()
+        && entry
+            .as_ref()
+            .is_some_and(|e| now - e.fetched_at < MAX_STALE_MS)
+}
+
 fn parse(entry: &CacheEntry) -> Option<Vec<SeenAgent>> {
     serde_json::from_str(entry.value.as_deref()?).ok()
 }
@@ -159,6 +167,18 @@ fn parse(entry: &CacheEntry) -> Option<Vec<SeenAgent>> {
 pub(crate) async fn cached_agents(d: &Deps) -> Result<Vec<SeenAgent>, StoreError> {
     let entry = d.store.cached(AGENTS_KEY).await?;
     Ok(entry.as_ref().and_then(parse).unwrap_or_default())
+}
+
+/// The agents list as last cached, if it is younger than [`MAX_STALE_MS`] (no Buildkite
+/// call): what fair share counts idle GPUs by, which an old list would overstate.
+pub(crate) async fn recent_agents(d: &Deps) -> Result<Vec<SeenAgent>, StoreError> {
+    let entry = d.store.cached(AGENTS_KEY).await?;
+    let now = d.clock.now();
+    Ok(entry
+        .as_ref()
+        .filter(|e| now - e.fetched_at < MAX_STALE_MS)
+        .and_then(parse)
+        .unwrap_or_default())
 }
 
 /// `GET /queues/{gpu}`: the queue's agents and open jobs.
@@ -198,7 +218,15 @@ pub(crate) async fn agents(d: &Deps, deadline: Deadline) -> Result<Vec<SeenAgent
         };
         let expected = entry.as_ref().map(|e| e.claimed_at);
         if d.store.put_cached(AGENTS_KEY, &claim, expected).await? {
-            return refresh_agents(d, now, deadline).await;
+            return match refresh_agents(d, now, deadline).await {
+                // Buildkite's window is kept for creates and finishes: the last list serves.
+                Err(QueueError::Buildkite(BuildkiteError::RateLimited { .. }))
+                    if usable(&entry, &cached, now) =>
+                {
+                    Ok(cached.unwrap_or_default())
+                }
+                other => other,
+            };
         }
     }
     match (cached, entry.map(|e| now - e.fetched_at)) {

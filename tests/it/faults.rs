@@ -866,10 +866,18 @@ mod review {
     async fn a_spent_budget_defers_creates_and_fails_no_job(kind: StoreKind) {
         // Three calls: a lookup and a create for the first job, a lookup for the second.
         let app = TestApp::spawn_with(kind, &[("SWEEP_MAX_CALLS", "3")]).await;
+        app.buildkite.fail_creates(&[(429, false)], 30);
         for i in 0..3 {
-            app.buildkite.fail_creates(&[(429, false)], 30);
             app.submit(&submission(&format!("later-{i}"))).await;
         }
+        // The first create met the 429; the window it told held the others, never sent.
+        let creates = app
+            .buildkite
+            .api_calls()
+            .iter()
+            .filter(|c| c.starts_with("POST") && c.ends_with("/builds"))
+            .count();
+        assert_eq!(creates, 1, "{:?}", app.buildkite.api_calls());
         app.advance_clock(Duration::from_secs(31));
         for _ in 0..6 {
             let report = app.sweep().await;

@@ -74,7 +74,18 @@ impl BuildkiteStandin {
             started: now,
             used: 0,
             refused: 0,
+            history: Vec::new(),
         });
+    }
+
+    /// Calls taken in each window of the enforced limit so far, the current one last.
+    pub fn rate_limit_windows(&self) -> Vec<u32> {
+        let s = self.lock();
+        s.limit.as_ref().map_or_else(Vec::new, |l| {
+            let mut all = l.history.clone();
+            all.push(l.used);
+            all
+        })
     }
 
     /// How many calls the enforced limit answered 429.

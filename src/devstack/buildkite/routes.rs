@@ -69,6 +69,13 @@ fn authorized(s: &Inner, req: &Request) -> bool {
         .is_some_and(|v| v == format!("Bearer {}", s.token))
 }
 
+/// Buildkite's 429: the window resets in a second, as its headers and body say.
+fn over_limit() -> Response {
+    let body = json!({"message": "You have exceeded your API rate limit. Please wait 1 seconds before making more requests.", "scope": "rest_user", "limit": 50, "current": 55, "reset": 1});
+    let headers = [("ratelimit-reset", "1")];
+    (StatusCode::TOO_MANY_REQUESTS, headers, Json(body)).into_response()
+}
+
 /// Common checks for REST calls: auth, then an injected failure if one is queued.
 fn gate(s: &mut Inner, req: &Request, read: bool) -> Option<Response> {
     s.api_calls
@@ -108,7 +115,7 @@ fn gate(s: &mut Inner, req: &Request, read: bool) -> Option<Response> {
     if read && let Some(code) = build_failure.or_else(|| s.read_failures.pop_front()) {
         let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         if code == 429 {
-            return Some((status, [("ratelimit-reset", "1")], Json(json!({"message": "You have exceeded your API rate limit. Please wait 1 seconds before making more requests.", "scope": "rest_user", "limit": 50, "current": 55, "reset": 1}))).into_response());
+            return Some(over_limit());
         }
         return Some(bk_error(status, "Internal Server Error"));
     }
@@ -371,6 +378,9 @@ async fn list_agents(
         return bk_error(StatusCode::NOT_FOUND, "Not Found");
     }
     if let Some(code) = s.agents_failure {
+        if code == 429 {
+            return over_limit();
+        }
         let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         return bk_error(status, "Your API token does not have the read_agents scope");
     }
@@ -489,7 +499,19 @@ fn download_locked(
     }
     if let Some((status, body)) = s.download_failure.clone() {
         let status = StatusCode::from_u16(status).unwrap_or(StatusCode::NOT_FOUND);
-        return Some((status, [(header::CONTENT_TYPE, "text/html")], body).into_response());
+        // Buildkite says when its window resets on every 429, an error page or not.
+        let reset = if status == StatusCode::TOO_MANY_REQUESTS {
+            "1"
+        } else {
+            ""
+        };
+        let mut resp = (status, [(header::CONTENT_TYPE, "text/html")], body).into_response();
+        if let Ok(v) = header::HeaderValue::from_str(reset)
+            && !reset.is_empty()
+        {
+            resp.headers_mut().insert("ratelimit-reset", v);
+        }
+        return Some(resp);
     }
     let number = s.builds[i].number;
     // Presigned as S3 signs: when, and for how long (a minute), on the stand-in's clock.

@@ -112,12 +112,15 @@ pub(super) struct Limit {
     pub(super) used: u32,
     /// Calls answered 429.
     pub(super) refused: usize,
+    /// Calls taken in each window that has ended.
+    pub(super) history: Vec<u32>,
 }
 
 impl Limit {
     /// Counts a call at `now`; `Err(reset seconds)` when it is over the limit.
     pub(super) fn take(&mut self, now: Millis) -> Result<(), u64> {
         if now - self.started >= self.window {
+            self.history.push(self.used);
             self.started = now;
             self.used = 0;
         }

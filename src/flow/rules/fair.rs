@@ -33,20 +33,28 @@ pub(crate) fn waiting_order(open: &[OpenJob]) -> Vec<&OpenJob> {
 }
 
 /// The waiting jobs to release now: in waiting order, each whose user has fewer than
-/// `limit` jobs in flight (open and not waiting), counting those released before it.
-pub(crate) fn releases(open: &[OpenJob], limit: usize) -> Vec<&OpenJob> {
+/// `limit` jobs in flight (open and not waiting), counting those released before it; then,
+/// while the queue has more `agents` than jobs in flight, the next in waiting order whatever
+/// their user's count: a GPU left idle helps no one, and a job released this way is running
+/// (not queued ahead of anyone) by the time another user's next job comes.
+pub(crate) fn releases(open: &[OpenJob], limit: usize, agents: usize) -> Vec<&OpenJob> {
     let mut in_flight: HashMap<&str, usize> = HashMap::new();
     for job in open.iter().filter(|j| !j.waiting) {
         *in_flight.entry(user_of(job)).or_default() += 1;
     }
     let mut released = Vec::new();
+    let mut held = Vec::new();
     for job in waiting_order(open) {
         let n = in_flight.entry(user_of(job)).or_default();
         if *n < limit {
             *n += 1;
             released.push(job);
+        } else {
+            held.push(job);
         }
     }
+    let busy = open.iter().filter(|j| !j.waiting).count() + released.len();
+    released.extend(held.into_iter().take(agents.saturating_sub(busy)));
     released
 }
 
@@ -185,11 +193,35 @@ mod tests {
             open("a3", "alice", 3, JobState::Submitted, true),
             open("b1", "bob", 4, JobState::Submitted, true),
         ];
-        assert_eq!(ids(&releases(&q, 2)), ["b1"]);
+        assert_eq!(ids(&releases(&q, 2, 0)), ["b1"]);
         // One of alice's finished: her third goes, bob's too.
-        assert_eq!(ids(&releases(&q[1..], 2)), ["a3", "b1"]);
+        assert_eq!(ids(&releases(&q[1..], 2, 0)), ["a3", "b1"]);
         // With a limit of one, alice's third waits still.
-        assert_eq!(ids(&releases(&q[1..], 1)), ["b1"]);
+        assert_eq!(ids(&releases(&q[1..], 1, 0)), ["b1"]);
+    }
+
+    #[test]
+    fn idle_gpus_take_waiting_jobs_past_their_user_s_share() {
+        let q = [
+            open("h1", "heavy", 1, JobState::Running, false),
+            open("h2", "heavy", 2, JobState::Running, false),
+            open("h3", "heavy", 3, JobState::Submitted, true),
+            open("h4", "heavy", 4, JobState::Submitted, true),
+            open("h5", "heavy", 5, JobState::Submitted, true),
+            open("l1", "light", 6, JobState::Submitted, true),
+        ];
+        // (agents, released): the light job first by share, then the heavy user's next
+        // ones while GPUs would idle, never more than there are GPUs.
+        let cases: [(usize, &[&str]); 5] = [
+            (0, &["l1"]),
+            (2, &["l1"]),
+            (3, &["l1"]),
+            (5, &["l1", "h3", "h4"]),
+            (9, &["l1", "h3", "h4", "h5"]),
+        ];
+        for (agents, expected) in cases {
+            assert_eq!(ids(&releases(&q, 2, agents)), expected, "{agents} agents");
+        }
     }
 
     #[test]
@@ -209,7 +241,10 @@ mod tests {
             ["anon2", "h1", "m1", "l1", "anon", "h2", "m2", "h3"],
             "each job without a user is a user of its own"
         );
-        assert_eq!(ids(&releases(&q, 1)), ["anon2", "h1", "m1", "l1", "anon"]);
+        assert_eq!(
+            ids(&releases(&q, 1, 0)),
+            ["anon2", "h1", "m1", "l1", "anon"]
+        );
     }
 
     #[test]

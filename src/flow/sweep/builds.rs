@@ -2,11 +2,12 @@
 //! look, read from two listings (live builds, ended builds) rather than a GET each, in
 //! bookmark order as far as the pass's call budget goes.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use tracing::warn;
 
 use super::super::advance::EventOutcome;
+use super::super::catch_up;
 use super::super::create::{Tried, create_deferred};
 use super::super::follow::{PipelineSeen, follow, look_at_build, overdue_now};
 use super::super::{Deps, DispatchError};
@@ -72,7 +73,9 @@ pub(super) async fn buildkite_work(
             sweep_open(d, &job, false, &mut pipeline, deadline, report).await?;
         }
     }
-    // Deadlines and cancels are handled whatever the job's age.
+    // Deadlines, cancels and finishes the rate limit deferred are handled whatever the
+    // job's age.
+    let deferred = deferred_finishes(d, open).await;
     let due: Vec<&Listed> = open
         .iter()
         .filter(|j| j.build.is_some())
@@ -80,9 +83,24 @@ pub(super) async fn buildkite_work(
             j.created_at <= now - min_age
                 || j.cancel_requested
                 || overdue_now(d, j.timeline()).is_some()
+                || deferred.contains(j.run_id.as_str())
         })
         .collect();
     follow_builds(d, &due, &mut pipeline, deadline, report).await
+}
+
+/// The open jobs' finishes that Buildkite's rate limit deferred, from their queues' lists
+/// (one that cannot be read is logged: its jobs wait for their age).
+async fn deferred_finishes(d: &Deps, open: &[Listed]) -> HashSet<String> {
+    let queues: BTreeSet<&str> = open.iter().map(|j| j.queue.as_str()).collect();
+    let mut out = HashSet::new();
+    for queue in queues {
+        match catch_up::finishes(d, queue).await {
+            Ok(list) => out.extend(list),
+            Err(e) => warn!(error = %e, queue, "deferred finishes wait for their age"),
+        }
+    }
+    out
 }
 
 /// One open job: create its build if that is due, else (`check_build`) follow its build.
