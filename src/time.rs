@@ -73,6 +73,12 @@ impl Clock {
             .fetch_add(by.as_millis() as i64, Ordering::Relaxed);
     }
 
+    /// As [`Self::sleep`], for `ms` milliseconds (none when negative): a limit's reset as
+    /// the clients keep it.
+    pub(crate) async fn sleep_ms(&self, ms: Millis) {
+        self.sleep(Duration::from_millis(ms.max(0) as u64)).await;
+    }
+
     /// Waits until `span` has passed on this clock: a rate limit's reset is honoured on the
     /// same clock the limit was counted on.
     pub async fn sleep(&self, span: Duration) {

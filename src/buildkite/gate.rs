@@ -166,9 +166,7 @@ impl RateGate {
 
     /// Waits `ms` on the service's clock.
     pub(crate) async fn wait(&self, ms: Millis) {
-        self.clock
-            .sleep(std::time::Duration::from_millis(ms.max(0) as u64))
-            .await;
+        self.clock.sleep_ms(ms).await;
     }
 }
 
