@@ -222,6 +222,7 @@ mod tests {
     fn the_step_is_retried_on_the_runner_s_infrastructure_exit_code() {
         let limits = retry_limits();
         assert!(limits.contains(&(75, 2)), "{limits:?}");
+        assert!(limits.contains(&(76, 1)), "{limits:?}");
         assert!(limits.contains(&(-1, 2)), "{limits:?}");
     }
 

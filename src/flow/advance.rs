@@ -61,11 +61,12 @@ pub(crate) async fn advance(
                 d.metrics
                     .put(&verdict, &[("JobsFinished", Unit::Count, 1.0)]);
             }
-            // The user's report first; then the fleet's notes and the queue's waiting jobs.
+            // The fleet's notes of its tries first, so a function killed while sending loses
+            // no incident (whether or not the job has a report to send); the user's report
+            // and callback; the operators told; then the queue's waiting jobs.
+            let noted = fleet::note_finish(d, &job).await;
             let delivered = deliver::deliver(d, &job, deadline).await;
-            if job.outcome.is_some() {
-                fleet::record_finish(d, &job, deadline).await;
-            }
+            fleet::tell_noted(d, noted, deadline).await;
             if job.state.is_terminal() {
                 // Its slot on the queue is free: fair share's waiting jobs may go.
                 fair::after_end(d, &job, deadline).await;

@@ -13,6 +13,7 @@ use std::time::Duration;
 use tracing::{info, warn};
 
 use super::Deps;
+use super::fleet;
 use super::present;
 use super::rules::outbox::{self, Answer, LEASE_SLACK_MS};
 use crate::callback::CallbackError;
@@ -51,7 +52,28 @@ fn name(channel: Channel) -> &'static str {
 }
 
 /// Drives the job's outbox to `channel` within `deadline`; returns the job as last seen.
+/// Before what an ended job owes goes out, its tries are noted on the fleet's records (if
+/// the function that ended it could not: a no-op otherwise), so none is lost to a function
+/// killed between the two; what that decided is told to the operators after the send.
 pub(crate) async fn drain(
+    d: &Deps,
+    channel: Channel,
+    seen: &Job,
+    deadline: Deadline,
+) -> Result<Option<Job>, StoreError> {
+    let ends = seen.outcome.is_some() && seen.owes(channel);
+    let noted = if ends {
+        fleet::note_finish(d, seen).await
+    } else {
+        Vec::new()
+    };
+    let drained = drain_outbox(d, channel, seen, deadline).await;
+    fleet::tell_noted(d, noted, deadline).await;
+    drained
+}
+
+/// The outbox to `channel` driven within `deadline`; the job as last seen.
+async fn drain_outbox(
     d: &Deps,
     channel: Channel,
     seen: &Job,

@@ -1,15 +1,18 @@
 //! The GPU fleet as operators see it: each finished job's tries noted on their agents'
-//! records, agent events of our queues noted too, each new incident told once to the
-//! operators' Discord channel and counted (`GpuIncidents`, alarmed), and `GET /fleet`.
-//! Records live in the store's shared values (`~agent/<name>`, listed in `~fleet`),
-//! changed by compare-and-swap, so two instances seeing one finish tell it once.
+//! records before its report goes out, agent events of our queues noted too, each new
+//! incident told once to the operators' Discord channel and counted (`GpuIncidents`,
+//! alarmed), and `GET /fleet`. Records live in the store's shared values (`~agent/<name>`,
+//! listed in `~fleet`), changed by compare-and-swap, so two instances seeing one finish
+//! decide its incident once. An incident is kept on its record until told: what a killed
+//! function or a failed post left, and agents that stayed offline, the sweep tells
+//! ([`sweep_fleet`]).
 
 use serde::Serialize;
 use tracing::{info, warn};
 
 use super::Deps;
 use super::queues::{self, QueueError};
-use super::rules::fleet::{AgentRecord, DAY_MS, Incident, Since};
+use super::rules::fleet::{AgentRecord, DAY_MS, Incident, Pending, SeenTry, Since};
 use super::rules::tries::{MAX_NAME_CHARS, clean};
 use crate::buildkite::Agent;
 use crate::discord::{AllowedMentions, Message};
@@ -26,38 +29,72 @@ const FLEET_KEY: &str = "~fleet";
 const MAX_TRIES: usize = 8;
 /// Agents the fleet's list holds at most (one item in the store): donated nodes number tens.
 const MAX_AGENTS: usize = 1000;
-/// The operators' post is one try this long at most: the user's report went first, and the
-/// metric's alarm holds when the post fails.
+/// The operators' post is one try this long at most: the user's report went first, and an
+/// incident whose post fails is told by the sweep.
 const OPS_POST: std::time::Duration = std::time::Duration::from_secs(5);
 
 fn agent_key(name: &str) -> String {
     format!("~agent/{name}")
 }
 
-/// After `job` ended (written by this instance): each try's agent notes it, and each
-/// infrastructure failure is told to the operators once.
-pub(crate) async fn record_finish(d: &Deps, job: &Job, deadline: Deadline) {
+/// An incident decided on an agent's record, to be told.
+#[derive(Clone, Debug)]
+pub(crate) struct Noted {
+    agent: String,
+    queue: String,
+    pending: Pending,
+}
+
+/// Before `job`'s report goes out: each try's agent notes it, and each incident it makes is
+/// decided (counted, and kept on the agent's record until told). Only a job that ended
+/// within the last day is noted: an operator's resend of an old report changes no record.
+/// What this instance decided, to tell once the report is out.
+pub(crate) async fn note_finish(d: &Deps, job: &Job) -> Vec<Noted> {
     let Some(outcome) = job.outcome.as_deref() else {
-        return;
+        return Vec::new();
     };
     let now = d.clock.now();
+    if now - job.created_at >= DAY_MS {
+        return Vec::new();
+    }
     let last = outcome.tries.len().saturating_sub(1);
+    let mut noted = Vec::new();
     for (i, t) in outcome.tries.iter().enumerate() {
         if t.agent.is_empty() {
             continue;
         }
-        let readings = t.result.then(|| readings_of(outcome)).flatten();
-        let retried = i < last;
-        let seen = |r: &mut AgentRecord| r.saw_try(t, readings, retried, now);
-        match update(d, &t.agent, &job.queue, seen).await {
-            Ok(Some(incident)) => {
-                tell(d, &t.agent, &job.queue, &incident, Some(job), deadline).await;
+        let seen = SeenTry {
+            t,
+            run_id: job.run_id.as_str(),
+            readings: t.result.then(|| readings_of(outcome)).flatten(),
+            retried: i < last,
+            ended_at: job.updated_at,
+        };
+        let decide =
+            |r: &mut AgentRecord| r.saw_try(seen, now).and_then(|_| r.pending.last().cloned());
+        match update(d, &t.agent, &job.queue, decide).await {
+            Ok(Some(pending)) => {
+                count(d, &t.agent, &job.queue, &pending.incident);
+                noted.push(Noted {
+                    agent: t.agent.clone(),
+                    queue: job.queue.clone(),
+                    pending,
+                });
             }
             Ok(None) => {}
             Err(e) => {
                 warn!(error = %e, agent = %t.agent, "the agent's record could not be written")
             }
         }
+    }
+    noted
+}
+
+/// Tells each incident in `noted` to the operators; one told is no longer pending on its
+/// record, one whose post failed stays for the sweep.
+pub(crate) async fn tell_noted(d: &Deps, noted: Vec<Noted>, deadline: Deadline) {
+    for n in noted {
+        tell(d, &n.agent, &n.queue, &n.pending, deadline).await;
     }
 }
 
@@ -73,7 +110,8 @@ fn readings_of(outcome: &Outcome) -> Option<&[GpuReading]> {
 }
 
 /// An agent event (`agent.lost`, `agent.connected`, …): noted on the agent's record when
-/// it serves one of our queues; a new incident is told. Whether it was one of ours.
+/// it serves one of our queues (going offline becomes an incident only if it lasts, see
+/// [`sweep_fleet`]). Whether it was one of ours.
 pub(crate) async fn on_agent_event(
     d: &Deps,
     event: &str,
@@ -94,10 +132,120 @@ pub(crate) async fn on_agent_event(
         return Ok(false);
     }
     let now = d.clock.now();
-    if let Some(incident) = update(d, &name, queue, |r| r.saw_event(event, now)).await? {
-        tell(d, &name, queue, &incident, None, deadline).await;
+    let decide = |r: &mut AgentRecord| {
+        r.saw_event(event, now)
+            .and_then(|_| r.pending.last().cloned())
+    };
+    if let Some(pending) = update(d, &name, queue, decide).await? {
+        count(d, &name, queue, &pending.incident);
+        tell(d, &name, queue, &pending, deadline).await;
     }
     Ok(true)
+}
+
+/// What the sweep's look at the fleet did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct FleetSwept {
+    /// Incidents told to the operators.
+    pub(crate) told: usize,
+    /// Agents whose record could not be read or written (the next pass looks again).
+    pub(crate) errors: usize,
+}
+
+/// The sweep's look at the fleet within `deadline`: an agent offline past the grace (and not
+/// listed connected by the agents API after all) becomes an incident, and every incident a
+/// function decided but did not tell (killed mid-delivery, or its post failed) is told. A
+/// pass starts at another agent each minute, so a short one does not always serve the same.
+pub(crate) async fn sweep_fleet(d: &Deps, deadline: Deadline) -> Result<FleetSwept, StoreError> {
+    let names = names_in(d.store.cached(FLEET_KEY).await?.as_ref());
+    let start = usize::try_from(d.clock.now() / 60_000).unwrap_or(0) % names.len().max(1);
+    let mut listing = Listing::default();
+    let mut swept = FleetSwept::default();
+    for name in names.iter().cycle().skip(start).take(names.len()) {
+        if deadline.remaining() < OPS_POST {
+            break;
+        }
+        match sweep_agent(d, name, &mut listing, deadline).await {
+            Ok(told) => swept.told += told,
+            Err(e) => {
+                warn!(error = %e, agent = %name, "the agent's record could not be swept");
+                swept.errors += 1;
+            }
+        }
+    }
+    Ok(swept)
+}
+
+/// The agents the agents API lists connected, read once a pass and only when an agent's
+/// offline incident is due: an event lost or come out of order must not make one.
+#[derive(Default)]
+struct Listing {
+    read: bool,
+    connected: Option<(Vec<String>, Millis)>,
+}
+
+impl Listing {
+    /// When a list that names `name` was read, if one does.
+    async fn connected_at(&mut self, d: &Deps, name: &str, deadline: Deadline) -> Option<Millis> {
+        if !self.read {
+            self.read = true;
+            match queues::agents(d, deadline).await {
+                // At most a refresh old: read after an agent that went away 5 minutes ago.
+                Ok(list) => {
+                    let names = list.into_iter().map(|a| a.name).collect();
+                    self.connected = Some((names, d.clock.now() - queues::REFRESH_MS));
+                }
+                Err(e) => {
+                    warn!(error = %e, "the agents list could not be read; offline agents are judged by their events")
+                }
+            }
+        }
+        let (names, at) = self.connected.as_ref()?;
+        names.iter().any(|n| n == name).then_some(*at)
+    }
+}
+
+/// One agent's record swept: its offline incident decided (unless it is listed connected),
+/// and what no one tells taken and told. How many were told.
+async fn sweep_agent(
+    d: &Deps,
+    name: &str,
+    listing: &mut Listing,
+    deadline: Deadline,
+) -> Result<usize, StoreError> {
+    let Some(record) = read_record(d, name).await? else {
+        return Ok(0);
+    };
+    let now = d.clock.now();
+    let listed_at = match record.offline_due_soon(now) {
+        true => listing.connected_at(d, name, deadline).await,
+        false => None,
+    };
+    let look = |r: &mut AgentRecord| {
+        if let Some(at) = listed_at {
+            r.seen_connected(at);
+        }
+        let offline = r.offline_due(now).and_then(|_| r.pending.last().cloned());
+        Some((offline, r.take_overdue(now)))
+    };
+    let Some((offline, mut to_tell)) = update(d, name, &record.queue, look).await? else {
+        return Ok(0);
+    };
+    if let Some(pending) = offline {
+        count(d, name, &record.queue, &pending.incident);
+        to_tell.push(pending);
+    }
+    let mut told = 0;
+    for pending in to_tell {
+        told += usize::from(tell(d, name, &record.queue, &pending, deadline).await);
+    }
+    Ok(told)
+}
+
+/// Agent `name`'s record as stored, if it has one.
+async fn read_record(d: &Deps, name: &str) -> Result<Option<AgentRecord>, StoreError> {
+    let entry = d.store.cached(&agent_key(name)).await?;
+    Ok(entry.and_then(|e| serde_json::from_str(e.value.as_deref()?).ok()))
 }
 
 /// Reads, changes and writes agent `name`'s record if nobody wrote it in between (else
@@ -175,42 +323,47 @@ fn names_in(entry: Option<&CacheEntry>) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Counts the incident and posts it to the operators' channel, when there is one. A post
-/// that fails is logged: the metric's alarm still tells the operators.
-async fn tell(
-    d: &Deps,
-    agent: &str,
-    queue: &str,
-    incident: &Incident,
-    job: Option<&Job>,
-    deadline: Deadline,
-) {
-    let kind = match incident {
-        Incident::Infra { .. } => "infra",
-        Incident::Offline { .. } => "offline",
-    };
+/// Counts a newly decided incident: the metric's alarm tells the operators even when the
+/// post does not.
+fn count(d: &Deps, agent: &str, queue: &str, incident: &Incident) {
+    let kind = incident.kind();
     // By kind only: the alarm in template.yaml names each series (the queue is in the log
     // line and the message).
     d.metrics
         .put(&[("Kind", kind)], &[("GpuIncidents", Unit::Count, 1.0)]);
     warn!(agent, queue, kind, "GPU incident");
-    let Some(target) = &d.ops_discord else {
-        return;
-    };
-    let message = Message {
-        content: incident_text(agent, queue, incident, job),
-        embeds: Vec::new(),
-        allowed_mentions: AllowedMentions::default(),
-        file: None,
-    };
-    let once = d.discord.clone().with_retry(Policy {
-        attempts: 1,
-        ..Policy::default()
-    });
-    let deadline = Deadline::after(OPS_POST.min(deadline.remaining()));
-    if let Err(e) = once.post(target, &message, deadline).await {
-        warn!(error = %e, agent, "the operators' channel could not be told");
+}
+
+/// Posts `pending` to the operators' channel (one short try) and, once it went, marks it
+/// told on the agent's record. Whether it is told; without a channel there is nothing to
+/// post, so it is.
+async fn tell(d: &Deps, agent: &str, queue: &str, pending: &Pending, deadline: Deadline) -> bool {
+    if let Some(target) = &d.ops_discord {
+        let message = Message {
+            content: incident_text(agent, queue, &pending.incident, pending.run_id.as_deref()),
+            embeds: Vec::new(),
+            allowed_mentions: AllowedMentions::default(),
+            file: None,
+        };
+        let once = d.discord.clone().with_retry(Policy {
+            attempts: 1,
+            ..Policy::default()
+        });
+        let deadline = Deadline::after(OPS_POST.min(deadline.remaining()));
+        if let Err(e) = once.post(target, &message, deadline).await {
+            warn!(error = %e, agent, "the operators' channel could not be told; the sweep will try again");
+            return false;
+        }
     }
+    let key = pending.key.clone();
+    let done = |r: &mut AgentRecord| {
+        r.was_told(&key);
+        Some(())
+    };
+    if let Err(e) = update(d, agent, queue, done).await {
+        warn!(error = %e, agent, "a told incident could not be marked so; it may be told again");
+    }
+    true
 }
 
 /// The operators' message: which agent, what happened, and what the service did about it.
@@ -218,9 +371,10 @@ pub(crate) fn incident_text(
     agent: &str,
     queue: &str,
     incident: &Incident,
-    job: Option<&Job>,
+    run_id: Option<&str>,
 ) -> String {
     let who = format!("Agent {} (queue {})", span(agent), span(queue));
+    let run = run_id.map_or(String::new(), |r| format!(" Run {}.", span(r)));
     match incident {
         Incident::Infra {
             reason,
@@ -228,9 +382,6 @@ pub(crate) fn incident_text(
             retried,
             ..
         } => {
-            let run = job.map_or(String::new(), |j| {
-                format!(" Run {}.", span(j.run_id.as_str()))
-            });
             let then = match (paused, retried) {
                 (true, true) => " It paused itself; the job was retried on another agent.",
                 (true, false) => {
@@ -251,9 +402,21 @@ pub(crate) fn incident_text(
                 plain(reason)
             )
         }
-        Incident::Offline { event } => format!(
-            "🔌 {who}: {}. Its jobs run on the queue's other agents until it connects again.",
-            plain(event)
+        Incident::Offline { event, since } => format!(
+            "🔌 {who}: {} <t:{}:R>, and not back since. Its jobs run on the queue's other \
+             agents until it connects again.",
+            plain(event),
+            since / 1000
+        ),
+        Incident::Heat {
+            submissions,
+            reason,
+        } => format!(
+            "🌡 {who}: timed runs of {submissions} different submissions stayed throttled on \
+             it within a day (the last: {}).{run} One can be a kernel's own heat; several on \
+             one agent point at its cooling or power. It was not paused: check it, and pause \
+             it in Buildkite if it needs work.",
+            plain(reason)
         ),
     }
 }
@@ -274,6 +437,9 @@ pub struct FleetAgent {
     pub paused_since: Option<Millis>,
     pub jobs_24h: usize,
     pub infra_failures_24h: usize,
+    /// Its tries whose timed run stayed throttled after the submission ran (perhaps the
+    /// kernel's own heat): an incident only at three submissions a day.
+    pub throttled_24h: usize,
     /// Its last pre-flight's readings (or its failed check's), and when.
     pub readings: Vec<GpuReading>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -296,10 +462,7 @@ pub async fn view(d: &Deps, deadline: Deadline) -> Result<Vec<FleetAgent>, Queue
     let names = names_in(d.store.cached(FLEET_KEY).await?.as_ref());
     let mut records = Vec::new();
     for name in &names {
-        let entry = d.store.cached(&agent_key(name)).await?;
-        if let Some(r) = entry.and_then(|e| serde_json::from_str(e.value.as_deref()?).ok()) {
-            records.push(r);
-        }
+        records.extend(read_record(d, name).await?);
     }
     Ok(fleet(d, &seen, records))
 }
@@ -329,7 +492,7 @@ fn row(r: AgentRecord, seen: &[queues::SeenAgent], now: Millis) -> FleetAgent {
         (None, Some(Since { why, .. })) => why.trim_start_matches("agent.").to_owned(),
         (None, None) => "not connected".to_owned(),
     };
-    let (jobs_24h, infra_failures_24h) = r.counts_since(now - DAY_MS);
+    let (jobs_24h, infra_failures_24h, throttled_24h) = r.counts_since(now - DAY_MS);
     // The agents API says whether it is paused now (resumed by hand, or timed out); the
     // record says why its hook paused it, and since when.
     let ours = r.paused.as_ref().map(|p| (p.why.clone(), p.at));
@@ -352,6 +515,7 @@ fn row(r: AgentRecord, seen: &[queues::SeenAgent], now: Millis) -> FleetAgent {
         paused_since,
         jobs_24h,
         infra_failures_24h,
+        throttled_24h,
         readings: r.readings,
         readings_at: r.readings_at,
         name: r.name,
@@ -392,10 +556,25 @@ mod tests {
         );
         let offline = Incident::Offline {
             event: "agent.lost".into(),
+            since: 1_795_600_000_000,
         };
         let text = incident_text("node-gpu0", "h100", &offline, None);
         assert!(
-            text.contains("agent.lost") && text.contains("other agents"),
+            text.contains("agent.lost <t:1795600000:R>, and not back since")
+                && text.contains("other agents"),
+            "{text}"
+        );
+        let heat = Incident::Heat {
+            submissions: 3,
+            reason: "throttled: SwThermalSlowdown *hot*".into(),
+        };
+        let text = incident_text("node-gpu0", "h100", &heat, Some("run-7"));
+        assert!(
+            text.starts_with(
+                "🌡 Agent `node-gpu0` (queue `h100`): timed runs of 3 different submissions"
+            ) && text.contains("Run `run-7`.")
+                && text.contains("not paused")
+                && !text.contains("*hot*"),
             "{text}"
         );
     }

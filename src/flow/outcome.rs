@@ -140,8 +140,7 @@ async fn outcome_with(
     };
     let mut outcome = Outcome::judge(&state, result, error).with_timings(build.timings());
     outcome.profile_zips = zips;
-    let node_failed = outcome.result.as_ref().and_then(|r| r.infra.as_ref());
-    outcome.tries = tries(build, result_job.as_deref(), node_failed);
+    outcome.tries = tries(build, result_job.as_deref(), outcome.result.as_ref());
     let links = d.config.profile_links.as_ref();
     Ok(profiles::attach(links, run_id, d.clock.now(), outcome))
 }

@@ -16,7 +16,7 @@ use crate::time::Millis;
 /// The store key of the shared agents list (`~` never starts a run id).
 pub(crate) const AGENTS_KEY: &str = "~agents";
 /// The agents list is refreshed at most this often, by one instance.
-const REFRESH_MS: Millis = 60_000;
+pub(crate) const REFRESH_MS: Millis = 60_000;
 /// A list this old is not served: the agents API has been failing for minutes.
 const MAX_STALE_MS: Millis = 10 * 60_000;
 /// While another instance fetches the first list, wait this long for it at most.

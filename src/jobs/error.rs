@@ -23,4 +23,9 @@ impl StoreError {
     pub(crate) fn corrupt(e: impl Into<BoxError>) -> Self {
         Self::Corrupt(e.into())
     }
+
+    /// One job's writers kept overtaking each other: that job's trouble, not the store's.
+    pub(crate) fn is_contention(&self) -> bool {
+        matches!(self, Self::Unavailable(e) if e.is::<super::update::KeptChanging>())
+    }
 }

@@ -33,7 +33,7 @@ const MAX_ROUNDS: usize = 16;
 /// Another writer won every round: the job is changing faster than it can be decided on.
 #[derive(Debug, thiserror::Error)]
 #[error("job {0} kept changing under {MAX_ROUNDS} tries")]
-struct KeptChanging(RunId);
+pub(crate) struct KeptChanging(RunId);
 
 /// Applies `change` (a pure decision: the next job, or `None` for no change) to the job as
 /// stored, deciding again whenever another writer got there first.
@@ -88,4 +88,19 @@ async fn decide(
         }
     }
     Err(StoreError::unavailable(KeptChanging(run_id)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A job whose writers kept overtaking each other is told apart from a store that
+    /// cannot be reached: the sweep counts the one and stops for the other.
+    #[test]
+    fn contention_is_one_job_s_and_unavailability_the_store_s() {
+        let run_id: RunId = "r1".parse().unwrap();
+        assert!(StoreError::unavailable(KeptChanging(run_id)).is_contention());
+        assert!(!StoreError::unavailable("connection refused").is_contention());
+        assert!(!StoreError::TooLarge.is_contention());
+    }
 }

@@ -47,13 +47,14 @@ pub fn jobs_table(jobs: &[Listed], now: Millis) -> String {
     table(HEADER, jobs.iter().map(|j| row(j, now)))
 }
 
-const FLEET_HEADER: [&str; 8] = [
+const FLEET_HEADER: [&str; 9] = [
     "AGENT",
     "QUEUE",
     "STATE",
     "PAUSED",
     "JOBS 24H",
     "INFRA 24H",
+    "THROTTLED 24H",
     "LAST READINGS",
     "READ",
 ];
@@ -67,7 +68,7 @@ fn reading(r: &GpuReading) -> String {
     parts.join(" ")
 }
 
-fn fleet_row(a: &FleetAgent, now: Millis) -> [String; 8] {
+fn fleet_row(a: &FleetAgent, now: Millis) -> [String; 9] {
     let state = if a.busy {
         format!("{} (busy)", a.connection_state)
     } else {
@@ -86,6 +87,7 @@ fn fleet_row(a: &FleetAgent, now: Millis) -> [String; 8] {
         paused,
         a.jobs_24h.to_string(),
         a.infra_failures_24h.to_string(),
+        a.throttled_24h.to_string(),
         if readings.is_empty() {
             "-".into()
         } else {
@@ -137,6 +139,7 @@ mod tests {
             paused_since: Some(1_000),
             jobs_24h: 7,
             infra_failures_24h: 1,
+            throttled_24h: 2,
             readings: vec![GpuReading {
                 index: 0,
                 temperature_c: Some(41.0),
@@ -154,8 +157,9 @@ mod tests {
             "h100",
             "connected (busy)",
             "ecc_errors: 3 (2m 0s ago)",
-            "7",
-            "1",
+            "7  ",
+            "1  ",
+            "2  ",
             "0: 41°C 1980MHz ecc 3",
             "1m 0s ago",
         ] {

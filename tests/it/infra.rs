@@ -17,7 +17,17 @@ fn infra(file: &str) -> PathBuf {
         .join(file)
 }
 
-/// A directory of stub tools standing in for the GPU vendor's CLI.
+fn fixture(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(path)
+}
+
+/// A directory of stand-ins for the node's tools, first on setup's `PATH`: the vendor's GPU
+/// tools (`tests/fixtures/gpu-*`, with that many GPUs unless a test's `GPU_STANDIN_GPUS`
+/// says otherwise; a stub `rocm-smi` listing the AMD cards), `lscpu` (`tests/fixtures/cpu`:
+/// the topology in `CPU_STANDIN_TOPOLOGY`), `buildkite-agent` (its version in
+/// `BUILDKITE_AGENT_STANDIN_VERSION`) and `hostname`.
 fn stubs(nvidia_gpus: usize, amd_gpus: usize) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let write = |name: &str, body: String| {
@@ -25,17 +35,28 @@ fn stubs(nvidia_gpus: usize, amd_gpus: usize) -> tempfile::TempDir {
         std::fs::write(&path, format!("#!/bin/sh\n{body}")).unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
     };
+    let standin = |name: &str, path: &str, gpus: usize| {
+        let exec = format!("exec '{}' \"$@\"\n", fixture(path).display());
+        write(
+            name,
+            format!(": \"${{GPU_STANDIN_GPUS:={gpus}}}\"\nexport GPU_STANDIN_GPUS\n{exec}"),
+        );
+    };
     if nvidia_gpus > 0 {
-        let lines: String = (0..nvidia_gpus)
-            .map(|i| format!("GPU {i}: NVIDIA H100 80GB HBM3 (UUID: GPU-0000000{i}-aaaa-bbbb-cccc-dddddddddddd)\\n"))
-            .collect();
-        write("nvidia-smi", format!("printf '{lines}'\n"));
+        standin("nvidia-smi", "gpu-nvidia/nvidia-smi", nvidia_gpus);
     }
     if amd_gpus > 0 {
+        standin("amd-smi", "gpu-amd/amd-smi", amd_gpus);
         let cards: Vec<String> = (0..amd_gpus)
             .map(|i| format!("\"card{i}\": {{\"Card Series\": \"AMD Instinct MI300X\"}}"))
             .collect();
         write("rocm-smi", format!("echo '{{{}}}'\n", cards.join(", ")));
+    }
+    for (name, path) in [
+        ("lscpu", "cpu/lscpu"),
+        ("buildkite-agent", "buildkite-agent/buildkite-agent"),
+    ] {
+        write(name, format!("exec '{}' \"$@\"\n", fixture(path).display()));
     }
     write("hostname", "echo gpunode\n".into());
     dir
@@ -129,14 +150,15 @@ fn a_two_gpu_nvidia_node_gets_two_isolated_agents() {
         tools.path(),
         &[
             ("QUEUE", "h100"),
-            ("NODE_CPUS", "16"),
+            ("CPU_STANDIN_TOPOLOGY", "1x16x1"),
             ("NODE_MEMORY_GB", "72"),
         ],
     );
     assert_eq!(s.code, 0, "{}", s.output);
+    // 16 cores, one kept for the host: 7 each.
     assert!(
         s.output
-            .contains("2 nvidia GPU(s) on queue h100: 8 CPUs and 32 GiB each"),
+            .contains("2 nvidia GPU(s) on queue h100: 7 CPUs and 32 GiB each"),
         "{}",
         s.output
     );
@@ -177,9 +199,10 @@ fn a_two_gpu_nvidia_node_gets_two_isolated_agents() {
     }
     let slice = read(root.path(), "/etc/systemd/system/kernelbot-gpu1.slice");
     assert!(
-        slice.contains("AllowedCPUs=8-15")
+        slice.contains("AllowedCPUs=8-14")
+            && slice.contains("AllowedMemoryNodes=0")
             && slice.contains("MemoryMax=32G")
-            && slice.contains("CPUQuota=800%"),
+            && slice.contains("CPUQuota=700%"),
         "{slice}"
     );
     let unit = read(
@@ -202,9 +225,9 @@ fn a_two_gpu_nvidia_node_gets_two_isolated_agents() {
         ("CUDA_VISIBLE_DEVICES", "0"),
         ("BUILDKITE_PLUGIN_DOCKER_GPUS", "device=1"),
         ("KERNELBOT_GPU_INDEX", "1"),
-        ("KERNELBOT_CPUSET", "8-15"),
+        ("KERNELBOT_CPUSET", "8-14"),
         ("KERNELBOT_MEMORY", "32g"),
-        ("BUILDKITE_PLUGIN_DOCKER_CPUS", "8"),
+        ("BUILDKITE_PLUGIN_DOCKER_CPUS", "7"),
         ("BUILDKITE_PLUGIN_DOCKER_MEMORY", "32g"),
         ("BUILDKITE_PLUGIN_DOCKER_MEMORY_SWAP", "32g"),
         ("BUILDKITE_CLEAN_CHECKOUT", "true"),
@@ -231,21 +254,22 @@ fn an_eight_gpu_amd_node_binds_rocm_devices() {
         tools.path(),
         &[
             ("QUEUE", "mi300"),
-            ("NODE_CPUS", "128"),
+            ("CPU_STANDIN_TOPOLOGY", "1x128x1"),
             ("NODE_MEMORY_GB", "1032"),
             ("RENDER_NODES", RENDER_NODES),
         ],
     );
     assert_eq!(s.code, 0, "{}", s.output);
+    // 128 cores, one kept for the host: 15 each.
     assert!(
         s.output
-            .contains("8 amd GPU(s) on queue mi300: 16 CPUs and 128 GiB each"),
+            .contains("8 amd GPU(s) on queue mi300: 15 CPUs and 128 GiB each"),
         "{}",
         s.output
     );
     for idx in 0..8 {
         let env = hook_env(root.path(), idx);
-        let cpuset = format!("{}-{}", idx * 16, idx * 16 + 15);
+        let cpuset = format!("{}-{}", 1 + idx * 15, 15 + idx * 15);
         // One render node in the container: there, the GPU is device 0.
         assert_eq!(env["ROCR_VISIBLE_DEVICES"], "0");
         assert_eq!(env["HIP_VISIBLE_DEVICES"], "0");
@@ -280,7 +304,7 @@ fn an_eight_gpu_amd_node_binds_rocm_devices() {
         tools.path(),
         &[
             ("QUEUE", "mi300"),
-            ("NODE_CPUS", "128"),
+            ("CPU_STANDIN_TOPOLOGY", "1x128x1"),
             ("NODE_MEMORY_GB", "1032"),
             ("RENDER_NODES", "renderD128 renderD129"),
         ],
@@ -303,7 +327,7 @@ fn a_multi_gpu_node_gets_agents_holding_several_gpus() {
             let per = per_agent.to_string();
             let vars = [
                 ("QUEUE", "mi300x8"),
-                ("NODE_CPUS", "128"),
+                ("CPU_STANDIN_TOPOLOGY", "1x128x1"),
                 ("NODE_MEMORY_GB", "1032"),
                 ("RENDER_NODES", RENDER_NODES),
                 ("GPUS_PER_AGENT", per.as_str()),
@@ -312,7 +336,8 @@ fn a_multi_gpu_node_gets_agents_holding_several_gpus() {
             let s = setup(root.path(), tools.path(), &vars);
             assert_eq!(s.code, 0, "{}", s.output);
             let agents = 8 / per_agent;
-            let (cpus, gib) = (16 * per_agent, 128 * per_agent);
+            // 128 cores, one kept for the host: 15 a GPU.
+            let (cpus, gib) = (15 * per_agent, 128 * per_agent);
             let said =
                 format!("{agents} agent(s) of {per_agent} GPUs, {cpus} CPUs and {gib} GiB each");
             assert!(s.output.contains(&said), "{}", s.output);
@@ -321,7 +346,7 @@ fn a_multi_gpu_node_gets_agents_holding_several_gpus() {
                 let gpus: Vec<String> = (first..=last).map(|i| i.to_string()).collect();
                 let visible: Vec<String> = (0..per_agent).map(|i| i.to_string()).collect();
                 let env = hook_env(root.path(), first);
-                let cpuset = format!("{}-{}", agent * cpus, agent * cpus + cpus - 1);
+                let cpuset = format!("{}-{}", 1 + agent * cpus, agent * cpus + cpus);
                 assert_eq!(env["KERNELBOT_GPU_INDEX"], first.to_string());
                 assert_eq!(env["KERNELBOT_GPUS"], gpus.join(","));
                 assert_eq!(env["KERNELBOT_GPU_COUNT"], per);
@@ -569,12 +594,12 @@ fn the_docker_wrapper_runs_the_plugins_container_with_the_cpu_set_and_refuses_th
     let stub = stub_docker();
     let real = stub.path().join("docker");
     let checkout = tempfile::tempdir().unwrap();
-    for (nvidia, amd, idx, cpuset) in [(2, 0, 1, "8-15"), (0, 2, 1, "8-15")] {
+    for (nvidia, amd, idx, cpuset) in [(2, 0, 1, "8-14"), (0, 2, 1, "8-14")] {
         let root = tempfile::tempdir().unwrap();
         let tools = stubs(nvidia, amd);
         let vars = [
             ("QUEUE", "h100"),
-            ("NODE_CPUS", "16"),
+            ("CPU_STANDIN_TOPOLOGY", "1x16x1"),
             ("NODE_MEMORY_GB", "72"),
             ("PIDS_LIMIT", "2048"),
             ("RENDER_NODES", "renderD128 renderD129"),
@@ -590,9 +615,12 @@ fn the_docker_wrapper_runs_the_plugins_container_with_the_cpu_set_and_refuses_th
         let args = plugin_args(checkout.path(), &hook);
         let (code, out) = wrapped_docker(root.path(), idx, checkout.path(), &args);
         assert_eq!(code, 0, "the plugin's own container must run: {out}");
+        // Its memory on its node (one node here), as the slice says.
+        assert_eq!(hook.get("KERNELBOT_MEMS").map(String::as_str), Some("0"));
         let mut want = vec![
             "run".to_owned(),
             format!("--cpuset-cpus={cpuset}"),
+            "--cpuset-mems=0".to_owned(),
             "--pids-limit=2048".to_owned(),
         ];
         want.extend(args[1..].iter().cloned());
@@ -627,6 +655,7 @@ fn the_docker_wrapper_runs_the_plugins_container_with_the_cpu_set_and_refuses_th
             strings(&["--security-opt", "seccomp=unconfined"]),
             strings(&["--pids-limit", "-1"]),
             strings(&["--cpuset-cpus=0-63"]),
+            strings(&["--cpuset-mems", "0-1"]),
             strings(&["--runtime", "runc-unsafe"]),
             strings(&["-u", "1000"]),
             strings(&["--env", "NVIDIA_VISIBLE_DEVICES=all"]),
@@ -724,7 +753,7 @@ fn after_an_infrastructure_failure_the_agent_pauses_itself() {
     let tools = stubs(1, 0);
     let vars = [
         ("QUEUE", "h100"),
-        ("NODE_CPUS", "8"),
+        ("CPU_STANDIN_TOPOLOGY", "1x8x1"),
         ("NODE_MEMORY_GB", "32"),
         ("PAUSE_MINUTES", "90"),
     ];
@@ -803,13 +832,71 @@ fn after_an_infrastructure_failure_the_agent_pauses_itself() {
             tools.path(),
             &[
                 ("QUEUE", "h100"),
-                ("NODE_CPUS", "8"),
+                ("CPU_STANDIN_TOPOLOGY", "1x8x1"),
                 ("NODE_MEMORY_GB", "32"),
                 ("PAUSE_MINUTES", minutes),
             ],
         );
         assert_refused(&refused, "PAUSE_MINUTES must be");
     }
+}
+
+/// After the runner's exit code 76 (a timed run stayed throttled after the submission ran:
+/// perhaps its own heat) the agent notes why, as after 75, but never pauses itself, whatever
+/// infra.txt says; the job's exit status stays its own.
+#[test]
+fn after_a_run_that_stayed_throttled_the_agent_notes_it_and_never_pauses() {
+    let root = tempfile::tempdir().unwrap();
+    let tools = stubs(1, 0);
+    let vars = [
+        ("QUEUE", "h100"),
+        ("CPU_STANDIN_TOPOLOGY", "1x8x1"),
+        ("NODE_MEMORY_GB", "32"),
+        ("PAUSE_MINUTES", "90"),
+    ];
+    let s = setup(root.path(), tools.path(), &vars);
+    assert_eq!(s.code, 0, "{}", s.output);
+    let reason = "throttled: SwThermalSlowdown after the leaderboard run, twice";
+    for infra in [
+        Some(format!("pause\n{reason}\n")),
+        Some(format!("retry\n{reason}\n")),
+        None,
+    ] {
+        let r = post_command(root.path(), "76", infra.as_deref(), true);
+        assert_eq!(r.code, 0, "{}", r.output);
+        let noted = if infra.is_some() {
+            reason
+        } else {
+            "infrastructure failure (no reason written)"
+        };
+        let commands: Vec<&serde_json::Value> = r.calls.iter().map(|c| &c["command"]).collect();
+        assert_eq!(
+            commands,
+            [&serde_json::json!([
+                "meta-data",
+                "set",
+                "kernelbot-infra:0190f0e4-job",
+                noted
+            ])],
+            "{infra:?}: {}",
+            r.output
+        );
+        assert!(r.output.contains("agent not paused"), "{}", r.output);
+    }
+    // Without the agent's token the note fails: said, and the exit stays the job's.
+    let r = post_command(
+        root.path(),
+        "76",
+        Some(&format!("pause\n{reason}\n")),
+        false,
+    );
+    assert_eq!((r.code, r.calls.len()), (0, 0), "{}", r.output);
+    assert!(
+        r.output
+            .contains("could not record the infrastructure failure"),
+        "{}",
+        r.output
+    );
 }
 
 /// The hook the local stack's agent runs is the one setup-node.sh writes, byte for byte.
@@ -822,7 +909,7 @@ fn the_local_agent_runs_the_hook_setup_writes() {
         tools.path(),
         &[
             ("QUEUE", "h100"),
-            ("NODE_CPUS", "8"),
+            ("CPU_STANDIN_TOPOLOGY", "1x8x1"),
             ("NODE_MEMORY_GB", "32"),
         ],
     );
@@ -843,7 +930,7 @@ fn the_pre_command_hook_makes_a_fresh_output_directory() {
     let tools = stubs(1, 0);
     let vars = [
         ("QUEUE", "h100"),
-        ("NODE_CPUS", "8"),
+        ("CPU_STANDIN_TOPOLOGY", "1x8x1"),
         ("NODE_MEMORY_GB", "40"),
     ];
     assert_eq!(setup(root.path(), tools.path(), &vars).code, 0);
@@ -876,7 +963,7 @@ fn running_setup_twice_changes_nothing() {
     let tools = stubs(2, 0);
     let vars = [
         ("QUEUE", "h100"),
-        ("NODE_CPUS", "16"),
+        ("CPU_STANDIN_TOPOLOGY", "1x16x1"),
         ("NODE_MEMORY_GB", "72"),
     ];
     let first = setup(root.path(), tools.path(), &vars);
@@ -900,7 +987,7 @@ fn running_setup_twice_changes_nothing() {
         tools.path(),
         &[
             ("QUEUE", "h100"),
-            ("NODE_CPUS", "16"),
+            ("CPU_STANDIN_TOPOLOGY", "1x16x1"),
             ("NODE_MEMORY_GB", "40"),
         ],
     );
@@ -932,14 +1019,470 @@ fn missing_or_impossible_inputs_stop_setup_with_a_reason() {
         tools.path(),
         &[
             ("QUEUE", "h100"),
-            ("NODE_CPUS", "4"),
+            ("CPU_STANDIN_TOPOLOGY", "1x4x1"),
             ("NODE_MEMORY_GB", "100"),
         ],
     );
-    assert_refused(&too_few, "4 CPUs cannot be shared by 8 GPUs");
+    assert_refused(
+        &too_few,
+        "NUMA node 0 has 3 core(s) left after the host's 1 (HOST_CORES) for its 8 GPU(s)",
+    );
     let no_gpu = setup(root.path(), stubs(0, 0).path(), &[("QUEUE", "h100")]);
     assert!(no_gpu.output.contains("no GPU found"), "{}", no_gpu.output);
     assert!(!root.path().join("etc").exists(), "nothing was written");
+}
+
+/// The stand-in nvidia-smi's PCI bus ids, as sysfs names the devices.
+const NVIDIA_PCI: [&str; 8] = [
+    "0000:18:00.0",
+    "0000:2a:00.0",
+    "0000:3a:00.0",
+    "0000:5d:00.0",
+    "0000:9a:00.0",
+    "0000:ab:00.0",
+    "0000:ba:00.0",
+    "0000:db:00.0",
+];
+
+/// Writes each of the 8 GPUs' NUMA node in sysfs under `root`, as on a two-socket board:
+/// GPUs 0-3 on node 0, 4-7 on node 1 (NVIDIA: by PCI address; AMD: by render node).
+fn place_gpus_on_two_nodes(root: &Path, nvidia: bool) {
+    for (gpu, pci) in NVIDIA_PCI.iter().enumerate() {
+        let device = if nvidia {
+            format!("sys/bus/pci/devices/{pci}")
+        } else {
+            format!("sys/class/drm/renderD{}/device", 128 + gpu)
+        };
+        let dir = root.join(device);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("numa_node"), format!("{}\n", gpu / 4)).unwrap();
+    }
+}
+
+/// The CPUs of a cpuset list like `1-3,33-35`.
+fn cpus_in(list: &str) -> Vec<usize> {
+    list.split(',')
+        .flat_map(|part| {
+            let (lo, hi) = part.split_once('-').unwrap_or((part, part));
+            lo.parse::<usize>().unwrap()..=hi.parse::<usize>().unwrap()
+        })
+        .collect()
+}
+
+/// On 2 sockets × 16 cores × 2 threads (core c is CPUs c and c + 32; cores 0-15 are NUMA
+/// node 0, 16-31 node 1) with GPUs 0-3 on node 0 and 4-7 on node 1, every agent gets whole
+/// cores of its GPU's node, as many as every other, and none the host keeps.
+#[test]
+fn a_two_socket_node_gives_each_agent_whole_cores_of_its_gpus_numa_node() {
+    let node_of = |cpu: usize| cpu % 32 / 16;
+    let sibling = |cpu: usize| (cpu + 32) % 64;
+    // Node 0 keeps core 0 for the host: 15 cores for its 4 GPUs, 3 each; node 1's get as many.
+    let want = [
+        "1-3,33-35",
+        "4-6,36-38",
+        "7-9,39-41",
+        "10-12,42-44",
+        "16-18,48-50",
+        "19-21,51-53",
+        "22-24,54-56",
+        "25-27,57-59",
+    ];
+    let docker = stub_docker();
+    let real = docker.path().join("docker");
+    let checkout = tempfile::tempdir().unwrap();
+    for (nvidia, amd) in [(8, 0), (0, 8)] {
+        let root = tempfile::tempdir().unwrap();
+        let tools = stubs(nvidia, amd);
+        place_gpus_on_two_nodes(root.path(), nvidia > 0);
+        let vars = [
+            ("QUEUE", "h100"),
+            ("CPU_STANDIN_TOPOLOGY", "2x16x2"),
+            ("NODE_MEMORY_GB", "1032"),
+            ("RENDER_NODES", RENDER_NODES),
+            ("REAL_DOCKER", real.to_str().unwrap()),
+        ];
+        let s = setup(root.path(), tools.path(), &vars);
+        assert_eq!(s.code, 0, "{}", s.output);
+        let mut taken = std::collections::BTreeSet::new();
+        for (gpu, cpuset) in want.iter().enumerate() {
+            let env = hook_env(root.path(), gpu);
+            assert_eq!(env["KERNELBOT_CPUSET"], *cpuset, "GPU {gpu}");
+            assert_eq!(env["KERNELBOT_CPUS"], "6");
+            assert_eq!(env["BUILDKITE_PLUGIN_DOCKER_CPUS"], "6");
+            let slice = read(
+                root.path(),
+                &format!("/etc/systemd/system/kernelbot-gpu{gpu}.slice"),
+            );
+            for line in [
+                format!("AllowedCPUs={cpuset}\n"),
+                format!("AllowedMemoryNodes={}\n", gpu / 4),
+                "CPUQuota=600%\n".to_owned(),
+            ] {
+                assert!(slice.contains(&line), "{line}: {slice}");
+            }
+            let said = format!("gpu{gpu}: CPUs {cpuset} (6), memory node(s) {}", gpu / 4);
+            assert!(s.output.contains(&said), "{said}: {}", s.output);
+            let cpus = cpus_in(&env["KERNELBOT_CPUSET"]);
+            for &cpu in &cpus {
+                assert_eq!(node_of(cpu), gpu / 4, "CPU {cpu} of GPU {gpu}");
+                assert!(
+                    cpus.contains(&sibling(cpu)),
+                    "a whole core: CPU {cpu}'s sibling"
+                );
+                assert!(taken.insert(cpu), "CPU {cpu} given twice");
+            }
+            // The job's container gets that set, a list of ranges, as docker reads it.
+            let args = plugin_args(checkout.path(), &env);
+            let (code, out) = wrapped_docker(root.path(), gpu, checkout.path(), &args);
+            assert_eq!(code, 0, "{out}");
+            assert_eq!(
+                out.lines().nth(1),
+                Some(format!("--cpuset-cpus={cpuset}").as_str())
+            );
+            // And its memory on its GPU's node: the container is not in the agent's slice.
+            assert_eq!(
+                out.lines().nth(2),
+                Some(format!("--cpuset-mems={}", gpu / 4).as_str())
+            );
+        }
+        // Core 0 and what is left over stay with the host.
+        assert!(!taken.contains(&0) && !taken.contains(&32));
+        assert!(
+            s.output
+                .contains("the host keeps CPUs 0,13-15,28-32,45-47,60-63"),
+            "{}",
+            s.output
+        );
+    }
+
+    // Agents of several GPUs get their GPUs' cores together, and their nodes' memory.
+    let tools = stubs(8, 0);
+    for (per_agent, agents) in [
+        ("4", &[("1-12,33-44", "0"), ("16-27,48-59", "1")][..]),
+        ("8", &[("1-12,16-27,33-44,48-59", "0-1")][..]),
+    ] {
+        let root = tempfile::tempdir().unwrap();
+        place_gpus_on_two_nodes(root.path(), true);
+        let vars = [
+            ("QUEUE", "h100x4"),
+            ("CPU_STANDIN_TOPOLOGY", "2x16x2"),
+            ("NODE_MEMORY_GB", "1032"),
+            ("GPUS_PER_AGENT", per_agent),
+        ];
+        let s = setup(root.path(), tools.path(), &vars);
+        assert_eq!(s.code, 0, "{}", s.output);
+        let per: usize = per_agent.parse().unwrap();
+        for (agent, (cpuset, nodes)) in agents.iter().enumerate() {
+            let (first, last) = (agent * per, agent * per + per - 1);
+            assert_eq!(hook_env(root.path(), first)["KERNELBOT_CPUSET"], *cpuset);
+            let slice = read(
+                root.path(),
+                &format!("/etc/systemd/system/kernelbot-gpus{first}-{last}.slice"),
+            );
+            assert!(
+                slice.contains(&format!("AllowedCPUs={cpuset}\n")),
+                "{slice}"
+            );
+            assert!(
+                slice.contains(&format!("AllowedMemoryNodes={nodes}\n")),
+                "{slice}"
+            );
+        }
+    }
+
+    // More host cores: node 0 then has 11 for its 4 GPUs, so every GPU gets 2.
+    let root = tempfile::tempdir().unwrap();
+    place_gpus_on_two_nodes(root.path(), true);
+    let vars = [
+        ("QUEUE", "h100"),
+        ("CPU_STANDIN_TOPOLOGY", "2x16x2"),
+        ("NODE_MEMORY_GB", "1032"),
+        ("HOST_CORES", "5"),
+        // No longer read: said so, and nothing changes.
+        ("NODE_CPUS", "4"),
+    ];
+    let s = setup(root.path(), tools.path(), &vars);
+    assert_eq!(s.code, 0, "{}", s.output);
+    assert!(
+        s.output.contains("NODE_CPUS is no longer read"),
+        "{}",
+        s.output
+    );
+    assert_eq!(hook_env(root.path(), 0)["KERNELBOT_CPUSET"], "5-6,37-38");
+    assert_eq!(hook_env(root.path(), 4)["KERNELBOT_CPUSET"], "16-17,48-49");
+    for host_cores in ["0", "x"] {
+        let refused = setup(
+            tempfile::tempdir().unwrap().path(),
+            tools.path(),
+            &[("QUEUE", "h100"), ("HOST_CORES", host_cores)],
+        );
+        assert_refused(&refused, "HOST_CORES must be a number of cores, 1 or more");
+    }
+
+    // The GPUs' nodes unknown (no numa_node in sysfs) on a machine of two: said, and the
+    // machine's cores are one pool, without a memory node.
+    let root = tempfile::tempdir().unwrap();
+    let vars = [
+        ("QUEUE", "h100"),
+        ("CPU_STANDIN_TOPOLOGY", "2x16x2"),
+        ("NODE_MEMORY_GB", "1032"),
+    ];
+    let s = setup(root.path(), tools.path(), &vars);
+    assert_eq!(s.code, 0, "{}", s.output);
+    assert!(
+        s.output.contains("the NUMA node of some GPU is unknown"),
+        "{}",
+        s.output
+    );
+    assert_eq!(hook_env(root.path(), 4)["KERNELBOT_CPUSET"], "13-15,45-47");
+    let slice = read(root.path(), "/etc/systemd/system/kernelbot-gpu4.slice");
+    assert!(!slice.contains("AllowedMemoryNodes"), "{slice}");
+}
+
+/// The reading of every GPU the runner's pre-flight makes, as the message names it.
+const NVIDIA_QUERY: &str = "--query-gpu=index,uuid,name,temperature.gpu,power.draw,clocks.sm,\
+clocks.mem,clocks.max.sm,clocks_event_reasons.active,ecc.errors.uncorrected.volatile.total,\
+retired_pages.pending,power.limit,power.default_limit --format=csv,noheader,nounits";
+
+/// A GPU the runner would refuse every job on stops setup before anything is written, with
+/// the GPU, the query and what the tool said; an older driver's name for the clock-event
+/// mask is no such failure.
+#[test]
+fn a_node_whose_gpu_query_fails_is_refused_with_the_reason() {
+    let fail = "Unable to determine the device handle for GPU0000:18:00.0: Unknown Error";
+    let refused = |tools: &Path, vars: &[(&str, &str)], says: &str| {
+        let root = tempfile::tempdir().unwrap();
+        let mut all = vec![
+            ("QUEUE", "h100"),
+            ("CPU_STANDIN_TOPOLOGY", "2x16x2"),
+            ("NODE_MEMORY_GB", "1032"),
+            ("RENDER_NODES", RENDER_NODES),
+        ];
+        all.extend_from_slice(vars);
+        assert_refused(&setup(root.path(), tools, &all), says);
+        assert!(!root.path().join("etc").exists(), "nothing was written");
+    };
+    let nvidia = stubs(8, 0);
+    refused(
+        nvidia.path(),
+        &[
+            ("GPU_VENDOR", "nvidia"),
+            ("GPU_COUNT", "8"),
+            ("GPU_STANDIN_FAIL", fail),
+        ],
+        &format!(
+            "GPU 0's pre-flight query failed: nvidia-smi -i 0 {NVIDIA_QUERY} printed: {fail} \
+             (exit 9); fix the driver before adding this node"
+        ),
+    );
+    // Found by its tool, which fails to list them.
+    refused(
+        nvidia.path(),
+        &[("GPU_STANDIN_FAIL", fail)],
+        &format!("no GPU found: nvidia-smi -L printed: {fail}; fix the driver"),
+    );
+    // One GPU fell off the bus.
+    refused(
+        nvidia.path(),
+        &[("GPU_COUNT", "8"), ("GPU_STANDIN_MISSING", "5")],
+        &format!(
+            "GPU 5's pre-flight query failed: nvidia-smi -i 5 {NVIDIA_QUERY} printed: No devices were found"
+        ),
+    );
+    refused(
+        nvidia.path(),
+        &[("GPU_STANDIN_ECC", "3")],
+        "GPU 0 has 3 uncorrected ECC error(s): the runner would refuse every job on it; \
+         reset it (nvidia-smi -r -i 0",
+    );
+    refused(
+        nvidia.path(),
+        &[("GPU_STANDIN_RETIRED_PENDING", "1")],
+        "GPU 0 has pages waiting to be retired: the runner would refuse every job on it",
+    );
+    // A power limit set below the board's default: every kernel would be capped below its
+    // real speed.
+    refused(
+        nvidia.path(),
+        &[("GPU_STANDIN_POWER_LIMIT", "450.00")],
+        "GPU 0's power limit is set to 450.00 W, below its default of 700.00 W: the runner \
+         would refuse every job on it; restore it (nvidia-smi -i 0 -pl 700.00)",
+    );
+
+    // A driver before 535 refuses the query naming clocks_event_reasons: read again with
+    // its older name, every GPU's reading logged.
+    let root = tempfile::tempdir().unwrap();
+    let s = setup(
+        root.path(),
+        nvidia.path(),
+        &[
+            ("QUEUE", "h100"),
+            ("CPU_STANDIN_TOPOLOGY", "2x16x2"),
+            ("NODE_MEMORY_GB", "1032"),
+            ("GPU_STANDIN_DRIVER", "525.147.05"),
+        ],
+    );
+    assert_eq!(s.code, 0, "{}", s.output);
+    assert!(
+        s.output
+            .contains("names the clock-event mask clocks_throttle_reasons.active"),
+        "{}",
+        s.output
+    );
+    for gpu in 0..8 {
+        let reading = format!(
+            "GPU {gpu}: {gpu}, GPU-5a3c3b8e-1e4b-2f1d-8c3a-0b9f1c2d3e{gpu:02x}, NVIDIA H100 80GB \
+             HBM3, 34, 69.88, 345, 2619, 1980, 0x0000000000000001, 0, No"
+        );
+        assert!(s.output.contains(&reading), "{reading}: {}", s.output);
+    }
+
+    let amd = stubs(0, 8);
+    let driver = "amdgpu driver not loaded";
+    refused(
+        amd.path(),
+        &[("GPU_STANDIN_FAIL", driver)],
+        &format!(
+            "GPU 0's pre-flight query failed: amd-smi metric --json -g 0 printed: {driver} \
+             (exit 1); fix the driver before adding this node"
+        ),
+    );
+    refused(
+        amd.path(),
+        &[("GPU_STANDIN_ECC", "2")],
+        "GPU 0 has 2 uncorrected ECC error(s): the runner would refuse every job on it",
+    );
+    // Newer amd-smi releases wrap the GPUs' list: read the same.
+    refused(
+        amd.path(),
+        &[("GPU_STANDIN_ECC", "2"), ("GPU_STANDIN_GPU_DATA", "1")],
+        "GPU 0 has 2 uncorrected ECC error(s): the runner would refuse every job on it",
+    );
+    // The runner reads AMD GPUs with amd-smi (ROCm 6 and later): without it, nothing is set up.
+    if !["/usr/bin/amd-smi", "/bin/amd-smi"]
+        .iter()
+        .any(|p| Path::new(p).exists())
+    {
+        std::fs::remove_file(amd.path().join("amd-smi")).unwrap();
+        refused(amd.path(), &[], "amd-smi is not installed");
+    }
+}
+
+/// The agents pause themselves with `buildkite-agent pause`, which came in v3.96.0.
+#[test]
+fn an_agent_too_old_to_pause_itself_is_refused() {
+    let tools = stubs(2, 0);
+    let vars = |version: &'static str| {
+        [
+            ("QUEUE", "h100"),
+            ("CPU_STANDIN_TOPOLOGY", "1x16x1"),
+            ("NODE_MEMORY_GB", "72"),
+            ("BUILDKITE_AGENT_STANDIN_VERSION", version),
+        ]
+    };
+    let root = tempfile::tempdir().unwrap();
+    let s = setup(root.path(), tools.path(), &vars("3.95.1"));
+    assert_refused(
+        &s,
+        "buildkite-agent 3.95.1 is too old: the agents pause themselves with 'buildkite-agent \
+         pause', which came in 3.96.0; upgrade it (apt-get update && apt-get install \
+         --only-upgrade buildkite-agent)",
+    );
+    assert!(!root.path().join("etc").exists(), "nothing was written");
+    let s = setup(root.path(), tools.path(), &vars("3.96.0"));
+    assert_eq!(s.code, 0, "{}", s.output);
+    assert!(s.output.contains("buildkite-agent 3.96.0"), "{}", s.output);
+
+    // Not installed: a warning while nothing starts, an error when the agents are to start.
+    if ["/usr/bin/buildkite-agent", "/bin/buildkite-agent"]
+        .iter()
+        .any(|p| Path::new(p).exists())
+    {
+        return;
+    }
+    std::fs::remove_file(tools.path().join("buildkite-agent")).unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let s = setup(root.path(), tools.path(), &vars("3.97.0"));
+    assert_eq!(s.code, 0, "{}", s.output);
+    assert!(
+        s.output
+            .contains("warning: buildkite-agent is not installed: the agents need version 3.96.0"),
+        "{}",
+        s.output
+    );
+    let root = tempfile::tempdir().unwrap();
+    let mut starting = vars("3.97.0").to_vec();
+    starting.push(("START", "1"));
+    let s = setup(root.path(), tools.path(), &starting);
+    assert_refused(
+        &s,
+        "buildkite-agent is not installed: install it (INSTALL=1 does)",
+    );
+    assert!(!root.path().join("etc").exists(), "nothing was written");
+}
+
+/// Warnings, never refusals: profiling restricted to administrators (profile mode's Nsight
+/// Compute then fails), persistence mode off, a process already on a GPU.
+#[test]
+fn setup_says_whether_profiling_is_allowed_and_persistence_mode_is_on() {
+    let tools = stubs(2, 0);
+    let vars = [
+        ("QUEUE", "h100"),
+        ("CPU_STANDIN_TOPOLOGY", "1x16x1"),
+        ("NODE_MEMORY_GB", "72"),
+    ];
+    for (admin_only, says) in [
+        (
+            Some("1"),
+            &[
+                "warning: profiling is restricted to administrators (RmProfilingAdminOnly: 1)",
+                "ERR_NVGPUCTRPERM",
+                "options nvidia NVreg_RestrictProfilingToAdminUsers=0",
+                "update-initramfs -u, then reboot",
+            ][..],
+        ),
+        (Some("0"), &["profiling is allowed"][..]),
+        (None, &["could not tell whether profiling is allowed"][..]),
+    ] {
+        let root = tempfile::tempdir().unwrap();
+        if let Some(value) = admin_only {
+            let dir = root.path().join("proc/driver/nvidia");
+            std::fs::create_dir_all(&dir).unwrap();
+            let params = format!(
+                "ResmanDebugLevel: 4294967295\nRmLogonRC: 1\nRmProfilingAdminOnly: {value}\n\
+                 EnableStreamMemOPs: 0\n"
+            );
+            std::fs::write(dir.join("params"), params).unwrap();
+        }
+        let s = setup(root.path(), tools.path(), &vars);
+        assert_eq!(s.code, 0, "{}", s.output);
+        for said in says {
+            assert!(s.output.contains(said), "{said}: {}", s.output);
+        }
+        assert!(
+            !s.output.contains("persistence mode is off"),
+            "{}",
+            s.output
+        );
+    }
+
+    let root = tempfile::tempdir().unwrap();
+    let mut more = vars.to_vec();
+    more.extend([
+        ("GPU_STANDIN_PERSISTENCE", "0"),
+        ("GPU_STANDIN_FOREIGN_PID", "4242"),
+    ]);
+    let s = setup(root.path(), tools.path(), &more);
+    assert_eq!(s.code, 0, "{}", s.output);
+    for said in [
+        "warning: persistence mode is off on GPU(s) 0 1",
+        "'nvidia-smi -pm 1'",
+        "nvidia-persistenced",
+        "warning: compute processes on the GPUs now (pid, GPU, MiB): 4242, \
+         GPU-5a3c3b8e-1e4b-2f1d-8c3a-0b9f1c2d3e00, 1024; the runner refuses a GPU that has one",
+    ] {
+        assert!(s.output.contains(said), "{said}: {}", s.output);
+    }
 }
 
 /// The options docker-buildkite-plugin v5.13.0 declares (`configuration.properties` of its
@@ -1068,10 +1611,12 @@ fn the_pipeline_runs_the_runner_on_the_submitted_queue() {
         })
         .collect();
     retried.sort_unstable();
-    // Retried when the agent is lost, and on the runner's infrastructure failure (a GPU that
-    // failed its pre-flight or stayed throttled), never on a submission's own failure.
+    // Retried when the agent is lost, on the runner's infrastructure failure (a GPU that
+    // failed its pre-flight) twice, and once after a run that stayed throttled (perhaps the
+    // submission's own heat); never on a submission's own failure.
     let infra = i64::from(kernelbot_dispatch::runner::exit::INFRA);
-    assert_eq!(retried, [(-1, 2), (infra, 2), (255, 1)]);
+    let throttled = i64::from(kernelbot_dispatch::runner::exit::THROTTLED);
+    assert_eq!(retried, [(-1, 2), (infra, 2), (throttled, 1), (255, 1)]);
 
     let plugins = step["plugins"].as_sequence().unwrap();
     let docker = plugins[0].as_mapping().unwrap();
@@ -1167,6 +1712,8 @@ fn the_pipeline_runs_the_runner_on_the_submitted_queue() {
         "KERNELBOT_PREFLIGHT_MAX_TEMP_C",
         "KERNELBOT_PREFLIGHT_MIN_MAX_SM_CLOCK_MHZ",
         "KERNELBOT_COOLDOWN_SECS",
+        // A run throttled on a retry is the submission's outcome, not tried again.
+        "BUILDKITE_RETRY_COUNT",
     ] {
         assert!(
             passed.contains(&var),

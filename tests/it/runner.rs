@@ -744,10 +744,12 @@ fn a_multi_gpu_agent_s_devices_are_counted_and_given_to_multi_gpu_tasks() {
         .map(|i| format!("\"card{i}\": {{\"Card Series\": \"AMD Instinct MI300X\"}}"))
         .collect();
     let amd = format!("{{{}}}", cards.join(", "));
-    // NVIDIA's stand-in answers the pre-flight's queries for 8 GPUs too; this AMD stub has
-    // no amd-smi, so its pre-flight is skipped.
+    // Each vendor's stand-in answers the pre-flight's queries for 8 GPUs too (the AMD
+    // one's rocm-smi replaced by one that names 8 cards).
     let nvidia = gpu_stand_ins("gpu-nvidia");
-    let rocm = gpu_tool("rocm-smi", &amd);
+    let rocm = gpu_stand_ins("gpu-amd");
+    let eight = gpu_tool("rocm-smi", &amd);
+    std::fs::copy(eight.path().join("rocm-smi"), rocm.path().join("rocm-smi")).unwrap();
     for (tool, stubs, gpu, runtime) in [
         ("nvidia-smi", nvidia.path(), "NVIDIA H100 80GB HBM3", "CUDA"),
         ("rocm-smi", rocm.path(), "AMD Instinct MI300X", "ROCm"),
@@ -1038,7 +1040,8 @@ fn without_gpu_tools_the_preflight_is_skipped_and_says_so() {
 
 /// Each fault of the GPU stops the job before any of its code runs: exit 75 (the pipeline
 /// retries it elsewhere), no runs, no mark, and `infra` saying the stage, the reason and
-/// what was read, with the blame on the node.
+/// what was read, with the blame on the node. (Heat and slowdowns are given no cool-down
+/// here: waiting them out is the next test's.)
 #[test]
 fn a_gpu_fault_stops_the_job_before_any_of_its_code_runs() {
     type Fault = (
@@ -1092,19 +1095,25 @@ fn a_gpu_fault_stops_the_job_before_any_of_its_code_runs() {
         ),
         (
             "gpu-nvidia",
-            &[("GPU_STANDIN_EVENTS", "0x40")],
+            &[
+                ("GPU_STANDIN_EVENTS", "0x40"),
+                ("KERNELBOT_COOLDOWN_SECS", "0"),
+            ],
             "clock_slowdown",
             "HwThermalSlowdown",
         ),
         (
             "gpu-amd",
-            &[("GPU_STANDIN_THROTTLED", "1")],
+            &[
+                ("GPU_STANDIN_THROTTLED", "1"),
+                ("KERNELBOT_COOLDOWN_SECS", "0"),
+            ],
             "clock_slowdown",
             "SocketThermalViolation",
         ),
         (
             "gpu-nvidia",
-            &[("GPU_STANDIN_TEMP", "91")],
+            &[("GPU_STANDIN_TEMP", "91"), ("KERNELBOT_COOLDOWN_SECS", "0")],
             "too_hot",
             "91 °C",
         ),
@@ -1113,6 +1122,12 @@ fn a_gpu_fault_stops_the_job_before_any_of_its_code_runs() {
             &[("GPU_STANDIN_RETIRED_PENDING", "1")],
             "retired_pages_pending",
             "retired",
+        ),
+        (
+            "gpu-nvidia",
+            &[("GPU_STANDIN_POWER_LIMIT", "450.00")],
+            "power_limit_low",
+            "power limit is set to 450 W, below its default of 700 W",
         ),
         (
             "gpu-nvidia",
@@ -1154,6 +1169,11 @@ fn a_gpu_fault_stops_the_job_before_any_of_its_code_runs() {
             infra.detail
         );
         assert!(
+            !infra.detail.contains("cool-down"),
+            "refused at the first reading: {}",
+            infra.detail
+        );
+        assert!(
             result.error.contains("not your code") && result.error.contains(says),
             "{vendor} {env:?}: {}",
             result.error
@@ -1178,13 +1198,14 @@ fn a_gpu_fault_stops_the_job_before_any_of_its_code_runs() {
 }
 
 /// Each timed run (benchmark, leaderboard) records the GPU's readings before and after it. A
-/// leaderboard run measured during a thermal slowdown is run again after the cool-down:
-/// kept when the slowdown has cleared, an infrastructure failure (exit 75, stage
-/// `measurement`) when it persists, on either vendor's stand-in. The stand-ins count the
-/// readings: the pre-flight's is the 0th, the benchmark's 1st and 2nd, the leaderboard's 3rd and 4th, its
-/// second try's 5th and 6th.
+/// leaderboard run measured during a thermal slowdown is run again after the cool-down: kept
+/// when the slowdown has cleared. When it persists it showed only after the submission ran
+/// (perhaps its own heat): the runner exits 76 (the pipeline's one retry, no pause) with
+/// `throttled`, not `infra`, in `result.json`: no ranked time, whichever try it was
+/// (`BUILDKITE_RETRY_COUNT` is recorded). On either vendor's stand-in. The stand-ins count the readings: the pre-flight's is the 0th, the benchmark's
+/// 1st and 2nd, the leaderboard's 3rd and 4th, its second try's 5th and 6th.
 #[test]
-fn a_throttled_leaderboard_run_is_run_again_once_then_fails_as_infrastructure() {
+fn a_throttled_leaderboard_run_is_run_again_once_then_tried_elsewhere_and_never_ranked() {
     let cases = [
         (
             "gpu-nvidia",
@@ -1197,9 +1218,10 @@ fn a_throttled_leaderboard_run_is_run_again_once_then_fails_as_infrastructure() 
             "SocketThermalViolation",
         ),
     ];
-    for ((vendor, fault, named), (lasts, code)) in cases
-        .into_iter()
-        .flat_map(|c| [(c, ("2", 0)), (c, ("99", 75))])
+    // (how many reads it lasts, BUILDKITE_RETRY_COUNT, exit code)
+    let ways = [("2", "0", 0), ("99", "0", 76), ("99", "1", 76)];
+    for ((vendor, fault, named), (lasts, retry, code)) in
+        cases.into_iter().flat_map(|c| ways.map(|w| (c, w)))
     {
         let state = tempfile::tempdir().unwrap();
         let counter = state.path().join("reads").display().to_string();
@@ -1209,10 +1231,13 @@ fn a_throttled_leaderboard_run_is_run_again_once_then_fails_as_infrastructure() 
             ("GPU_STANDIN_EVENTS_READS", lasts),
             ("GPU_STANDIN_STATE", counter.as_str()),
             ("KERNELBOT_COOLDOWN_SECS", "0"),
+            ("BUILDKITE_RETRY_COUNT", retry),
         ];
         let r = run_on_stand_ins(vendor, &config("pass", "leaderboard"), &faults);
-        assert_eq!(r.code, code, "{vendor} lasting {lasts}: {}", r.stdout);
+        let case = format!("{vendor} lasting {lasts}, retry {retry}");
+        assert_eq!(r.code, code, "{case}: {}", r.stdout);
         let result = r.result.unwrap();
+        assert!(result.infra.is_none(), "{case}: never the node's fault");
         assert!(
             result.runs["test"].conditions.is_none(),
             "a test run is not timed"
@@ -1226,26 +1251,229 @@ fn a_throttled_leaderboard_run_is_run_again_once_then_fails_as_infrastructure() 
         assert!(benchmark.after[0].sm_clock_mhz.is_some(), "{benchmark:?}");
         let leaderboard = result.runs["leaderboard"].conditions.clone().unwrap();
         assert_eq!(leaderboard.attempts, 2, "run again after the cool-down");
-        if code == 0 {
-            assert!(result.success && result.infra.is_none(), "{}", result.error);
-            assert!(!leaderboard.throttled);
-            assert!(result.runs["leaderboard"].run.as_ref().unwrap().passed);
-        } else {
-            assert!(!result.success && leaderboard.throttled);
-            let infra = result.infra.unwrap();
-            assert_eq!(
-                (infra.stage.as_str(), infra.reason.as_str()),
-                ("measurement", "throttled")
-            );
+        if lasts == "2" {
             assert!(
-                result.error.contains("not your code") && result.error.contains(named),
+                result.success && result.throttled.is_none(),
                 "{}",
                 result.error
             );
-            let reasons =
-                &r.raw.unwrap()["runs"]["leaderboard"]["conditions"]["after"][0]["clock_events"];
-            assert_eq!(reasons, &json!([named]));
+            assert!(!leaderboard.throttled);
+            assert!(result.runs["leaderboard"].run.as_ref().unwrap().passed);
+            assert_eq!(r.infra_line, None);
+            continue;
         }
+        assert!(!result.success && leaderboard.throttled, "{case}");
+        let throttled = result.throttled.clone().expect("throttled");
+        assert_eq!(
+            (
+                throttled.mode.as_str(),
+                throttled.slowdowns.clone(),
+                throttled.retry
+            ),
+            (
+                "leaderboard",
+                vec![named.to_owned()],
+                retry.parse().unwrap()
+            ),
+            "{case}"
+        );
+        assert!(
+            result.error.starts_with("Not ranked")
+                && result.error.contains(named)
+                && !result.error.contains("not your code"),
+            "{case}: {}",
+            result.error
+        );
+        // Its results stand: the run passed; only its time is not ranked.
+        assert!(result.runs["leaderboard"].run.as_ref().unwrap().passed);
+        let raw = r.raw.unwrap();
+        let reasons = &raw["runs"]["leaderboard"]["conditions"]["after"][0]["clock_events"];
+        assert_eq!(reasons, &json!([named]));
+        assert_eq!(
+            raw["throttled"]["readings"][0]["clock_events"],
+            json!([named])
+        );
+        // For the agent's hook: never a pause.
+        let text = r.infra_line.expect("infra.txt");
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], "retry", "{text:?}");
+        assert!(
+            lines[1].starts_with("throttled: ") && lines[1].contains(named),
+            "{text:?}"
+        );
+    }
+}
+
+/// A kernel that draws the board's full power is held at its power limit on every healthy
+/// GPU (NVIDIA's SwPowerCap, AMD's PPT): its real speed. Capped on every reading, the pre-
+/// flight included, the leaderboard run is ranked at once, the cap in its conditions.
+#[test]
+fn a_power_capped_run_is_ranked_with_the_cap_recorded() {
+    for vendor in ["gpu-nvidia", "gpu-amd"] {
+        let r = run_on_stand_ins(
+            vendor,
+            &config("pass", "leaderboard"),
+            &[("GPU_STANDIN_POWER_CAP_FROM", "0")],
+        );
+        assert_eq!(r.code, 0, "{vendor}: {}", r.stdout);
+        let result = r.result.unwrap();
+        assert!(
+            result.success && result.throttled.is_none(),
+            "{}",
+            result.error
+        );
+        let c = result.runs["leaderboard"].conditions.clone().unwrap();
+        assert_eq!(
+            (c.throttled, c.power_capped, c.attempts),
+            (false, true, 1),
+            "{vendor}: {c:?}"
+        );
+        assert!(
+            c.after[0].power_w.unwrap() > 600.0,
+            "{vendor}: at its limit"
+        );
+        let capped = if vendor == "gpu-nvidia" {
+            "SwPowerCap"
+        } else {
+            "PowerViolation"
+        };
+        assert!(c.after[0].clock_events.iter().any(|e| e == capped), "{c:?}");
+        assert_eq!(r.raw.unwrap()["preflight"]["status"], "passed");
+        assert_eq!(r.infra_line, None);
+    }
+}
+
+/// A GPU still hot (or slowed down) from the previous job is read again every few seconds
+/// for the cool-down before it is refused: one that cools in time runs the submission;
+/// one that does not is refused saying it was given the cool-down.
+#[test]
+fn the_pre_flight_waits_out_a_gpu_still_hot_from_the_last_job() {
+    for (lasts, code) in [("2", 0), ("99", 75)] {
+        let state = tempfile::tempdir().unwrap();
+        let counter = state.path().join("reads").display().to_string();
+        let marks = tempfile::tempdir().unwrap();
+        let r = run_on_stand_ins(
+            "gpu-nvidia",
+            &marking_config(marks.path()),
+            &[
+                ("GPU_STANDIN_EVENTS", "0x20"),
+                ("GPU_STANDIN_HOT_TEMP", "88"),
+                ("GPU_STANDIN_EVENTS_READS", lasts),
+                ("GPU_STANDIN_STATE", counter.as_str()),
+                ("KERNELBOT_COOLDOWN_SECS", "5"),
+            ],
+        );
+        assert_eq!(r.code, code, "lasting {lasts}: {}", r.stdout);
+        let raw = r.raw.unwrap();
+        if code == 0 {
+            assert!(
+                marks.path().join("ran").exists(),
+                "it ran once the GPU cooled"
+            );
+            // Read at once, then every 2 s: clean on the third read, 4 s (and the tool's
+            // own time) in.
+            let detail = raw["preflight"]["detail"].as_str().unwrap_or_default();
+            let waited: f64 = detail
+                .strip_prefix("waited ")
+                .and_then(|d| d.split(' ').next())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("{detail}"));
+            assert!((4.0..=5.0).contains(&waited), "{detail}");
+            assert!(detail.contains("s for the GPU to cool down"), "{detail}");
+            assert_eq!(
+                raw["preflight"]["readings"][0]["temperature_c"],
+                json!(34.0)
+            );
+        } else {
+            assert!(!marks.path().join("ran").exists());
+            let infra = r.result.unwrap().infra.unwrap();
+            assert_eq!(infra.reason, "too_hot", "{infra:?}");
+            assert!(
+                infra.detail.contains("88 °C")
+                    && infra.detail.contains("still after a 5 s cool-down"),
+                "{infra:?}"
+            );
+            assert_eq!(
+                r.infra_line.unwrap().lines().next(),
+                Some("retry"),
+                "no pause"
+            );
+        }
+    }
+}
+
+/// A driver older than the `clocks_event_reasons` name refuses a query naming it: the
+/// runner asks the older name, reads the GPU in full (its slowdowns included) and says so;
+/// nothing fails and nothing pauses.
+#[test]
+fn an_older_driver_is_read_by_the_names_it_knows() {
+    let old = ("GPU_STANDIN_DRIVER", "525.147.05");
+    let r = run_on_stand_ins("gpu-nvidia", &config("pass", "leaderboard"), &[old]);
+    assert_eq!(r.code, 0, "{}", r.stdout);
+    let result = r.result.unwrap();
+    assert!(result.success, "{}", result.error);
+    let raw = r.raw.unwrap();
+    assert_eq!(raw["preflight"]["status"], "passed");
+    assert!(
+        raw["preflight"]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("older name (clocks_throttle_reasons)"),
+        "{raw}"
+    );
+    assert_eq!(
+        raw["preflight"]["readings"][0]["clock_events"],
+        json!(["GpuIdle"])
+    );
+    let c = result.runs["leaderboard"].conditions.clone().unwrap();
+    assert_eq!(
+        c.after[0].clock_event_reasons,
+        Some(1),
+        "read in full: {c:?}"
+    );
+    // Its mask is read: a slowdown is seen through the older name too.
+    let r = run_on_stand_ins(
+        "gpu-nvidia",
+        &config("pass", "test"),
+        &[
+            old,
+            ("GPU_STANDIN_EVENTS", "0x40"),
+            ("KERNELBOT_COOLDOWN_SECS", "0"),
+        ],
+    );
+    assert_eq!(r.code, 75, "{}", r.stdout);
+    assert_eq!(r.result.unwrap().infra.unwrap().reason, "clock_slowdown");
+}
+
+/// An agent given GPUs whose image has no tool to read them is never taken for a CPU-only
+/// machine: nothing of the submission runs, and the infrastructure failure names the tool.
+#[test]
+fn gpus_given_without_a_tool_to_read_them_are_an_infrastructure_failure() {
+    for (given, tool) in [
+        ("CUDA_VISIBLE_DEVICES", "nvidia-smi"),
+        ("ROCR_VISIBLE_DEVICES", "amd-smi"),
+    ] {
+        let marks = tempfile::tempdir().unwrap();
+        let r = run_with(&[
+            (
+                "KERNELBOT_PAYLOAD",
+                payload::encode(&marking_config(marks.path())).unwrap(),
+            ),
+            ("PATH", "/usr/local/bin:/usr/bin:/bin".into()),
+            (given, "0".into()),
+        ]);
+        assert_eq!(r.code, 75, "{given}: {}", r.stdout);
+        assert!(!marks.path().join("ran").exists(), "{given}: nothing ran");
+        let result = r.result.unwrap();
+        let infra = result.infra.unwrap();
+        assert_eq!(infra.reason, "tool_missing", "{given}");
+        assert!(
+            result.error.contains("not your code") && result.error.contains(tool),
+            "{given}: {}",
+            result.error
+        );
+        // The image lacks the tool, not the agent: retried, never a pause of every agent.
+        assert_eq!(r.infra_line.unwrap().lines().next(), Some("retry"));
     }
 }
 

@@ -432,7 +432,8 @@ async fn every_secret_from_the_secret_and_none_from_the_environment(kind: StoreK
     );
     let received = app.receiver.received();
     assert!(received.iter().any(|r| r.id == "msg_finished_secret-only"));
-    // The operators' channel, from the secret too: an agent of our queue lost reaches it.
+    // The operators' channel, from the secret too: an agent of our queue lost, and still
+    // away when the sweep looks minutes later, reaches it.
     app.buildkite.autorun(
         &app.webhook_url,
         SECRET,
@@ -440,6 +441,8 @@ async fn every_secret_from_the_secret_and_none_from_the_environment(kind: StoreK
     );
     app.buildkite.add_agent("h100-gpu0", "h100", &[]);
     assert!(app.buildkite.agent_event("agent.lost", "h100-gpu0").await);
+    app.clock.advance(std::time::Duration::from_secs(6 * 60));
+    assert_eq!(app.sweep().await.incidents_told, 1);
     let ops: Vec<_> = app
         .discord
         .calls()

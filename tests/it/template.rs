@@ -128,3 +128,49 @@ fn a_stopped_sweep_and_undelivered_results_raise_alarms_and_a_dashboard_shows_th
         assert!(body.contains(metric), "the dashboard shows {metric}");
     }
 }
+
+/// The GPU incidents alarm sums every series a function may count: each kind of incident
+/// (a pre-flight failure, an agent that stayed offline, throttled runs of several
+/// submissions on one agent) from each function that may decide it (the webhook, where a
+/// report or an agent event is handled; the sweep, which sends what the webhook did not and
+/// looks for agents that stayed away). A series left out would never raise it.
+#[test]
+fn the_gpu_incidents_alarm_sums_every_kind_from_every_function() {
+    let t = template();
+    let alarm = &t["Resources"]["GpuIncidentsAlarm"]["Properties"];
+    let metrics = alarm["Metrics"].as_sequence().expect("metric math");
+    let expression = metrics
+        .iter()
+        .find_map(|m| m["Expression"].as_str())
+        .expect("a sum");
+    let mut series = Vec::new();
+    for m in metrics.iter().filter(|m| m["MetricStat"].is_mapping()) {
+        let stat = &m["MetricStat"];
+        assert_eq!(stat["Metric"]["MetricName"].as_str(), Some("GpuIncidents"));
+        let dimension = |name: &str| {
+            stat["Metric"]["Dimensions"]
+                .as_sequence()
+                .unwrap()
+                .iter()
+                .find(|d| d["Name"].as_str() == Some(name))
+                .and_then(|d| d["Value"].as_str())
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let id = m["Id"].as_str().unwrap();
+        assert!(
+            expression.contains(&format!("FILL({id}, 0)")),
+            "{id} is summed"
+        );
+        series.push((dimension("Function"), dimension("Kind")));
+    }
+    series.sort();
+    let mut want = Vec::new();
+    for function in ["sweep", "webhook"] {
+        for kind in ["heat", "infra", "offline"] {
+            want.push((function.to_owned(), kind.to_owned()));
+        }
+    }
+    assert_eq!(series, want);
+    assert_eq!(alarm["Threshold"].as_f64(), Some(1.0));
+}

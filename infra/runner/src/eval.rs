@@ -17,7 +17,7 @@ use super::profile::{self, Profiler};
 use super::sandbox::{Sandbox, Scratch};
 use super::system::{self, python_command};
 use crate::result::{
-    CompileResult, EvalResult, FullResult, InfraFailure, ProfileResult, RunResult, SystemInfo,
+    CompileResult, EvalResult, FullResult, ProfileResult, RunResult, SystemInfo, Throttled,
 };
 
 /// Kernelbot's `CUDA_FLAGS` (`consts.py`), the same on every runner, so a kernel's numbers
@@ -181,9 +181,9 @@ pub(super) fn run_config(config: &EvalConfig, eval: &Evaluation) -> FullResult {
 }
 
 /// The config's modes, each timed one (benchmark, leaderboard) with the GPUs' readings
-/// around it; a leaderboard run throttled twice ends the job as an infrastructure failure.
+/// around it; a leaderboard run throttled on both its measurements is no ranked time.
 fn modes(eval: &Evaluation, config: &EvalConfig, system: SystemInfo) -> FullResult {
-    let mut infra: Option<InfraFailure> = None;
+    let mut throttled: Option<Throttled> = None;
     let runs = run_evaluation(&config.mode, |mode| {
         let run = || {
             let (cases, timeout) = config.cases_for(mode);
@@ -197,22 +197,22 @@ fn modes(eval: &Evaluation, config: &EvalConfig, system: SystemInfo) -> FullResu
         };
         match eval.watch.as_ref().filter(|_| measure::is_timed(mode)) {
             Some(watch) => {
-                let (result, failed) = watch.timed(mode, eval.until, run);
-                infra = infra.take().or(failed);
+                let (result, slowed) = watch.timed(mode, eval.until, run);
+                throttled = throttled.take().or(slowed);
                 result
             }
             None => run(),
         }
     });
     FullResult {
-        success: infra.is_none(),
-        error: infra
+        success: throttled.is_none(),
+        error: throttled
             .as_ref()
-            .map(InfraFailure::sentence)
+            .map(Throttled::sentence)
             .unwrap_or_default(),
         system,
         runs,
-        infra,
+        throttled,
         ..Default::default()
     }
 }

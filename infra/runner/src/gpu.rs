@@ -12,6 +12,9 @@ pub(crate) mod preflight;
 pub(crate) mod probe;
 pub(crate) mod watch;
 
+/// What a reading's clock-event reasons mean is the result format's: the service reads it too.
+pub(crate) use crate::result::health::{AMD_POWER_CAP, clock_event_names};
+
 /// Output of a GPU tool that cannot be read: why, and the raw line (or document) it was in,
 /// so an operator sees what the tool said.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -37,39 +40,6 @@ impl Unreadable {
             line: kept,
         }
     }
-}
-
-/// NVML's clock-event reasons (`nvmlClocksEventReasons`), bit and name.
-pub(crate) const CLOCK_EVENTS: &[(u64, &str)] = &[
-    (0x1, "GpuIdle"),
-    (0x2, "ApplicationsClocksSetting"),
-    (0x4, "SwPowerCap"),
-    (0x8, "HwSlowdown"),
-    (0x10, "SyncBoost"),
-    (0x20, "SwThermalSlowdown"),
-    (0x40, "HwThermalSlowdown"),
-    (0x80, "HwPowerBrakeSlowdown"),
-    (0x100, "DisplayClockSetting"),
-];
-
-/// The reasons that mean the GPU is held below its clocks by heat or power. An idle GPU
-/// (0x1) downclocks by design, and application clocks (0x2), sync boost and the display
-/// clock are settings, not trouble.
-pub(crate) const SLOWDOWNS: u64 = 0x4 | 0x8 | 0x20 | 0x40 | 0x80;
-
-/// The names of the reasons set in `mask`; an unknown bit by its value.
-pub(crate) fn clock_event_names(mask: u64) -> Vec<String> {
-    let known: u64 = CLOCK_EVENTS.iter().map(|(bit, _)| bit).sum();
-    let mut names: Vec<String> = CLOCK_EVENTS
-        .iter()
-        .filter(|(bit, _)| mask & bit != 0)
-        .map(|(_, name)| (*name).to_owned())
-        .collect();
-    let unknown = mask & !known;
-    if unknown != 0 {
-        names.push(format!("Unknown({unknown:#x})"));
-    }
-    names
 }
 
 #[cfg(test)]

@@ -8,7 +8,11 @@
 //!
 //! Before any of the submission's code runs, a GPU node's GPUs pass a pre-flight ([`gpu`]);
 //! a failed one runs nothing, says why in `result.json`'s `infra`, and exits
-//! [`exit::INFRA`], which the pipeline retries on another agent.
+//! [`exit::INFRA`], which the pipeline retries on another agent. What shows only after the
+//! submission ran (a timed run the GPU slowed down, perhaps by the kernel's own heat) is
+//! never the node's fault at first sight: it exits [`exit::THROTTLED`], which the pipeline
+//! retries once elsewhere; throttled there too, `result.json`'s `throttled` is the
+//! submission's outcome.
 //!
 //! A crate of its own, so the runner image builds it without the service's dependencies.
 //! [`payload`] and [`result`] are the formats both sides share: the service re-exports them.
@@ -31,7 +35,7 @@ use std::time::Duration;
 
 use crate::gpu::gate::{self, Gate};
 use crate::payload::PayloadError;
-use crate::result::{FullResult, InfraFailure};
+use crate::result::{FullResult, InfraFailure, Throttled};
 
 pub use config::{EvalConfig, InvalidConfig};
 pub use profile_options::ProfileOptions;
@@ -50,9 +54,14 @@ pub mod exit {
     /// `result.json` could not be written.
     pub(crate) const CANNOT_WRITE_RESULT: i32 = 3;
     /// The GPU node, not the submission, failed (`EX_TEMPFAIL`): the pre-flight refused the
-    /// GPUs, or a leaderboard run was throttled twice. `result.json` holds `infra` with the
+    /// GPUs before any of the submission's code ran. `result.json` holds `infra` with the
     /// stage, reason and readings; the pipeline retries the job automatically on this code.
     pub const INFRA: i32 = 75;
+    /// A timed run stayed throttled on this GPU after the submission ran: it may be the
+    /// kernel's own heat, so the agent is not paused and the pipeline tries the job once more
+    /// (its limit for this code is 1). `result.json` holds `throttled`, which is the
+    /// submission's outcome when no retry follows.
+    pub const THROTTLED: i32 = 76;
 }
 
 /// Payload variables, newest name first (`SUBMISSION_PAYLOAD` is the older one).
@@ -108,14 +117,21 @@ fn checked_evaluation(
             let evaluation =
                 eval::Evaluation::new(sandbox, EVALUATION_BUDGET, out_dir).watching(watch);
             let result = eval::run_config(config, &evaluation);
-            // A leaderboard run that stayed throttled: measured, but not fairly.
-            let code = if result.infra.is_some() {
-                exit::INFRA
-            } else {
-                exit::OK
-            };
+            let code = exit_code(&result);
             (result, Some(report), code)
         }
+    }
+}
+
+/// The exit code of an evaluation that ran: the node's fault, and a timed run that stayed
+/// throttled, each have their own (the pipeline retries the first twice and the second once:
+/// its limit, not this try's count, decides, as a retry may follow another fault); anything
+/// else is the submission's outcome.
+pub(crate) fn exit_code(result: &FullResult) -> i32 {
+    match (&result.infra, &result.throttled) {
+        (Some(_), _) => exit::INFRA,
+        (None, Some(_)) => exit::THROTTLED,
+        _ => exit::OK,
     }
 }
 
@@ -194,9 +210,30 @@ fn write_result(
     file.as_file().sync_all()?;
     file.persist(out_dir.join(RESULT_FILE))?;
     if let Some(infra) = &result.infra {
-        write_infra_line(out_dir, infra)?;
+        let action = if infra.pauses_agent() {
+            "pause"
+        } else {
+            "retry"
+        };
+        write_infra_line(
+            out_dir,
+            action,
+            &format!("{}: {}", infra.reason, infra.detail),
+        )?;
+    } else if let Some(t) = &result.throttled {
+        // Never a pause: the kernel may have heated the GPU itself.
+        write_infra_line(out_dir, "retry", &throttled_line(t))?;
     }
     Ok(())
+}
+
+/// The hook's note of a run throttled after the submission ran.
+fn throttled_line(t: &Throttled) -> String {
+    format!(
+        "throttled: the {} run was slowed down ({}) on both its measurements on this GPU",
+        t.mode,
+        t.slowdowns.join(", ")
+    )
 }
 
 /// The file the agent's post-command hook reads its pause note from (`setup-node.sh`).
@@ -205,8 +242,8 @@ pub const INFRA_FILE: &str = "infra.txt";
 /// `infra.txt`, for the agent's hook (which reads no JSON): a first line `pause` (a fault
 /// that outlasts the job: the agent takes itself out of the queue) or `retry` (the job is
 /// retried elsewhere, the agent stays), then one printable line saying why.
-fn write_infra_line(out_dir: &Path, infra: &InfraFailure) -> std::io::Result<()> {
-    let line: String = format!("{}: {}", infra.reason, infra.detail)
+fn write_infra_line(out_dir: &Path, action: &str, why: &str) -> std::io::Result<()> {
+    let line: String = why
         .chars()
         .map(|c| if c.is_control() { ' ' } else { c })
         .take(280)
@@ -215,12 +252,38 @@ fn write_infra_line(out_dir: &Path, infra: &InfraFailure) -> std::io::Result<()>
         .prefix(".infra-")
         .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644))
         .tempfile_in(out_dir)?;
-    let action = if infra.pauses_agent() {
-        "pause"
-    } else {
-        "retry"
-    };
     writeln!(file, "{action}\n{line}")?;
     file.persist(out_dir.join(INFRA_FILE))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_node_s_fault_and_a_throttled_run_have_their_own_exit_codes() {
+        let infra = Some(InfraFailure::default());
+        let throttled = |retry| {
+            Some(Throttled {
+                retry,
+                ..Throttled::default()
+            })
+        };
+        let cases = [
+            (None, None, exit::OK),
+            (infra.clone(), None, exit::INFRA),
+            (None, throttled(0), exit::THROTTLED),
+            (None, throttled(1), exit::THROTTLED),
+            (infra, throttled(0), exit::INFRA),
+        ];
+        for (infra, throttled, want) in cases {
+            let result = FullResult {
+                infra,
+                throttled,
+                ..FullResult::default()
+            };
+            assert_eq!(exit_code(&result), want, "{result:?}");
+        }
+    }
 }

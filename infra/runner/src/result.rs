@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 pub mod health;
-pub use health::{Conditions, GpuProcess, GpuReading, InfraFailure, Preflight};
+pub use health::{Conditions, GpuProcess, GpuReading, InfraFailure, Preflight, Throttled};
 
 /// Largest captured stdout/stderr we keep per run, as kernelbot's `_limit_length` does.
 pub const MAX_LOG_CHARS: usize = 16 * 1024;
@@ -42,6 +42,9 @@ pub struct FullResult {
     /// Ours: what the pre-flight read before the submission ran (the runner writes it).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub preflight: Option<Preflight>,
+    /// Ours: a timed run the GPU slowed down on every try it got, so no time is ranked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub throttled: Option<Throttled>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -274,9 +277,12 @@ pub enum Verdict {
     Expired,
     /// No usable result (artifact missing, unreadable, too large).
     Error,
-    /// The GPU node, not the submission, failed (its pre-flight, or a throttled GPU): never
-    /// the user's failure, never a ranked time.
+    /// The GPU node, not the submission, failed its pre-flight on every try: never the
+    /// user's failure, never a ranked time.
     Infra,
+    /// The GPU slowed down (heat, a hardware slowdown, a power brake) while a timed run was
+    /// measured, on every try: the run's results stand, its time is not ranked.
+    Throttled,
 }
 
 impl Verdict {
@@ -290,6 +296,7 @@ impl Verdict {
             Self::Expired => "expired",
             Self::Error => "error",
             Self::Infra => "infra",
+            Self::Throttled => "throttled",
         }
     }
 }
@@ -334,6 +341,10 @@ pub struct Try {
     pub exit_status: Option<i64>,
     /// The GPU node, not the submission, ended it (the runner's infrastructure exit code).
     pub infra: bool,
+    /// A timed run stayed throttled on its GPU after the submission ran (the runner's exit
+    /// code for it, or the result read said so): perhaps the kernel's own heat, never a
+    /// pause.
+    pub throttled: bool,
     /// Its fault outlasts the job, so its agent paused itself (see [`health::is_lasting`]).
     pub paused: bool,
     /// The try whose `result.json` was read.
@@ -375,6 +386,8 @@ impl Outcome {
         let verdict = match (build_state, &result) {
             // Whatever the build's state: the node said it, not the submission, failed.
             (_, Some(r)) if r.infra.is_some() => Verdict::Infra,
+            // Only a run whose results all passed is "not ranked": a failure stays a failure.
+            (_, Some(r)) if r.throttled.is_some() && r.all_passed() => Verdict::Throttled,
             ("passed", Some(r)) if r.success && r.all_passed() => Verdict::Passed,
             ("passed", Some(_)) | ("failed" | "blocked", _) => Verdict::Failed,
             ("passed", None) => Verdict::Error,
@@ -384,6 +397,9 @@ impl Outcome {
         };
         let error = match &result {
             Some(r) if r.infra.is_some() => r.infra.as_ref().map(InfraFailure::sentence),
+            Some(r) if r.throttled.is_some() && r.all_passed() => {
+                r.throttled.as_ref().map(Throttled::sentence)
+            }
             Some(r) if !r.error.is_empty() => Some(r.error.clone()),
             _ if build_state != "passed" => Some(format!("Build {build_state}")),
             Some(r) if !r.success => Some("the runner reported failure".to_owned()),
@@ -604,6 +620,41 @@ mod tests {
             );
         }
         assert_eq!(Verdict::Infra.as_str(), "infra");
+    }
+
+    #[test]
+    fn a_run_throttled_on_every_try_is_not_ranked_and_not_the_node_s_failure() {
+        let throttled = serde_json::json!({"success": false, "error": "Not ranked", "runs": {
+            "leaderboard": {"run": {"success": true, "passed": true}}},
+            "throttled": {"mode": "leaderboard", "slowdowns": ["SwThermalSlowdown"], "retry": 1,
+                "cooldown_secs": 30, "readings": [{"index": 0, "temperature_c": 91.0}]}});
+        let result = FullResult::parse(throttled.to_string().as_bytes()).unwrap();
+        let t = result.throttled.clone().unwrap();
+        assert_eq!((t.retry, t.readings[0].temperature_c), (1, Some(91.0)));
+        let outcome = Outcome::judge("passed", Some(result), None);
+        assert_eq!(outcome.verdict, Verdict::Throttled);
+        let error = outcome.error.unwrap();
+        assert!(
+            error.starts_with("Not ranked")
+                && error.contains("SwThermalSlowdown")
+                && error.contains("after a 30 s cool-down")
+                && !error.contains("not your code"),
+            "{error}"
+        );
+        // A run that failed is a failure, whatever the GPU did.
+        let mut failing = throttled.clone();
+        failing["runs"]["leaderboard"]["run"]["passed"] = serde_json::json!(false);
+        let result = FullResult::parse(failing.to_string().as_bytes()).unwrap();
+        assert_eq!(
+            Outcome::judge("passed", Some(result), None).verdict,
+            Verdict::Failed
+        );
+        assert_eq!(Verdict::Throttled.as_str(), "throttled");
+        // An oversized report is not the runner's: left out, the rest read.
+        let huge = serde_json::json!({"success": true, "runs": {},
+            "throttled": {"mode": "x".repeat(100_000)}});
+        let read = FullResult::parse(huge.to_string().as_bytes()).unwrap();
+        assert!(read.throttled.is_none() && read.success);
     }
 
     #[test]

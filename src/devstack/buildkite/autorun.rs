@@ -83,6 +83,8 @@ async fn run_tries(bk: &BuildkiteStandin, run: &AutoRun, number: u64) -> Option<
         }
         let job = bk.build(number).and_then(|b| b.jobs.last().cloned());
         env.insert("BUILDKITE_JOB_ID".into(), job.unwrap_or_default());
+        // As Buildkite tells each job: how many times it has been retried.
+        env.insert("BUILDKITE_RETRY_COUNT".into(), exits.len().to_string());
         send(bk, run, "job.started", number).await;
         let step = run.step.clone();
         let outcome = tokio::task::spawn_blocking(move || step(&env))

@@ -154,6 +154,12 @@ pub fn verdict_sentence(verdict: Verdict, queue: &str) -> String {
              so nothing was ranked; submit again."
                 .into()
         }
+        Verdict::Throttled => {
+            "⚠️ Not ranked: the GPU slowed down while your run was timed, on every GPU it was \
+             tried on. Your results stand; a kernel can heat its own GPU, so its time could not \
+             be measured fairly."
+                .into()
+        }
     }
 }
 
@@ -170,16 +176,30 @@ fn retried_line(outcome: &Outcome) -> Option<String> {
             "🔁 Tried on {} GPUs; each failed its checks ({first}{more}).",
             reasons.len() + 1
         )
+    } else if same_agent(outcome) {
+        // Buildkite gives a retry to any free agent of the queue, the same one included.
+        format!("🔁 Tried again ({first}{more}).")
     } else {
         format!("🔁 Retried on another GPU ({first}{more}).")
     })
 }
 
+/// Every try ran on one (named) agent.
+fn same_agent(outcome: &Outcome) -> bool {
+    let mut agents = outcome.tries.iter().map(|t| t.agent.as_str());
+    let first = agents.next().unwrap_or_default();
+    outcome.tries.len() > 1 && !first.is_empty() && agents.all(|a| a == first)
+}
+
 fn final_report(job: &Job, head: &str, outcome: &Outcome) -> (String, Vec<Embed>) {
     let passed = outcome.verdict == Verdict::Passed;
+    let mark = match outcome.verdict {
+        Verdict::Passed => "✅ success",
+        Verdict::Throttled => "⚠️ not ranked",
+        _ => "❌ failure",
+    };
     let mut content = format!(
-        "{head} {}\n> {}\n> {} ({})",
-        if passed { "✅ success" } else { "❌ failure" },
+        "{head} {mark}\n> {}\n> {} ({})",
         verdict_sentence(outcome.verdict, &job.queue),
         capitalised(&build_link(job)),
         plain(&outcome.build_state)
@@ -308,6 +328,43 @@ mod tests {
                     vec![t(true, "a"), t(true, "b"), t(true, "c")],
                 ),
                 Some("🔁 Tried on 3 GPUs; each failed its checks (a, and 1 more)."),
+            ),
+            (
+                with(
+                    Verdict::Throttled,
+                    vec![
+                        Try {
+                            throttled: true,
+                            agent: "gpu0".into(),
+                            ..t(false, "throttled: slowed down (SwThermalSlowdown)")
+                        },
+                        Try {
+                            throttled: true,
+                            result: true,
+                            agent: "gpu1".into(),
+                            ..t(false, "")
+                        },
+                    ],
+                ),
+                Some("🔁 Retried on another GPU (throttled: slowed down (SwThermalSlowdown))."),
+            ),
+            (
+                // Buildkite gave the retry to the same agent: not "another GPU".
+                with(
+                    Verdict::Throttled,
+                    vec![
+                        Try {
+                            agent: "gpu0".into(),
+                            ..t(false, "throttled: hot")
+                        },
+                        Try {
+                            agent: "gpu0".into(),
+                            result: true,
+                            ..t(false, "")
+                        },
+                    ],
+                ),
+                Some("🔁 Tried again (throttled: hot)."),
             ),
         ];
         for (outcome, line) in table {

@@ -43,11 +43,32 @@ pub(super) fn conditions_line(result: &FullResult) -> Option<String> {
     if let Some(w) = r.power_w {
         parts.push(format!("{w:.0} W"));
     }
-    parts.push(if c.throttled {
-        format!("slowed down ({})", plain(&r.clock_events.join(", ")))
-    } else {
-        "no slowdown".into()
+    // A driver that names no clock-event reasons (nor AMD's status) cannot say.
+    let unread = c.after.iter().chain(&c.before).all(|g| {
+        g.clock_event_reasons.is_none() && g.clock_events.is_empty() && g.throttled.is_none()
     });
+    let slowed: Vec<String> = c
+        .after
+        .iter()
+        .chain(&c.before)
+        .flat_map(|g| g.slowdowns())
+        .collect();
+    parts.push(match (c.throttled, slowed.first()) {
+        (true, Some(_)) => {
+            let mut names = slowed.clone();
+            names.sort();
+            names.dedup();
+            format!("slowed down ({})", plain(&names.join(", ")))
+        }
+        (true, None) => "slowed down".into(),
+        (false, _) if unread => "slowdowns not readable on this driver".into(),
+        (false, _) => "no slowdown".into(),
+    });
+    if c.power_capped {
+        // Every healthy GPU of its kind caps a kernel that draws its full power: a fact of
+        // the run, not a fault.
+        parts.push("held at its power limit (its real speed)".into());
+    }
     let again = if c.attempts > 1 {
         ", measured again after a cool-down"
     } else {
@@ -216,11 +237,13 @@ mod tests {
 
     #[test]
     fn the_gpu_s_conditions_read_in_one_line() {
+        // Read as AMD reads them: named events, and a throttle status.
         let reading = |sm: u32, events: &[&str]| GpuReading {
             sm_clock_mhz: Some(sm),
             temperature_c: Some(61.4),
             power_w: Some(402.2),
             clock_events: events.iter().map(|e| (*e).to_owned()).collect(),
+            throttled: Some(false),
             ..GpuReading::default()
         };
         let with = |name: &str, c: Conditions| {
@@ -238,7 +261,19 @@ mod tests {
             before: vec![reading(1980, &[])],
             after: vec![reading(1755, &[])],
             throttled: false,
+            power_capped: false,
             attempts: 1,
+        };
+        let capped = Conditions {
+            after: vec![reading(1755, &["SwPowerCap"])],
+            power_capped: true,
+            ..calm.clone()
+        };
+        let hot_and_capped = Conditions {
+            after: vec![reading(1200, &["SwPowerCap", "SwThermalSlowdown"])],
+            throttled: true,
+            power_capped: true,
+            ..calm.clone()
         };
         let cooled = Conditions {
             attempts: 2,
@@ -263,6 +298,32 @@ mod tests {
             (
                 with("leaderboard", hot),
                 Some("GPU while timed: SM 1200 MHz, 61 °C, 402 W, slowed down (HwThermalSlowdown)"),
+            ),
+            (
+                with("leaderboard", capped),
+                Some(
+                    "GPU while timed: SM 1755 MHz, 61 °C, 402 W, no slowdown, held at its power limit (its real speed)",
+                ),
+            ),
+            (
+                with("leaderboard", hot_and_capped),
+                Some(
+                    "GPU while timed: SM 1200 MHz, 61 °C, 402 W, slowed down (SwThermalSlowdown), held at its power limit (its real speed)",
+                ),
+            ),
+            (
+                with(
+                    "benchmark",
+                    Conditions {
+                        before: vec![GpuReading::default()],
+                        after: vec![GpuReading {
+                            sm_clock_mhz: Some(1755),
+                            ..GpuReading::default()
+                        }],
+                        ..calm.clone()
+                    },
+                ),
+                Some("GPU while timed: SM 1755 MHz, slowdowns not readable on this driver"),
             ),
             (FullResult::default(), None),
         ];

@@ -4,40 +4,45 @@
 
 use crate::buildkite::{Build, BuildJob};
 use crate::result::health::is_lasting;
-use crate::result::{InfraFailure, Try};
+use crate::result::{FullResult, Try};
 use crate::runner::exit;
 
 use super::signal::is_eval_step;
 
 /// The meta-data key under which an agent's `post-command` hook (`setup-node.sh`) notes why
-/// its job was an infrastructure failure, followed by the job's id.
+/// its job was an infrastructure failure or stayed throttled, followed by the job's id.
 pub(crate) const INFRA_NOTE_PREFIX: &str = "kernelbot-infra:";
 
 /// A note longer than this is cut: it comes from a GPU node, and goes into reports.
 const MAX_REASON_CHARS: usize = 200;
 
 /// The evaluation step's tries, oldest first. `result_job`: the job whose `result.json` was
-/// read; `final_infra`: what that result said of the node, if it failed.
+/// read, and `result` what it said.
 pub(crate) fn tries(
     build: &Build,
     result_job: Option<&str>,
-    final_infra: Option<&InfraFailure>,
+    result: Option<&FullResult>,
 ) -> Vec<Try> {
+    let final_infra = result.and_then(|r| r.infra.as_ref());
+    let final_throttled = result.is_some_and(|r| r.throttled.is_some());
     build
         .jobs
         .iter()
         .filter(|j| is_eval_step(j))
         .map(|job| {
-            let result = result_job == Some(job.id.as_str());
-            let node_failed = result && final_infra.is_some();
-            let infra = job.exit_status == Some(i64::from(exit::INFRA)) || node_failed;
-            let reason = if result && !infra {
+            let read = result_job == Some(job.id.as_str());
+            let infra =
+                job.exit_status == Some(i64::from(exit::INFRA)) || (read && final_infra.is_some());
+            let throttled = !infra
+                && (job.exit_status == Some(i64::from(exit::THROTTLED))
+                    || (read && final_throttled));
+            let reason = if read && !infra && !throttled {
                 String::new()
             } else {
-                reason(build, job, infra)
+                reason(build, job, infra, throttled)
             };
             let paused = match final_infra {
-                Some(f) if result => f.pauses_agent(),
+                Some(f) if read => f.pauses_agent(),
                 _ => infra && is_lasting(reason.split(':').next().unwrap_or("").trim()),
             };
             Try {
@@ -48,8 +53,9 @@ pub(crate) fn tries(
                 ),
                 exit_status: job.exit_status,
                 infra,
+                throttled,
                 paused,
-                result,
+                result: read,
                 reason,
             }
         })
@@ -70,7 +76,7 @@ pub(crate) fn clean(text: &str, max: usize) -> String {
 }
 
 /// Why a try ended without the result: the agent's own note, else what its exit status says.
-fn reason(build: &Build, job: &BuildJob, infra: bool) -> String {
+fn reason(build: &Build, job: &BuildJob, infra: bool, throttled: bool) -> String {
     let key = format!("{INFRA_NOTE_PREFIX}{}", job.id);
     let note = build
         .meta_data
@@ -84,6 +90,7 @@ fn reason(build: &Build, job: &BuildJob, infra: bool) -> String {
     }
     match job.exit_status {
         _ if infra => "the GPU failed its checks".into(),
+        _ if throttled => "the GPU slowed down while the run was timed".into(),
         Some(-1) => "the agent was lost".into(),
         Some(255) => "the agent failed before the runner reported".into(),
         Some(code) => format!("exit status {code}"),
@@ -94,6 +101,7 @@ fn reason(build: &Build, job: &BuildJob, infra: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::result::{InfraFailure, Throttled};
     use serde_json::json;
 
     fn build(jobs: serde_json::Value, meta: serde_json::Value) -> Build {
@@ -163,10 +171,13 @@ mod tests {
         for (jobs, meta, final_infra, want) in cases {
             let b = build(jobs.clone(), meta);
             let last = b.jobs.last().map(|j| j.id.clone());
-            let infra = InfraFailure {
-                stage: "preflight".into(),
-                reason: "ecc_errors".into(),
-                ..InfraFailure::default()
+            let infra = FullResult {
+                infra: Some(InfraFailure {
+                    stage: "preflight".into(),
+                    reason: "ecc_errors".into(),
+                    ..InfraFailure::default()
+                }),
+                ..FullResult::default()
             };
             let got: Vec<(String, bool, String)> =
                 tries(&b, last.as_deref(), final_infra.then_some(&infra))
@@ -193,10 +204,13 @@ mod tests {
             json!({"kernelbot-infra:j1": "ecc_errors: GPU 0 has 3 uncorrected ECC errors",
                    "kernelbot-infra:j2": "throttled: HwThermalSlowdown twice"}),
         );
-        let throttled = InfraFailure {
-            stage: "measurement".into(),
-            reason: "throttled".into(),
-            ..InfraFailure::default()
+        let throttled = FullResult {
+            infra: Some(InfraFailure {
+                stage: "measurement".into(),
+                reason: "throttled".into(),
+                ..InfraFailure::default()
+            }),
+            ..FullResult::default()
         };
         let got: Vec<(String, bool, bool, bool)> = tries(&b, Some("j2"), Some(&throttled))
             .into_iter()
@@ -212,6 +226,61 @@ mod tests {
             .map(|(a, i, p, r)| (a.to_owned(), i, p, r))
             .collect();
         assert_eq!(got, want);
+    }
+
+    /// A run that stayed throttled after the submission ran (exit 76 on the first try, then
+    /// the result read said so again) is never an infrastructure failure and pauses nothing.
+    #[test]
+    fn a_throttled_try_is_its_own_kind_and_pauses_nothing() {
+        let b = build(
+            json!([
+                job("j1", "gpu0", Some(76), true),
+                job("j2", "gpu1", Some(0), false)
+            ]),
+            json!({"kernelbot-infra:j1": "throttled: the leaderboard run was slowed down (SwThermalSlowdown)"}),
+        );
+        let read = FullResult {
+            throttled: Some(Throttled::default()),
+            ..FullResult::default()
+        };
+        let got: Vec<(String, bool, bool, bool, String)> = tries(&b, Some("j2"), Some(&read))
+            .into_iter()
+            .map(|t| (t.agent, t.infra, t.throttled, t.paused, t.reason))
+            .collect();
+        let want = [
+            (
+                "gpu0",
+                false,
+                true,
+                false,
+                "throttled: the leaderboard run was slowed down (SwThermalSlowdown)",
+            ),
+            (
+                "gpu1",
+                false,
+                true,
+                false,
+                "the GPU slowed down while the run was timed",
+            ),
+        ];
+        let want: Vec<(String, bool, bool, bool, String)> = want
+            .into_iter()
+            .map(|(a, i, t, p, r)| (a.to_owned(), i, t, p, r.to_owned()))
+            .collect();
+        assert_eq!(got, want);
+        // Without the note, the exit status says it; a passing retry is no throttled try.
+        let b = build(
+            json!([
+                job("j1", "gpu0", Some(76), true),
+                job("j2", "gpu1", Some(0), false)
+            ]),
+            json!({}),
+        );
+        let got = tries(&b, Some("j2"), Some(&FullResult::default()));
+        assert_eq!(
+            (got[0].throttled, got[0].reason.as_str(), got[1].throttled),
+            (true, "the GPU slowed down while the run was timed", false)
+        );
     }
 
     #[test]

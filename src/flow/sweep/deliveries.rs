@@ -243,7 +243,10 @@ impl Tally {
         let delivered = match sent {
             Some(Ok(delivered)) => delivered,
             None => Some(Delivered::Pending(item.since)),
-            Some(Err(DispatchError::Store(e @ StoreError::Unavailable(_)))) => {
+            // One job contended by its other writers is its own trouble: counted below.
+            Some(Err(DispatchError::Store(e @ StoreError::Unavailable(_))))
+                if !e.is_contention() =>
+            {
                 self.stopped.get_or_insert(DispatchError::Store(e));
                 Some(Delivered::Pending(item.since))
             }

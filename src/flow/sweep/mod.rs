@@ -1,5 +1,6 @@
 //! One sweep pass: deferred creates and open jobs whose webhooks never came ([`builds`]),
-//! then every report and callback still owed ([`deliveries`]). A pass lists jobs without
+//! then every report and callback still owed ([`deliveries`]), then the fleet's incidents
+//! no function told (agents that stayed offline, posts that failed or never came). A pass lists jobs without
 //! their large parts and reads each whole only to act on it. One job's trouble is counted and logged; it
 //! does not stop the pass, and a job whose work kills the pass holds back no other: the
 //! bookmark moves past it first. A pipeline- or store-level error stops the pass, changing
@@ -28,6 +29,10 @@ use crate::retry::Deadline;
 
 /// A pass starts no new job's work with less than this left.
 pub const PASS_RESERVE: Duration = Duration::from_secs(10);
+
+/// The most of a pass the fleet's look takes: a read per agent, and a short post for each
+/// incident to tell (there are few).
+const FLEET_SHARE: Duration = Duration::from_secs(20);
 
 /// How many jobs of each partition one pass lists. A listing holds no results or payloads,
 /// so this bounds a pass's memory no matter what the jobs hold.
@@ -82,8 +87,25 @@ async fn pass_over(
     let buildkite_deadline = deadline.less(share.saturating_sub(PASS_RESERVE));
     release_waiting(d, &open).await;
     let buildkite = buildkite_work(d, &open, buildkite_deadline, report).await;
+    sweep_fleet(d, deadline, report).await;
     deliver_owed(d, &open, deadline, report).await?;
     buildkite
+}
+
+/// Agents that stayed offline, and incidents a function decided but did not tell, within a
+/// short share of the pass (before the deliveries, which may take all the rest).
+async fn sweep_fleet(d: &Deps, deadline: Deadline, report: &mut SweepReport) {
+    let share = deadline.within(FLEET_SHARE);
+    match super::fleet::sweep_fleet(d, share).await {
+        Ok(swept) => {
+            report.incidents_told = swept.told;
+            report.errors += swept.errors;
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "the fleet's list could not be read");
+            report.errors += 1;
+        }
+    }
 }
 
 /// Fair share's waiting jobs that a slot lets go, released on each queue that has jobs

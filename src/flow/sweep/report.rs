@@ -35,6 +35,9 @@ pub struct SweepReport {
     pub callbacks_sent: usize,
     pub callbacks_pending: usize,
     pub callbacks_given_up: usize,
+    /// GPU incidents told to the operators by this pass (agents that stayed offline, and
+    /// incidents a function decided but did not tell).
+    pub incidents_told: usize,
 }
 
 impl std::fmt::Display for SweepReport {
@@ -43,7 +46,7 @@ impl std::fmt::Display for SweepReport {
             f,
             "sweep: checked {} unfinished jobs: {} finished, {} failed, {} advanced, {} unchanged, \
              {} builds created, {} creates deferred, {} reports sent, {} reports pending, {} errors; \
-             {} Buildkite calls{}",
+             {} Buildkite calls{}{}",
             self.checked,
             self.finished,
             self.failed,
@@ -59,6 +62,10 @@ impl std::fmt::Display for SweepReport {
                 " (budget spent: the next pass goes on)"
             } else {
                 ""
+            },
+            match self.incidents_told {
+                0 => String::new(),
+                n => format!("; {n} GPU incidents told"),
             }
         )
     }

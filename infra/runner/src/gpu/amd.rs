@@ -20,7 +20,7 @@ const TOOL: &str = "amd-smi";
 /// The violations of amd-smi's `throttle` group that hold the clocks down.
 const VIOLATIONS: &[(&str, &str)] = &[
     ("prochot_violation_status", "ProchotViolation"),
-    ("ppt_violation_status", "PowerViolation"),
+    ("ppt_violation_status", super::AMD_POWER_CAP),
     ("socket_thermal_violation_status", "SocketThermalViolation"),
     ("vr_thermal_violation_status", "VrThermalViolation"),
     ("hbm_thermal_violation_status", "HbmThermalViolation"),

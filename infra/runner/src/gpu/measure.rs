@@ -1,7 +1,7 @@
-//! Measurement conditions, pure: was a timed run measured while the GPU was held down by heat
-//! or power, and what follows from that.
+//! Measurement conditions, pure: was a timed run measured while the GPU was slowed down by
+//! heat, a hardware slowdown or a power brake (or only held at its power limit, which is the
+//! kernel's real speed), and what follows from that.
 
-use super::preflight::slowdowns;
 use crate::result::GpuReading;
 
 /// What follows a timed run.
@@ -15,22 +15,36 @@ pub(crate) enum Next {
     Fail,
 }
 
-/// A thermal or power slowdown was active before or after the run.
+/// A slowdown was active before or after the run.
 pub(crate) fn throttled(before: &[GpuReading], after: &[GpuReading]) -> bool {
-    before.iter().chain(after).any(|r| !slowdowns(r).is_empty())
+    before
+        .iter()
+        .chain(after)
+        .any(|r| !r.slowdowns().is_empty())
+}
+
+/// The board was held at its power limit before or after the run.
+pub(crate) fn power_capped(before: &[GpuReading], after: &[GpuReading]) -> bool {
+    before.iter().chain(after).any(GpuReading::power_capped)
 }
 
 /// The slowdowns seen, each named once, for the sentence that reports them.
 pub(crate) fn seen(before: &[GpuReading], after: &[GpuReading]) -> Vec<String> {
-    let mut names: Vec<String> = before.iter().chain(after).flat_map(slowdowns).collect();
+    let mut names: Vec<String> = before
+        .iter()
+        .chain(after)
+        .flat_map(GpuReading::slowdowns)
+        .collect();
     names.sort();
     names.dedup();
     names
 }
 
-/// Only a leaderboard run is ranked, so only it is run again: once.
-pub(crate) fn next(mode: &str, attempt: u32, throttled: bool) -> Next {
-    match (mode, throttled) {
+/// Only a leaderboard run that passed is ranked, so only it is run again: once. A run that
+/// failed stands as failed whatever the GPU did: a wrong answer is not the GPU's doing, and
+/// must not buy a second run (or a second agent).
+pub(crate) fn next(mode: &str, attempt: u32, throttled: bool, passed: bool) -> Next {
+    match (mode, throttled && passed) {
         ("leaderboard", true) if attempt <= 1 => Next::CoolDownAndRetry,
         ("leaderboard", true) => Next::Fail,
         _ => Next::Keep,
@@ -55,40 +69,52 @@ mod tests {
 
     #[test]
     fn a_slowdown_before_or_after_is_throttled() {
-        let cases: &[(&[u64], &[u64], bool)] = &[
-            (&[0x1], &[0x0], false),
-            (&[0x2], &[0x10], false),
-            (&[0x20], &[0x0], true),
-            (&[0x0], &[0x4], true),
-            (&[0x0, 0x0], &[0x0, 0x80], true),
-            (&[], &[], false),
+        // (before, after, throttled, power capped)
+        let cases: &[(&[u64], &[u64], bool, bool)] = &[
+            (&[0x1], &[0x0], false, false),
+            (&[0x2], &[0x10], false, false),
+            (&[0x20], &[0x0], true, false),
+            (&[0x0], &[0x4], false, true),
+            (&[0x4], &[0x4], false, true),
+            (&[0x0], &[0x8], true, false),
+            (&[0x0, 0x0], &[0x0, 0x84], true, true),
+            (&[], &[], false, false),
         ];
-        for (before, after, want) in cases {
+        for (before, after, want, capped) in cases {
             let b: Vec<_> = before.iter().map(|m| gpu(*m)).collect();
             let a: Vec<_> = after.iter().map(|m| gpu(*m)).collect();
             assert_eq!(throttled(&b, &a), *want, "{before:?} {after:?}");
+            assert_eq!(power_capped(&b, &a), *capped, "{before:?} {after:?}");
         }
         assert_eq!(
             seen(&[gpu(0x20)], &[gpu(0x24)]),
-            ["SwPowerCap", "SwThermalSlowdown"]
+            ["SwThermalSlowdown"],
+            "the power cap is no slowdown"
+        );
+        assert_eq!(
+            seen(&[gpu(0x48)], &[gpu(0x80)]),
+            ["HwPowerBrakeSlowdown", "HwSlowdown", "HwThermalSlowdown"]
         );
     }
 
     #[test]
     fn only_a_throttled_leaderboard_run_is_run_again_and_only_once() {
         let cases = [
-            ("leaderboard", 1, false, Next::Keep),
-            ("leaderboard", 1, true, Next::CoolDownAndRetry),
-            ("leaderboard", 2, true, Next::Fail),
-            ("leaderboard", 2, false, Next::Keep),
-            ("benchmark", 1, true, Next::Keep),
-            ("test", 1, true, Next::Keep),
+            ("leaderboard", 1, false, true, Next::Keep),
+            ("leaderboard", 1, true, true, Next::CoolDownAndRetry),
+            ("leaderboard", 2, true, true, Next::Fail),
+            ("leaderboard", 2, false, true, Next::Keep),
+            // A failing run is failed, however hot the GPU.
+            ("leaderboard", 1, true, false, Next::Keep),
+            ("leaderboard", 2, true, false, Next::Keep),
+            ("benchmark", 1, true, true, Next::Keep),
+            ("test", 1, true, true, Next::Keep),
         ];
-        for (mode, attempt, throttled, want) in cases {
+        for (mode, attempt, throttled, passed, want) in cases {
             assert_eq!(
-                next(mode, attempt, throttled),
+                next(mode, attempt, throttled, passed),
                 want,
-                "{mode} {attempt} {throttled}"
+                "{mode} {attempt} {throttled} {passed}"
             );
         }
         assert!(is_timed("benchmark") && is_timed("leaderboard") && !is_timed("test"));

@@ -6,20 +6,60 @@ use crate::result::{GpuProcess, GpuReading};
 
 const TOOL: &str = "nvidia-smi";
 
-/// The fields of one GPU's reading, in the order [`parse_gpus`] reads them.
-/// `clocks_event_reasons.active` is the newer drivers' name (older ones only know
-/// `clocks_throttle_reasons.active`, the same mask).
-pub(crate) const GPU_FIELDS: &str = "index,uuid,name,temperature.gpu,power.draw,clocks.sm,\
-clocks.mem,clocks.max.sm,clocks_event_reasons.active,ecc.errors.uncorrected.volatile.total,\
-retired_pages.pending";
+/// The name a driver gives the clock-event reasons mask. Drivers before 535 know only
+/// `clocks_throttle_reasons.*`, and refuse a whole query that names a field they do not know;
+/// [`MaskName::older`] is what to ask such a driver instead.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum MaskName {
+    /// `clocks_event_reasons.active` (newer drivers).
+    Event,
+    /// `clocks_throttle_reasons.active` (the same mask, its older name).
+    Throttle,
+    /// Neither: a driver that knows neither name is still read for everything else.
+    Neither,
+}
+
+/// The fields of a reading before the mask and after it, in the order [`parse_gpus`] reads.
+const FIELDS_BEFORE_MASK: &str =
+    "index,uuid,name,temperature.gpu,power.draw,clocks.sm,clocks.mem,clocks.max.sm";
+const FIELDS_AFTER_MASK: &str = "ecc.errors.uncorrected.volatile.total,retired_pages.pending,\
+power.limit,power.default_limit";
+
+impl MaskName {
+    /// The field's name, if the query names one.
+    pub(crate) fn field(self) -> Option<&'static str> {
+        match self {
+            Self::Event => Some("clocks_event_reasons.active"),
+            Self::Throttle => Some("clocks_throttle_reasons.active"),
+            Self::Neither => None,
+        }
+    }
+
+    /// The name to ask a driver that refused this one.
+    pub(crate) fn older(self) -> Option<Self> {
+        match self {
+            Self::Event => Some(Self::Throttle),
+            Self::Throttle => Some(Self::Neither),
+            Self::Neither => None,
+        }
+    }
+
+    /// The reading's fields, comma-separated, as `--query-gpu=` takes them.
+    pub(crate) fn fields(self) -> String {
+        match self.field() {
+            Some(mask) => format!("{FIELDS_BEFORE_MASK},{mask},{FIELDS_AFTER_MASK}"),
+            None => format!("{FIELDS_BEFORE_MASK},{FIELDS_AFTER_MASK}"),
+        }
+    }
+}
 
 /// The fields of one compute process, in the order [`parse_processes`] reads them.
 pub(crate) const PROCESS_FIELDS: &str = "pid,gpu_uuid,used_memory";
 
-/// `nvidia-smi`'s arguments for the GPUs' readings.
-pub(crate) fn gpu_query() -> Vec<String> {
+/// `nvidia-smi`'s arguments for the GPUs' readings, naming the mask as `mask` says.
+pub(crate) fn gpu_query(mask: MaskName) -> Vec<String> {
     vec![
-        format!("--query-gpu={GPU_FIELDS}"),
+        format!("--query-gpu={}", mask.fields()),
         "--format=csv,noheader,nounits".into(),
     ]
 }
@@ -78,13 +118,17 @@ fn columns(line: &str, count: usize) -> Result<Vec<&str>, Unreadable> {
     Ok(values)
 }
 
-/// One GPU's line of the [`GPU_FIELDS`] query.
-fn parse_gpu(line: &str) -> Result<GpuReading, Unreadable> {
-    let v = columns(line, 11)?;
+/// One GPU's line of the readings' query (its mask named as `mask` says).
+fn parse_gpu(line: &str, mask: MaskName) -> Result<GpuReading, Unreadable> {
+    let named = mask.field();
+    let v = columns(line, if named.is_some() { 13 } else { 12 })?;
     let index = column(line, "index", v[0], |s| s.parse().ok())?
         .ok_or_else(|| Unreadable::new(TOOL, "a GPU without an index", line))?;
     let mhz = |i: usize, name: &str| column(line, name, v[i], |s| s.parse::<u32>().ok());
-    let mask = column(line, "clocks_event_reasons.active", v[8], hex)?;
+    let (reasons, after) = match named {
+        Some(name) => (column(line, name, v[8], hex)?, 9),
+        None => (None, 8),
+    };
     Ok(GpuReading {
         index,
         uuid: v[1].to_owned(),
@@ -94,20 +138,24 @@ fn parse_gpu(line: &str) -> Result<GpuReading, Unreadable> {
         sm_clock_mhz: mhz(5, "clocks.sm")?,
         mem_clock_mhz: mhz(6, "clocks.mem")?,
         max_sm_clock_mhz: mhz(7, "clocks.max.sm")?,
-        clock_event_reasons: mask,
-        clock_events: mask.map(clock_event_names).unwrap_or_default(),
+        clock_event_reasons: reasons,
+        clock_events: reasons.map(clock_event_names).unwrap_or_default(),
         throttled: None,
-        ecc_uncorrected: column(line, "ecc.errors.uncorrected", v[9], |s| s.parse().ok())?,
-        retired_pages_pending: column(line, "retired_pages.pending", v[10], yes_no)?,
+        ecc_uncorrected: column(line, "ecc.errors.uncorrected", v[after], |s| s.parse().ok())?,
+        retired_pages_pending: column(line, "retired_pages.pending", v[after + 1], yes_no)?,
+        power_limit_w: column(line, "power.limit", v[after + 2], |s| s.parse().ok())?,
+        default_power_limit_w: column(line, "power.default_limit", v[after + 3], |s| {
+            s.parse().ok()
+        })?,
     })
 }
 
-/// Every GPU of the [`GPU_FIELDS`] query, one line each (blank lines skipped).
-pub(crate) fn parse_gpus(output: &str) -> Result<Vec<GpuReading>, Unreadable> {
+/// Every GPU of the readings' query, one line each (blank lines skipped).
+pub(crate) fn parse_gpus(output: &str, mask: MaskName) -> Result<Vec<GpuReading>, Unreadable> {
     output
         .lines()
         .filter(|l| !l.trim().is_empty())
-        .map(parse_gpu)
+        .map(|l| parse_gpu(l, mask))
         .collect()
 }
 
@@ -138,11 +186,11 @@ pub(crate) fn parse_processes(output: &str) -> Result<Vec<GpuProcess>, Unreadabl
 mod tests {
     use super::*;
 
-    const H100_IDLE: &str = "0, GPU-5a3c3b8e-1e4b-2f1d-8c3a-0b9f1c2d3e4f, NVIDIA H100 80GB HBM3, 34, 69.88, 345, 2619, 1980, 0x0000000000000001, 0, No";
+    const H100_IDLE: &str = "0, GPU-5a3c3b8e-1e4b-2f1d-8c3a-0b9f1c2d3e4f, NVIDIA H100 80GB HBM3, 34, 69.88, 345, 2619, 1980, 0x0000000000000001, 0, No, 700.00, 700.00";
 
     #[test]
     fn an_idle_h100_reads_in_full() {
-        let gpus = parse_gpus(&format!("{H100_IDLE}\n")).unwrap();
+        let gpus = parse_gpus(&format!("{H100_IDLE}\n"), MaskName::Event).unwrap();
         assert_eq!(
             gpus,
             [GpuReading {
@@ -159,6 +207,8 @@ mod tests {
                 throttled: None,
                 ecc_uncorrected: Some(0),
                 retired_pages_pending: Some(false),
+                power_limit_w: Some(700.0),
+                default_power_limit_w: Some(700.0),
             }]
         );
     }
@@ -169,7 +219,7 @@ mod tests {
         let cases: &[(&str, Check)] = &[
             // A consumer card: no ECC, no retired pages, no power reading.
             (
-                "1, GPU-1, NVIDIA GeForce RTX 4090, 40, [N/A], 210, 405, 3120, 0x0000000000000000, [N/A], [N/A]",
+                "1, GPU-1, NVIDIA GeForce RTX 4090, 40, [N/A], 210, 405, 3120, 0x0000000000000000, [N/A], [N/A], 700.00, 700.00",
                 |g| {
                     g.index == 1
                         && g.power_w.is_none()
@@ -178,7 +228,7 @@ mod tests {
                 },
             ),
             (
-                "0, GPU-2, NVIDIA A100-SXM4-80GB, 88, 400.12, 1410, 1593, 1410, 0x0000000000000060, 2, Yes",
+                "0, GPU-2, NVIDIA A100-SXM4-80GB, 88, 400.12, 1410, 1593, 1410, 0x0000000000000060, 2, Yes, 700.00, 700.00",
                 |g| {
                     g.clock_events == ["SwThermalSlowdown", "HwThermalSlowdown"]
                         && g.ecc_uncorrected == Some(2)
@@ -186,52 +236,108 @@ mod tests {
                 },
             ),
             (
-                "3, GPU-3, Tesla V100, 50, 60.5, 1380, 877, 1530, [Not Supported], 0, No",
+                "3, GPU-3, Tesla V100, 50, 60.5, 1380, 877, 1530, [Not Supported], 0, No, 700.00, 700.00",
                 |g| g.clock_event_reasons.is_none() && g.clock_events.is_empty(),
             ),
         ];
         for (line, check) in cases {
-            let gpus = parse_gpus(line).unwrap();
+            let gpus = parse_gpus(line, MaskName::Event).unwrap();
             assert!(gpus.len() == 1 && check(&gpus[0]), "{line}: {gpus:?}");
         }
         let eight: String = (0..8)
             .map(|i| format!("{}\n", H100_IDLE.replacen('0', &i.to_string(), 1)))
             .collect();
-        let indices: Vec<u32> = parse_gpus(&eight)
+        let indices: Vec<u32> = parse_gpus(&eight, MaskName::Event)
             .unwrap()
             .iter()
             .map(|g| g.index)
             .collect();
         assert_eq!(indices, [0, 1, 2, 3, 4, 5, 6, 7]);
-        assert_eq!(parse_gpus("\n").unwrap(), []);
+        assert_eq!(parse_gpus("\n", MaskName::Event).unwrap(), []);
+    }
+
+    #[test]
+    fn each_name_of_the_mask_reads_the_same_gpu() {
+        let with_mask = "0, GPU-1, NVIDIA A100-SXM4-80GB, 88, 400.12, 1410, 1593, 1410, 0x0000000000000024, 0, No, 700.00, 700.00";
+        let without =
+            "0, GPU-1, NVIDIA A100-SXM4-80GB, 88, 400.12, 1410, 1593, 1410, 0, No, 700.00, 700.00";
+        let event = parse_gpus(with_mask, MaskName::Event).unwrap();
+        assert_eq!(event[0].clock_events, ["SwPowerCap", "SwThermalSlowdown"]);
+        assert_eq!(parse_gpus(with_mask, MaskName::Throttle).unwrap(), event);
+        let neither = parse_gpus(without, MaskName::Neither).unwrap();
+        assert_eq!(
+            (
+                neither[0].clock_event_reasons,
+                neither[0].clock_events.len()
+            ),
+            (None, 0)
+        );
+        assert_eq!(
+            (neither[0].temperature_c, neither[0].ecc_uncorrected),
+            (Some(88.0), Some(0))
+        );
+        // Each older query names the older field, then none; the rest is the same list.
+        let queries: Vec<String> = [MaskName::Event, MaskName::Throttle, MaskName::Neither]
+            .iter()
+            .map(|m| m.fields())
+            .collect();
+        assert!(queries[0].contains(",clocks_event_reasons.active,"));
+        assert_eq!(
+            queries[0].replace("clocks_event_reasons", "clocks_throttle_reasons"),
+            queries[1]
+        );
+        assert_eq!(
+            queries[1].replace(",clocks_throttle_reasons.active", ""),
+            queries[2]
+        );
+        assert_eq!(MaskName::Event.older(), Some(MaskName::Throttle));
+        assert_eq!(MaskName::Neither.older(), None);
+        // A line of the other shape is unreadable, not misread.
+        assert!(parse_gpus(without, MaskName::Event).is_err());
+    }
+
+    /// `setup-node.sh` runs the pre-flight's query on each GPU when a node is set up: the
+    /// same fields, so a driver that refuses them is found then, not by the first job.
+    #[test]
+    fn node_setup_asks_the_pre_flight_s_fields() {
+        let script = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../buildkite/setup-node.sh"
+        ))
+        .unwrap();
+        let line = format!("NVIDIA_GPU_FIELDS=\"{}\"", MaskName::Event.fields());
+        assert!(
+            script.lines().any(|l| l.trim() == line),
+            "setup-node.sh has no line {line}"
+        );
     }
 
     #[test]
     fn unreadable_gpu_lines_are_errors_with_the_line() {
         let cases: &[(&str, &str)] = &[
-            ("NVIDIA H100 80GB HBM3", "1 columns where 11 were asked for"),
+            ("NVIDIA H100 80GB HBM3", "1 columns where 13 were asked for"),
             (
-                "0, GPU-1, H100, 34, 69.88, 345, 2619, 1980, 0x1, 0",
-                "10 columns",
+                "0, GPU-1, H100, 34, 69.88, 345, 2619, 1980, 0x1, 0, 700.00, 700.00",
+                "12 columns",
             ),
             (
-                "0, GPU-1, H100, hot, 69.88, 345, 2619, 1980, 0x1, 0, No",
+                "0, GPU-1, H100, hot, 69.88, 345, 2619, 1980, 0x1, 0, No, 700.00, 700.00",
                 "temperature.gpu is \"hot\"",
             ),
             (
-                "0, GPU-1, H100, 34, 69.88, 345, 2619, 1980, 4, 0, No",
+                "0, GPU-1, H100, 34, 69.88, 345, 2619, 1980, 4, 0, No, 700.00, 700.00",
                 "clocks_event_reasons.active is \"4\"",
             ),
             (
-                "0, GPU-1, H100, 34, 69.88, 345, 2619, 1980, 0x1, [Unknown Error], No",
+                "0, GPU-1, H100, 34, 69.88, 345, 2619, 1980, 0x1, [Unknown Error], No, 700.00, 700.00",
                 "ecc.errors.uncorrected is",
             ),
             (
-                "0, GPU-1, H100, 34, 69.88, 345, 2619, 1980, 0x1, 0, Maybe",
+                "0, GPU-1, H100, 34, 69.88, 345, 2619, 1980, 0x1, 0, Maybe, 700.00, 700.00",
                 "retired_pages.pending is",
             ),
             (
-                "[N/A], GPU-1, H100, 34, 69.88, 345, 2619, 1980, 0x1, 0, No",
+                "[N/A], GPU-1, H100, 34, 69.88, 345, 2619, 1980, 0x1, 0, No, 700.00, 700.00",
                 "without an index",
             ),
             (
@@ -240,7 +346,7 @@ mod tests {
             ),
         ];
         for (line, why) in cases {
-            let err = parse_gpus(&format!("{H100_IDLE}\n{line}\n")).unwrap_err();
+            let err = parse_gpus(&format!("{H100_IDLE}\n{line}\n"), MaskName::Event).unwrap_err();
             assert!(err.why.contains(why), "{line}: {err}");
             assert_eq!(err.line, *line);
         }

@@ -1,7 +1,8 @@
 //! The pre-flight decision, pure: given the GPUs the agent was given, the tools' readings and
 //! compute processes, and the thresholds, may a submission run on these GPUs?
 
-use super::{SLOWDOWNS, clock_event_names};
+use std::time::Duration;
+
 use crate::result::{GpuProcess, GpuReading};
 
 /// Above this temperature (°C) a GPU is not handed a submission: it would throttle within
@@ -11,6 +12,10 @@ pub(crate) const DEFAULT_MAX_TEMP_C: f64 = 85.0;
 /// GPU's is above 1 GHz. Only the maximum is checked, never the current clock, which an
 /// idle GPU lowers by design. `KERNELBOT_PREFLIGHT_MIN_MAX_SM_CLOCK_MHZ` overrides it.
 pub(crate) const DEFAULT_MIN_MAX_SM_CLOCK_MHZ: u32 = 500;
+
+/// The least share of its default power limit a GPU may be set to: the power cap is the
+/// kernel's real speed only at the board's own limit (a vendor may round it a little).
+const MIN_POWER_LIMIT_SHARE: f64 = 0.95;
 
 const MAX_TEMP_VAR: &str = "KERNELBOT_PREFLIGHT_MAX_TEMP_C";
 const MIN_MAX_SM_CLOCK_VAR: &str = "KERNELBOT_PREFLIGHT_MIN_MAX_SM_CLOCK_MHZ";
@@ -57,26 +62,6 @@ pub(crate) struct Refusal {
 
 fn refuse(reason: &'static str, message: String) -> Result<(), Refusal> {
     Err(Refusal { reason, message })
-}
-
-/// The active thermal or power slowdowns of a reading: NVIDIA's mask bits, AMD's
-/// violations and throttle status. Empty when the GPU runs free (or idles).
-pub(crate) fn slowdowns(r: &GpuReading) -> Vec<String> {
-    let mut names = match r.clock_event_reasons {
-        Some(mask) => clock_event_names(mask & SLOWDOWNS),
-        // No mask (AMD): the names are its violations, each a slowdown; NVIDIA's names of
-        // settings are left out should a reading carry them without the mask.
-        None => {
-            let settings = clock_event_names(!SLOWDOWNS & 0x1ff);
-            let mut names = r.clock_events.clone();
-            names.retain(|n| !settings.contains(n));
-            names
-        }
-    };
-    if r.throttled == Some(true) && names.is_empty() {
-        names.push("Throttled".into());
-    }
-    names
 }
 
 /// Does the `given` device (a `CUDA_VISIBLE_DEVICES` entry: an index or a UUID, CUDA taking
@@ -176,7 +161,16 @@ fn check_gpu(g: &GpuReading, limits: &Thresholds) -> Result<(), Refusal> {
         );
         return refuse("max_clock_low", why);
     }
-    let active = slowdowns(g);
+    if let (Some(limit), Some(default)) = (g.power_limit_w, g.default_power_limit_w)
+        && limit < default * MIN_POWER_LIMIT_SHARE
+    {
+        let why = format!(
+            "GPU {i}'s power limit is set to {limit:.0} W, below its default of {default:.0} W: \
+             every kernel would be capped below its real speed"
+        );
+        return refuse("power_limit_low", why);
+    }
+    let active = g.slowdowns();
     if !active.is_empty() {
         return refuse(
             "clock_slowdown",
@@ -184,6 +178,23 @@ fn check_gpu(g: &GpuReading, limits: &Thresholds) -> Result<(), Refusal> {
         );
     }
     Ok(())
+}
+
+/// How often a GPU that may cool is read again.
+pub(crate) const COOLDOWN_POLL: Duration = Duration::from_secs(2);
+
+/// How long to wait before reading the GPUs again after `refusal`, `waited` into a cool-down
+/// of `cooldown`: a GPU still hot or slowed down from the previous job may pass by itself, so
+/// it is re-read every [`COOLDOWN_POLL`] until the cool-down is over (the last read at its
+/// end); anything else is refused at once.
+pub(crate) fn wait_before_reading_again(
+    refusal: &Refusal,
+    waited: Duration,
+    cooldown: Duration,
+) -> Option<Duration> {
+    let passing = matches!(refusal.reason, "too_hot" | "clock_slowdown");
+    let left = cooldown.saturating_sub(waited);
+    (passing && !left.is_zero()).then(|| left.min(COOLDOWN_POLL))
 }
 
 /// The whole pre-flight: the visible GPUs are exactly the given ones, none has a compute
@@ -218,6 +229,8 @@ mod tests {
             throttled: None,
             ecc_uncorrected: Some(0),
             retired_pages_pending: Some(false),
+            power_limit_w: Some(700.0),
+            default_power_limit_w: Some(700.0),
         }
     }
 
@@ -276,14 +289,14 @@ mod tests {
                 "300 MHz",
             ),
             (
-                "clock_slowdown",
-                with(|g| g.clock_event_reasons = Some(0x21)),
-                "SwThermalSlowdown",
+                "power_limit_low",
+                with(|g| (g.power_limit_w, g.default_power_limit_w) = (Some(500.0), Some(700.0))),
+                "set to 500 W, below its default of 700 W",
             ),
             (
                 "clock_slowdown",
-                with(|g| g.clock_event_reasons = Some(0x4)),
-                "SwPowerCap",
+                with(|g| g.clock_event_reasons = Some(0x21)),
+                "SwThermalSlowdown",
             ),
             (
                 "clock_slowdown",
@@ -307,8 +320,27 @@ mod tests {
     }
 
     #[test]
-    fn settings_and_idling_are_not_slowdowns() {
-        for mask in [0x0, 0x1, 0x2, 0x10, 0x100, 0x113] {
+    fn a_power_limit_at_its_default_passes() {
+        for (limit, default) in [
+            (Some(700.0), Some(700.0)),
+            (Some(680.0), Some(700.0)),
+            (Some(750.0), Some(700.0)),
+            (None, Some(700.0)),
+            (Some(100.0), None),
+        ] {
+            let mut g = h100(0);
+            (g.power_limit_w, g.default_power_limit_w) = (limit, default);
+            assert_eq!(
+                decide(None, &[g], &[], &limits()),
+                Ok(()),
+                "{limit:?} {default:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn settings_idling_and_the_power_cap_are_not_slowdowns() {
+        for mask in [0x0, 0x1, 0x2, 0x4, 0x10, 0x100, 0x113, 0x117] {
             let mut g = h100(0);
             g.clock_event_reasons = Some(mask);
             assert_eq!(decide(None, &[g], &[], &limits()), Ok(()), "{mask:#x}");
@@ -382,6 +414,32 @@ mod tests {
         let refusal = decide(None, &gpus, &[by_index], &limits()).unwrap_err();
         assert!(refusal.message.contains("pid 78") && refusal.message.contains("GPU 0"));
         assert_eq!(decide(None, &gpus, &[elsewhere], &limits()), Ok(()));
+    }
+
+    #[test]
+    fn only_heat_and_slowdowns_are_waited_out_and_only_for_the_cool_down() {
+        let refusal = |reason| Refusal {
+            reason,
+            message: String::new(),
+        };
+        let s = Duration::from_secs;
+        let cases = [
+            ("too_hot", s(0), s(30), Some(s(2))),
+            ("clock_slowdown", s(29), s(30), Some(s(1))),
+            ("clock_slowdown", s(30), s(30), None),
+            ("too_hot", s(31), s(30), None),
+            ("too_hot", s(0), s(0), None),
+            ("ecc_errors", s(0), s(30), None),
+            ("foreign_process", s(0), s(30), None),
+            ("gpu_missing", s(0), s(30), None),
+        ];
+        for (reason, waited, cooldown, want) in cases {
+            assert_eq!(
+                wait_before_reading_again(&refusal(reason), waited, cooldown),
+                want,
+                "{reason} {waited:?} {cooldown:?}"
+            );
+        }
     }
 
     #[test]

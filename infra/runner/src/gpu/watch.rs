@@ -1,30 +1,31 @@
 //! Readings around each timed run (benchmark, leaderboard), and the one cool-down and second
 //! try a throttled leaderboard run gets. The decisions are in [`super::measure`].
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use super::measure::{self, Next};
-use super::probe::{self, Vendor};
-use crate::result::{Conditions, EvalResult, GpuReading, InfraFailure};
+use super::probe::Reader;
+use crate::result::{Conditions, EvalResult, GpuReading, Throttled};
 
-/// How long a GPU that throttled a leaderboard run cools before the second try, unless
+/// How long a GPU that throttled a leaderboard run cools before the second try, and how long
+/// the pre-flight waits for a GPU still hot from the previous job, unless
 /// `KERNELBOT_COOLDOWN_SECS` says otherwise.
 pub(crate) const DEFAULT_COOLDOWN: Duration = Duration::from_secs(30);
 
-/// The vendor's tool to read the GPUs with, and the cool-down.
+/// How the GPUs are read, the cool-down, and which try of the job this is.
 #[derive(Clone, Debug)]
 pub(crate) struct Watch {
-    pub(crate) vendor: Vendor,
-    pub(crate) tool: PathBuf,
+    pub(crate) reader: Reader,
     pub(crate) cooldown: Duration,
+    /// `BUILDKITE_RETRY_COUNT`: 0 on the job's first try.
+    pub(crate) retry: u32,
 }
 
 impl Watch {
     /// The GPUs' readings; none when the tool fails now (the pre-flight passed, so a
     /// failure here costs the run its conditions, never its result).
     fn read(&self) -> Vec<GpuReading> {
-        probe::readings(self.vendor, &self.tool).unwrap_or_else(|e| {
+        self.reader.readings().unwrap_or_else(|e| {
             eprintln!("Cannot read the GPUs' conditions: {e}");
             Vec::new()
         })
@@ -32,14 +33,15 @@ impl Watch {
 
     /// Runs a timed `mode` with readings before and after, in its result's `conditions`. A
     /// throttled leaderboard run is run again after the cool-down (within the budget left
-    /// until `until`); throttled again, it is an infrastructure failure.
+    /// until `until`); throttled again, no time of it is ranked: what says so comes back.
     pub(crate) fn timed(
         &self,
         mode: &str,
         until: Instant,
         mut run: impl FnMut() -> EvalResult,
-    ) -> (EvalResult, Option<InfraFailure>) {
+    ) -> (EvalResult, Option<Throttled>) {
         let mut attempt = 1;
+        let mut cooled = Duration::ZERO;
         loop {
             let before = self.read();
             let mut result = run();
@@ -47,12 +49,14 @@ impl Watch {
             let throttled = measure::throttled(&before, &after);
             let seen = measure::seen(&before, &after);
             result.conditions = Some(Conditions {
+                throttled,
+                power_capped: measure::power_capped(&before, &after),
                 before,
                 after: after.clone(),
-                throttled,
                 attempts: attempt,
             });
-            match measure::next(mode, attempt, throttled) {
+            let passed = result.run.as_ref().is_some_and(|r| r.passed);
+            match measure::next(mode, attempt, throttled, passed) {
                 Next::Keep => return (result, None),
                 Next::CoolDownAndRetry => {
                     let pause = self
@@ -64,22 +68,18 @@ impl Watch {
                         pause.as_secs()
                     );
                     std::thread::sleep(pause);
+                    cooled = pause;
                     attempt += 1;
                 }
                 Next::Fail => {
-                    let detail = format!(
-                        "the {mode} run was throttled ({}) twice, the second time after a {} s cool-down",
-                        seen.join(", "),
-                        self.cooldown.as_secs()
-                    );
-                    let infra = InfraFailure {
-                        stage: "measurement".into(),
-                        reason: "throttled".into(),
-                        detail,
+                    let throttled = Throttled {
+                        mode: mode.to_owned(),
+                        slowdowns: seen,
+                        retry: self.retry,
+                        cooldown_secs: cooled.as_secs(),
                         readings: after,
-                        processes: Vec::new(),
                     };
-                    return (result, Some(infra));
+                    return (result, Some(throttled));
                 }
             }
         }

@@ -15,7 +15,7 @@ use serde_json::value::RawValue;
 use super::render::{self, Text};
 use super::{
     CompileResult, Conditions, EvalResult, FullResult, InfraFailure, Preflight, ProfileResult,
-    RunResult, SystemInfo, cap, caps, is_report, rank,
+    RunResult, SystemInfo, Throttled, cap, caps, is_report, rank,
 };
 
 /// Reads `bytes` as a [`FullResult`] within its caps (see [`FullResult::parse`]).
@@ -44,6 +44,8 @@ struct Full {
     infra: Option<InfraFailure>,
     #[serde(deserialize_with = "preflight")]
     preflight: Option<Preflight>,
+    #[serde(deserialize_with = "throttled")]
+    throttled: Option<Throttled>,
 }
 
 #[derive(Deserialize)]
@@ -162,7 +164,7 @@ struct RunOf(#[serde(with = "Run")] RunResult);
 #[serde(transparent)]
 struct ProfileOf(#[serde(with = "Profile")] ProfileResult);
 
-/// The runner's own reports (`infra`, `conditions`) are a few readings per GPU: one larger
+/// The runner's own reports (`infra`, `throttled`, `conditions`) are a few readings per GPU: one larger
 /// than this is not the runner's, and is left out unread.
 const MAX_HEALTH_BYTES: usize = 64 * 1024;
 
@@ -188,6 +190,14 @@ fn preflight<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Preflight>, D::Er
         p.cap();
     }
     Ok(preflight)
+}
+
+fn throttled<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Throttled>, D::Error> {
+    let mut throttled: Option<Throttled> = small(d)?;
+    if let Some(t) = throttled.as_mut() {
+        t.cap();
+    }
+    Ok(throttled)
 }
 
 fn conditions<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Conditions>, D::Error> {

@@ -28,6 +28,80 @@ pub struct GpuReading {
     pub throttled: Option<bool>,
     pub ecc_uncorrected: Option<u64>,
     pub retired_pages_pending: Option<bool>,
+    /// The board's power limit as set, and its default (NVIDIA's `power.limit`,
+    /// `power.default_limit`): a kernel held at a limit set below the default is not
+    /// measured at its real speed.
+    pub power_limit_w: Option<f64>,
+    pub default_power_limit_w: Option<f64>,
+}
+
+/// NVML's clock-event reasons (`nvmlClocksEventReasons`), bit and name.
+const CLOCK_EVENTS: &[(u64, &str)] = &[
+    (0x1, "GpuIdle"),
+    (0x2, "ApplicationsClocksSetting"),
+    (0x4, "SwPowerCap"),
+    (0x8, "HwSlowdown"),
+    (0x10, "SyncBoost"),
+    (0x20, "SwThermalSlowdown"),
+    (0x40, "HwThermalSlowdown"),
+    (0x80, "HwPowerBrakeSlowdown"),
+    (0x100, "DisplayClockSetting"),
+];
+
+/// `SwPowerCap`: the board held at its power limit. A kernel that draws the board's full
+/// power is capped on every healthy GPU of its type, so this is its real speed: recorded with
+/// the run, never a fault.
+const POWER_CAP: u64 = 0x4;
+
+/// The reasons that mean the GPU runs below what its kind runs at: heat (`SwThermalSlowdown`,
+/// `HwThermalSlowdown`), a hardware slowdown (`HwSlowdown`) or a power brake. An idle GPU
+/// (0x1) downclocks by design; application clocks (0x2), sync boost and the display clock
+/// are settings; the power cap is the kernel's own speed ([`POWER_CAP`]).
+const SLOWDOWNS: u64 = 0x8 | 0x20 | 0x40 | 0x80;
+
+/// AMD's name for its power limit's violation (package power tracking): its power cap.
+pub(crate) const AMD_POWER_CAP: &str = "PowerViolation";
+
+/// The active slowdowns of a reading ([`SLOWDOWNS`], or AMD's violations but its power
+/// limit's). Empty when the GPU runs free, idles, or is only held at its power limit.
+fn slowdowns(r: &GpuReading) -> Vec<String> {
+    let mut names = match r.clock_event_reasons {
+        Some(mask) => clock_event_names(mask & SLOWDOWNS),
+        // No mask (AMD): the names are its violations; NVIDIA's names of settings and of the
+        // power cap are left out should a reading carry them without the mask.
+        None => {
+            let not_slowdowns = clock_event_names(!SLOWDOWNS & 0x1ff);
+            let mut names = r.clock_events.clone();
+            names.retain(|n| !not_slowdowns.contains(n) && n != AMD_POWER_CAP);
+            names
+        }
+    };
+    // AMD's throttle status with no violation but the power limit's is the cap, not a fault.
+    if r.throttled == Some(true) && names.is_empty() && !power_capped(r) {
+        names.push("Throttled".into());
+    }
+    names
+}
+
+/// Whether the board was held at its power limit when read.
+fn power_capped(r: &GpuReading) -> bool {
+    r.clock_event_reasons.is_some_and(|m| m & POWER_CAP != 0)
+        || r.clock_events.iter().any(|n| n == AMD_POWER_CAP)
+}
+
+/// The names of the reasons set in `mask`; an unknown bit by its value.
+pub(crate) fn clock_event_names(mask: u64) -> Vec<String> {
+    let known: u64 = CLOCK_EVENTS.iter().map(|(bit, _)| bit).sum();
+    let mut names: Vec<String> = CLOCK_EVENTS
+        .iter()
+        .filter(|(bit, _)| mask & bit != 0)
+        .map(|(_, name)| (*name).to_owned())
+        .collect();
+    let unknown = mask & !known;
+    if unknown != 0 {
+        names.push(format!("Unknown({unknown:#x})"));
+    }
+    names
 }
 
 /// A compute process on a GPU, as `--query-compute-apps` or `amd-smi process` lists it.
@@ -81,17 +155,77 @@ impl Preflight {
 pub struct Conditions {
     pub before: Vec<GpuReading>,
     pub after: Vec<GpuReading>,
-    /// A thermal or power slowdown was active before or after the run.
+    /// A thermal slowdown, a hardware slowdown or a power brake was active before or after
+    /// the run: its time is not a fair one.
     pub throttled: bool,
+    /// The board was held at its power limit (NVIDIA's `SwPowerCap`, AMD's PPT): a kernel
+    /// that draws full power is capped on every healthy GPU of its type, so this is its real
+    /// speed, recorded and never a fault.
+    pub power_capped: bool,
     /// How many times the run was made: a throttled leaderboard run gets a second, after a
     /// cool-down, and these are the last one's conditions.
     pub attempts: u32,
+}
+
+/// A timed run the GPU slowed down on both its measurements on one agent (the second after a
+/// cool-down): no time of it is ranked. It showed only after the submission's code ran, and a
+/// kernel can heat its own GPU, so it is never the node's fault at first sight: the job is
+/// tried once more (the pipeline's one retry for it), and throttled there too it is the
+/// submission's outcome.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Throttled {
+    /// The run that was slowed down (`leaderboard`).
+    pub mode: String,
+    /// The slowdowns seen (`SwThermalSlowdown`, `HwSlowdown`, ...).
+    pub slowdowns: Vec<String>,
+    /// Which try of the job this was (`BUILDKITE_RETRY_COUNT`, 0 on the first).
+    pub retry: u32,
+    /// The cool-down given between the two measurements, in seconds.
+    pub cooldown_secs: u64,
+    /// The GPUs' readings after the last measurement.
+    pub readings: Vec<GpuReading>,
+}
+
+impl Throttled {
+    /// The `error` sentence: what happened, that nothing was ranked, and that the code's
+    /// results stand.
+    pub fn sentence(&self) -> String {
+        format!(
+            "Not ranked: the GPU slowed down ({}) while the {} run was timed, again after a {} s \
+             cool-down. A kernel can heat its own GPU; its results stand, but its time could \
+             not be measured fairly",
+            self.slowdowns.join(", "),
+            self.mode,
+            self.cooldown_secs
+        )
+    }
+
+    pub(super) fn cap(&mut self) {
+        cap(&mut self.mode, caps::SHORT);
+        self.slowdowns.truncate(MAX_ENTRIES);
+        for s in &mut self.slowdowns {
+            cap(s, caps::SHORT);
+        }
+        cap_readings(&mut self.readings);
+    }
 }
 
 /// At most this many GPUs or processes are kept per list: a node has 8 GPUs.
 const MAX_ENTRIES: usize = 64;
 
 impl GpuReading {
+    /// The slowdowns active when it was read: heat, a hardware slowdown, a power brake. The
+    /// power cap is none of them.
+    pub fn slowdowns(&self) -> Vec<String> {
+        slowdowns(self)
+    }
+
+    /// Whether the board was held at its power limit when it was read.
+    pub fn power_capped(&self) -> bool {
+        power_capped(self)
+    }
+
     pub(super) fn cap(&mut self) {
         cap(&mut self.uuid, caps::SHORT);
         cap(&mut self.name, caps::SHORT);
@@ -108,10 +242,12 @@ fn cap_readings(readings: &mut Vec<GpuReading>) {
 }
 
 /// Pre-flight findings that outlast the job: the agent takes itself out of its queue for
-/// them. A hot or slowed-down GPU may be the last job's doing, and a throttled measurement
-/// the submission's own, so those are retried elsewhere without a pause: a submission must
-/// not be able to take agents out of the queue.
+/// them. A GPU still hot or slowed down after its cool-down may be the last job's doing, so
+/// it is retried elsewhere without a pause: a submission must not be able to take agents out
+/// of the queue. Nor is a tool missing from the runner's image (`tool_missing`) the agent's
+/// fault: every agent would pause, and stay paused after the image is fixed.
 const LASTING: &[&str] = &[
+    "power_limit_low",
     "no_gpu",
     "gpu_missing",
     "gpu_not_given",
@@ -170,7 +306,52 @@ impl Conditions {
 
 #[cfg(test)]
 mod tests {
+    use super::{GpuReading, clock_event_names};
     use crate::result::{FullResult, InfraFailure};
+
+    #[test]
+    fn the_power_cap_is_recorded_and_only_heat_brakes_and_hardware_slow_a_gpu() {
+        let nvidia = |mask: u64| GpuReading {
+            clock_event_reasons: Some(mask),
+            clock_events: clock_event_names(mask),
+            ..GpuReading::default()
+        };
+        let amd = |names: &[&str], throttled: bool| GpuReading {
+            clock_events: names.iter().map(|n| (*n).to_owned()).collect(),
+            throttled: Some(throttled),
+            ..GpuReading::default()
+        };
+        let cases: Vec<(GpuReading, &[&str], bool)> = vec![
+            (nvidia(0x1), &[], false),
+            (nvidia(0x4), &[], true),
+            (nvidia(0x5), &[], true),
+            (nvidia(0x8), &["HwSlowdown"], false),
+            (nvidia(0x24), &["SwThermalSlowdown"], true),
+            (
+                nvidia(0xc4),
+                &["HwThermalSlowdown", "HwPowerBrakeSlowdown"],
+                true,
+            ),
+            (nvidia(0x113), &[], false),
+            (amd(&[], false), &[], false),
+            (amd(&["PowerViolation"], true), &[], true),
+            (
+                amd(&["PowerViolation", "SocketThermalViolation"], true),
+                &["SocketThermalViolation"],
+                true,
+            ),
+            (amd(&[], true), &["Throttled"], false),
+            (
+                amd(&["ProchotViolation"], false),
+                &["ProchotViolation"],
+                false,
+            ),
+        ];
+        for (reading, want, capped) in cases {
+            assert_eq!(reading.slowdowns(), want, "{reading:?}");
+            assert_eq!(reading.power_capped(), capped, "{reading:?}");
+        }
+    }
 
     #[test]
     fn infra_is_kept_when_present_and_absent_otherwise() {
