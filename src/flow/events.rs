@@ -82,7 +82,7 @@ pub(crate) async fn on_event(
         let Some(agent) = &event.agent else {
             return Ok(EventOutcome::Ignored("an agent event without its agent"));
         };
-        let ours = fleet::on_agent_event(d, &event.event, agent, deadline).await?;
+        let ours = fleet::on_agent_event(d, &event.event, agent).await?;
         return Ok(if ours {
             EventOutcome::AgentNoted
         } else {

@@ -68,10 +68,9 @@ pub(crate) async fn note_finish(d: &Deps, job: &Job) -> Vec<Noted> {
             run_id: job.run_id.as_str(),
             readings: t.result.then(|| readings_of(outcome)).flatten(),
             retried: i < last,
-            ended_at: job.updated_at,
+            ended_at: t.finished_at,
         };
-        let decide =
-            |r: &mut AgentRecord| r.saw_try(seen, now).and_then(|_| r.pending.last().cloned());
+        let decide = |r: &mut AgentRecord| r.saw_try(seen, now);
         match update(d, &t.agent, &job.queue, decide).await {
             Ok(Some(pending)) => {
                 count(d, &t.agent, &job.queue, &pending.incident);
@@ -116,7 +115,6 @@ pub(crate) async fn on_agent_event(
     d: &Deps,
     event: &str,
     agent: &Agent,
-    deadline: Deadline,
 ) -> Result<bool, StoreError> {
     let queue = agent.queue();
     if !d.config.queues.serves(queue) {
@@ -132,14 +130,11 @@ pub(crate) async fn on_agent_event(
         return Ok(false);
     }
     let now = d.clock.now();
-    let decide = |r: &mut AgentRecord| {
-        r.saw_event(event, now)
-            .and_then(|_| r.pending.last().cloned())
+    let noted = |r: &mut AgentRecord| {
+        r.saw_event(event, now);
+        Some(())
     };
-    if let Some(pending) = update(d, &name, queue, decide).await? {
-        count(d, &name, queue, &pending.incident);
-        tell(d, &name, queue, &pending, deadline).await;
-    }
+    update(d, &name, queue, noted).await?;
     Ok(true)
 }
 
@@ -155,10 +150,15 @@ pub(crate) struct FleetSwept {
 /// The sweep's look at the fleet within `deadline`: an agent offline past the grace (and not
 /// listed connected by the agents API after all) becomes an incident, and every incident a
 /// function decided but did not tell (killed mid-delivery, or its post failed) is told. A
-/// pass starts at another agent each minute, so a short one does not always serve the same.
+/// pass starts at another agent, so a short one does not always serve the same ones.
 pub(crate) async fn sweep_fleet(d: &Deps, deadline: Deadline) -> Result<FleetSwept, StoreError> {
     let names = names_in(d.store.cached(FLEET_KEY).await?.as_ref());
-    let start = usize::try_from(d.clock.now() / 60_000).unwrap_or(0) % names.len().max(1);
+    // Passes come every few minutes: a hash of the time spreads their starts over the list.
+    let spread = (d.clock.now() / 1000)
+        .unsigned_abs()
+        .wrapping_mul(2_654_435_761)
+        >> 16;
+    let start = usize::try_from(spread).unwrap_or(0) % names.len().max(1);
     let mut listing = Listing::default();
     let mut swept = FleetSwept::default();
     for name in names.iter().cycle().skip(start).take(names.len()) {
@@ -189,12 +189,21 @@ impl Listing {
     async fn connected_at(&mut self, d: &Deps, name: &str, deadline: Deadline) -> Option<Millis> {
         if !self.read {
             self.read = true;
-            match queues::agents(d, deadline).await {
-                // At most a refresh old: read after an agent that went away 5 minutes ago.
-                Ok(list) => {
+            // The list may be a cached one (another instance refreshed it, or Buildkite's
+            // window is spent): what it says is as of when it was read.
+            let listed = match queues::agents(d, deadline).await {
+                Ok(list) => queues::agents_read_at(d)
+                    .await
+                    .map(|at| at.map(|at| (list, at)))
+                    .map_err(QueueError::Store),
+                Err(e) => Err(e),
+            };
+            match listed {
+                Ok(Some((list, at))) => {
                     let names = list.into_iter().map(|a| a.name).collect();
-                    self.connected = Some((names, d.clock.now() - queues::REFRESH_MS));
+                    self.connected = Some((names, at));
                 }
+                Ok(None) => {}
                 Err(e) => {
                     warn!(error = %e, "the agents list could not be read; offline agents are judged by their events")
                 }
@@ -225,7 +234,7 @@ async fn sweep_agent(
         if let Some(at) = listed_at {
             r.seen_connected(at);
         }
-        let offline = r.offline_due(now).and_then(|_| r.pending.last().cloned());
+        let offline = r.offline_due(now);
         Some((offline, r.take_overdue(now)))
     };
     let Some((offline, mut to_tell)) = update(d, name, &record.queue, look).await? else {
@@ -275,9 +284,12 @@ async fn update<T>(
             claimed_at: version.unwrap_or(0) + 1,
         };
         if d.store.put_cached(&key, &next, version).await? {
-            // Listed with its first record. A listing that fails loses the agent from the
-            // fleet view, never the incident just decided.
-            if version.is_none()
+            // Listed with its first record, and again (a read, if it is) whenever the record
+            // holds what only the sweep, which walks the list, may tell: a listing that failed
+            // once is made good. A listing that fails loses the agent from the fleet view,
+            // never the incident just decided.
+            let sweep_needs = !record.pending.is_empty() || record.offline.is_some();
+            if (version.is_none() || sweep_needs)
                 && let Err(e) = list_agent(d, name).await
             {
                 warn!(error = %e, agent = name, "the agent could not be added to the fleet's list");
@@ -412,10 +424,10 @@ pub(crate) fn incident_text(
             submissions,
             reason,
         } => format!(
-            "🌡 {who}: timed runs of {submissions} different submissions stayed throttled on \
-             it within a day (the last: {}).{run} One can be a kernel's own heat; several on \
-             one agent point at its cooling or power. It was not paused: check it, and pause \
-             it in Buildkite if it needs work.",
+            "🌡 {who}: {submissions} different submissions met it slowed down or too hot \
+             within a day (the last: {}).{run} One can be a kernel's own heat; several on one \
+             agent point at its cooling or power. It was not paused: check it, and pause it \
+             in Buildkite if it needs work.",
             plain(reason)
         ),
     }
@@ -571,7 +583,7 @@ mod tests {
         let text = incident_text("node-gpu0", "h100", &heat, Some("run-7"));
         assert!(
             text.starts_with(
-                "🌡 Agent `node-gpu0` (queue `h100`): timed runs of 3 different submissions"
+                "🌡 Agent `node-gpu0` (queue `h100`): 3 different submissions met it slowed down"
             ) && text.contains("Run `run-7`.")
                 && text.contains("not paused")
                 && !text.contains("*hot*"),

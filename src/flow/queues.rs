@@ -16,7 +16,7 @@ use crate::time::Millis;
 /// The store key of the shared agents list (`~` never starts a run id).
 pub(crate) const AGENTS_KEY: &str = "~agents";
 /// The agents list is refreshed at most this often, by one instance.
-pub(crate) const REFRESH_MS: Millis = 60_000;
+const REFRESH_MS: Millis = 60_000;
 /// A list this old is not served: the agents API has been failing for minutes.
 const MAX_STALE_MS: Millis = 10 * 60_000;
 /// While another instance fetches the first list, wait this long for it at most.
@@ -161,6 +161,12 @@ fn usable(entry: &Option<CacheEntry>, list: &Option<Vec<SeenAgent>>, now: Millis
 
 fn parse(entry: &CacheEntry) -> Option<Vec<SeenAgent>> {
     serde_json::from_str(entry.value.as_deref()?).ok()
+}
+
+/// When the cached agents list was read from Buildkite, if there is one.
+pub(crate) async fn agents_read_at(d: &Deps) -> Result<Option<Millis>, StoreError> {
+    let entry = d.store.cached(AGENTS_KEY).await?;
+    Ok(entry.filter(|e| e.value.is_some()).map(|e| e.fetched_at))
 }
 
 /// The agents list as last cached, however old (no Buildkite call): empty before the first.

@@ -2,6 +2,8 @@
 
 use crate::error::{BoxError, chain};
 
+use super::id::RunId;
+
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// The store could not be reached or did not finish the call: a later try may pass.
@@ -26,6 +28,11 @@ impl StoreError {
 
     /// One job's writers kept overtaking each other: that job's trouble, not the store's.
     pub(crate) fn is_contention(&self) -> bool {
-        matches!(self, Self::Unavailable(e) if e.is::<super::update::KeptChanging>())
+        matches!(self, Self::Unavailable(e) if e.is::<KeptChanging>())
     }
 }
+
+/// Another writer won every round: the job is changing faster than it can be decided on.
+#[derive(Debug, thiserror::Error)]
+#[error("job {0} kept changing under {1} tries")]
+pub(crate) struct KeptChanging(pub(crate) RunId, pub(crate) usize);

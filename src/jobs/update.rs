@@ -1,7 +1,7 @@
 //! Changing a stored job: a pure decision applied by compare-and-swap, decided again on
 //! whatever another writer wrote first.
 
-use super::error::StoreError;
+use super::error::{KeptChanging, StoreError};
 use super::id::RunId;
 use super::model::Job;
 use super::store::{JobStore, Replaced};
@@ -29,11 +29,6 @@ impl Updated {
 /// Concurrent writers to one job are a handful of webhooks and a sweep; this many rounds
 /// means something is wrong.
 const MAX_ROUNDS: usize = 16;
-
-/// Another writer won every round: the job is changing faster than it can be decided on.
-#[derive(Debug, thiserror::Error)]
-#[error("job {0} kept changing under {MAX_ROUNDS} tries")]
-pub(crate) struct KeptChanging(RunId);
 
 /// Applies `change` (a pure decision: the next job, or `None` for no change) to the job as
 /// stored, deciding again whenever another writer got there first.
@@ -87,7 +82,7 @@ async fn decide(
             Replaced::Conflict(None) => return Ok(Updated::Missing),
         }
     }
-    Err(StoreError::unavailable(KeptChanging(run_id)))
+    Err(StoreError::unavailable(KeptChanging(run_id, MAX_ROUNDS)))
 }
 
 #[cfg(test)]
@@ -99,7 +94,7 @@ mod tests {
     #[test]
     fn contention_is_one_job_s_and_unavailability_the_store_s() {
         let run_id: RunId = "r1".parse().unwrap();
-        assert!(StoreError::unavailable(KeptChanging(run_id)).is_contention());
+        assert!(StoreError::unavailable(KeptChanging(run_id, MAX_ROUNDS)).is_contention());
         assert!(!StoreError::unavailable("connection refused").is_contention());
         assert!(!StoreError::TooLarge.is_contention());
     }

@@ -352,6 +352,9 @@ pub struct Try {
     /// Why it ended as it did, in a few words (the agent's note after an infrastructure
     /// failure); empty for the try that gave the result.
     pub reason: String,
+    /// When it ended (ms since the epoch), as Buildkite says.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<i64>,
 }
 
 impl Outcome {

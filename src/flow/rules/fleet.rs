@@ -72,8 +72,9 @@ pub(crate) enum Incident {
     },
     /// `agent.lost` or `agent.disconnected`, and still not back [`OFFLINE_GRACE_MS`] later.
     Offline { event: String, since: Millis },
-    /// Timed runs of [`HEAT_SUBMISSIONS`] different submissions stayed throttled on this
-    /// agent within a day: the agent, not the kernels, may be what heats.
+    /// [`HEAT_SUBMISSIONS`] different submissions met this agent slowed down or too hot
+    /// within a day (a timed run throttled after it ran, or a pre-flight refused after the
+    /// cool-down): the agent, not the kernels, may be what heats.
     Heat { submissions: usize, reason: String },
 }
 
@@ -144,9 +145,9 @@ pub(crate) struct SeenTry<'a> {
     pub(crate) readings: Option<&'a [GpuReading]>,
     /// A later try ran elsewhere.
     pub(crate) retried: bool,
-    /// When the job was last written (at or after its end): a try older than an agent event
-    /// says nothing of what happened since.
-    pub(crate) ended_at: Millis,
+    /// When this try ended, as Buildkite says (else when it was noted): a try older than a
+    /// pause says nothing of what happened since.
+    pub(crate) ended_at: Option<Millis>,
 }
 
 impl AgentRecord {
@@ -158,9 +159,9 @@ impl AgentRecord {
         }
     }
 
-    /// Notes a try of a job that ended at `now`; the incident it decided, if this try makes
+    /// Notes a try of a job that ended, at `now`; the incident it decided, if this try makes
     /// a new one (kept pending until told).
-    pub(crate) fn saw_try(&mut self, seen: SeenTry<'_>, now: Millis) -> Option<Incident> {
+    pub(crate) fn saw_try(&mut self, seen: SeenTry<'_>, now: Millis) -> Option<Pending> {
         let t = seen.t;
         if self.jobs.iter().any(|j| j.job_id == t.job_id) {
             return None;
@@ -179,7 +180,7 @@ impl AgentRecord {
             self.readings = r.to_vec();
             self.readings_at = Some(now);
         }
-        self.ran_job(t, seen.ended_at);
+        self.ran_job(t, seen.ended_at.unwrap_or(now));
         if hot {
             return self.heat(&t.reason, seen.run_id, now);
         }
@@ -192,20 +193,18 @@ impl AgentRecord {
             paused: t.paused,
             retried: seen.retried,
         };
-        self.decide(
-            format!("infra:{}", t.job_id),
-            incident,
-            Some(seen.run_id),
-            now,
-        )
+        let key = format!("infra:{}", t.job_id);
+        self.decide(key, incident, Some(seen.run_id), now, DECIDER_LEASE_MS)
     }
 
-    /// What a try it ran says of the agent: connected and working when the job ended after
-    /// it went away or paused itself (a job noted late says nothing of since), and paused
-    /// itself when its hook said so.
+    /// What a try it ran says of its pause: paused itself when its hook said so; resumed
+    /// when a job it ran ended after the pause (a try noted late says nothing of since, and
+    /// one whose agent was lost says nothing at all). Whether it is online is for agent events
+    /// and the agents list to say: a try of a job that ended later may have been cut off by
+    /// the very loss.
     fn ran_job(&mut self, t: &Try, ended_at: Millis) {
-        if self.offline.as_ref().is_some_and(|o| ended_at > o.at) {
-            self.offline = None;
+        if matches!(t.exit_status, None | Some(-1) | Some(255)) {
+            return;
         }
         if t.paused {
             self.paused = Some(Since {
@@ -219,7 +218,7 @@ impl AgentRecord {
 
     /// A heat incident when the last day's tries on this agent that met it slowed down are
     /// of [`HEAT_SUBMISSIONS`] different submissions, and none was decided that day.
-    fn heat(&mut self, reason: &str, run_id: &str, now: Millis) -> Option<Incident> {
+    fn heat(&mut self, reason: &str, run_id: &str, now: Millis) -> Option<Pending> {
         let mut runs: Vec<&str> = self
             .jobs
             .iter()
@@ -237,25 +236,23 @@ impl AgentRecord {
             submissions: runs.len(),
             reason: reason.to_owned(),
         };
-        self.decide(format!("heat:{now}"), incident, Some(run_id), now)
+        let key = format!("heat:{now}");
+        self.decide(key, incident, Some(run_id), now, DECIDER_LEASE_MS)
     }
 
     /// Notes an agent event at `now`: going offline is noted (an incident only once it has
-    /// lasted [`OFFLINE_GRACE_MS`], see [`Self::offline_due`]), connecting clears it.
-    pub(crate) fn saw_event(&mut self, event: &str, now: Millis) -> Option<Incident> {
+    /// lasted [`OFFLINE_GRACE_MS`] and the agents list does not show it back, which the
+    /// sweep decides: [`Self::offline_due`]), connecting clears it.
+    pub(crate) fn saw_event(&mut self, event: &str, now: Millis) {
         match event {
             "agent.lost" | "agent.disconnected" if self.offline.is_none() => {
                 self.offline = Some(Since {
                     why: event.to_owned(),
                     at: now,
                 });
-                None
             }
-            "agent.connected" => {
-                self.offline = None;
-                None
-            }
-            _ => self.offline_due(now),
+            "agent.connected" => self.offline = None,
+            _ => {}
         }
     }
 
@@ -276,8 +273,9 @@ impl AgentRecord {
         }
     }
 
-    /// The offline incident, once the agent has been away [`OFFLINE_GRACE_MS`].
-    pub(crate) fn offline_due(&mut self, now: Millis) -> Option<Incident> {
+    /// The offline incident, once the agent has been away [`OFFLINE_GRACE_MS`]. The sweep
+    /// decides it and tells it at once: held for [`SWEEP_LEASE_MS`] only.
+    pub(crate) fn offline_due(&mut self, now: Millis) -> Option<Pending> {
         let since = self.offline.clone()?;
         if now - since.at < OFFLINE_GRACE_MS {
             return None;
@@ -286,7 +284,8 @@ impl AgentRecord {
             event: since.why,
             since: since.at,
         };
-        self.decide(format!("offline:{}", since.at), incident, None, now)
+        let key = format!("offline:{}", since.at);
+        self.decide(key, incident, None, now, SWEEP_LEASE_MS)
     }
 
     /// The pending incidents no one holds at `now` (their decider's lease, or a sweep's, has
@@ -316,29 +315,32 @@ impl AgentRecord {
     }
 
     /// Decides `incident` under `key` unless it was decided before: kept pending until told,
-    /// its decider's to tell for [`DECIDER_LEASE_MS`].
+    /// its decider's to tell for `lease`. The incident decided, to count and tell.
     fn decide(
         &mut self,
         key: String,
         incident: Incident,
         run_id: Option<&str>,
         now: Millis,
-    ) -> Option<Incident> {
+        lease: Millis,
+    ) -> Option<Pending> {
         if !self.claim(key.clone()) {
             return None;
         }
+        let pending = Pending {
+            key,
+            incident,
+            at: now,
+            until: now + lease,
+            run_id: run_id.map(str::to_owned),
+        };
         self.pending.retain(|p| now - p.at < DAY_MS);
+        // Over the bound it is still decided, counted and told once, only not kept for the
+        // sweep to tell again.
         if self.pending.len() < MAX_PENDING {
-            self.pending.push(Pending {
-                key,
-                incident: incident.clone(),
-                at: now,
-                until: now + DECIDER_LEASE_MS,
-                run_id: run_id.map(str::to_owned),
-            });
+            self.pending.push(pending.clone());
         }
-        // Over the bound it is still decided and counted, only not kept to be told.
-        Some(incident)
+        Some(pending)
     }
 
     /// Whether `key` is newly decided (and now remembered).
@@ -386,7 +388,7 @@ mod tests {
             run_id,
             readings: None,
             retried,
-            ended_at: 0,
+            ended_at: None,
         }
     }
 
@@ -399,10 +401,10 @@ mod tests {
         at: Millis,
     ) -> Option<Incident> {
         let seen = SeenTry {
-            ended_at: at,
+            ended_at: Some(at),
             ..seen(t, run_id, retried)
         };
-        r.saw_try(seen, at)
+        r.saw_try(seen, at).map(|p| p.incident)
     }
 
     #[test]
@@ -495,7 +497,7 @@ mod tests {
         });
         let ran = t("old", false);
         let late = SeenTry {
-            ended_at: 5_000,
+            ended_at: Some(5_000),
             ..seen(&ran, "r0", false)
         };
         r.saw_try(late, 600_000);
@@ -505,6 +507,13 @@ mod tests {
         assert!(r.offline.is_some());
         r.seen_connected(11_000);
         assert_eq!(r.offline, None);
+        // A try whose agent was lost says nothing, whenever it ended.
+        let lost = Try {
+            exit_status: Some(-1),
+            ..t("lost", false)
+        };
+        note(&mut r, &lost, "r2", true, 650_000);
+        assert!(r.paused.is_some(), "a lost try lifts no pause");
         // A job that ended after the pause: it was resumed.
         note(&mut r, &t("new", false), "r1", false, 700_000);
         assert_eq!(r.paused, None);
@@ -566,21 +575,29 @@ mod tests {
             ("agent.disconnected", 2 * grace, false),
             ("agent.connected", 2 * grace + 10_000, false),
             ("due", 4 * grace, false),
-            // Away again, and a later event of it finds it overdue.
+            // Away again: a later event of it decides nothing (the sweep decides, once it has
+            // asked the agents list).
             ("agent.lost", 5 * grace, false),
-            ("agent.stopped", 6 * grace, true),
+            ("agent.stopped", 6 * grace, false),
+            ("due", 6 * grace, true),
         ];
         let mut r = AgentRecord::new("gpu0", "h100");
         for (i, (what, at, told)) in table.iter().enumerate() {
             let got = match *what {
-                "due" => r.offline_due(*at),
-                event => r.saw_event(event, *at),
+                "due" => r.offline_due(*at).is_some(),
+                event => {
+                    r.saw_event(event, *at);
+                    false
+                }
             };
-            assert_eq!(got.is_some(), *told, "{i}: {what} at {at}");
+            assert_eq!(got, *told, "{i}: {what} at {at}");
         }
-        // A job it ran says it is back.
+        // A try it ran says nothing of whether it is online: the job may have ended after the
+        // very loss (retried elsewhere). The agents list does.
         r.offline = Some(Since::default());
         note(&mut r, &t("j1", false), "r1", false, 7 * grace);
+        assert!(r.offline.is_some());
+        r.seen_connected(7 * grace);
         assert_eq!(r.offline, None);
     }
 

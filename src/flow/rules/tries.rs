@@ -57,9 +57,17 @@ pub(crate) fn tries(
                 paused,
                 result: read,
                 reason,
+                finished_at: job.finished_at.as_deref().and_then(millis),
             }
         })
         .collect()
+}
+
+/// An RFC 3339 time as ms since the epoch.
+fn millis(at: &str) -> Option<i64> {
+    let t = humantime::parse_rfc3339_weak(at).ok()?;
+    let since = t.duration_since(std::time::UNIX_EPOCH).ok()?;
+    i64::try_from(since.as_millis()).ok()
 }
 
 /// Agent names longer than this are cut: they key the agents' records.
@@ -111,6 +119,7 @@ mod tests {
 
     fn job(id: &str, agent: &str, exit: Option<i64>, retried: bool) -> serde_json::Value {
         json!({"id": id, "step_key": "evaluate", "exit_status": exit, "retried": retried,
+               "finished_at": "2026-11-21T10:03:10.250Z",
                "agent": {"id": format!("a-{agent}"), "name": agent}})
     }
 
@@ -281,6 +290,8 @@ mod tests {
             (got[0].throttled, got[0].reason.as_str(), got[1].throttled),
             (true, "the GPU slowed down while the run was timed", false)
         );
+        // When each try ended, as Buildkite says: what the fleet judges pauses by.
+        assert_eq!(got[0].finished_at, Some(1_795_255_390_250));
     }
 
     #[test]

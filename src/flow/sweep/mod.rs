@@ -1,6 +1,6 @@
 //! One sweep pass: deferred creates and open jobs whose webhooks never came ([`builds`]),
-//! then every report and callback still owed ([`deliveries`]), then the fleet's incidents
-//! no function told (agents that stayed offline, posts that failed or never came). A pass lists jobs without
+//! the fleet's incidents no function told (agents that stayed offline, posts that failed or
+//! never came), then every report and callback still owed ([`deliveries`]). A pass lists jobs without
 //! their large parts and reads each whole only to act on it. One job's trouble is counted and logged; it
 //! does not stop the pass, and a job whose work kills the pass holds back no other: the
 //! bookmark moves past it first. A pipeline- or store-level error stops the pass, changing
@@ -84,7 +84,8 @@ async fn pass_over(
     } else {
         Duration::ZERO
     };
-    let buildkite_deadline = deadline.less(share.saturating_sub(PASS_RESERVE));
+    // Buildkite work leaves the deliveries their share, and the fleet's look its own.
+    let buildkite_deadline = deadline.less(share.saturating_sub(PASS_RESERVE) + FLEET_SHARE);
     release_waiting(d, &open).await;
     let buildkite = buildkite_work(d, &open, buildkite_deadline, report).await;
     sweep_fleet(d, deadline, report).await;

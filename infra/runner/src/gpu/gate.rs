@@ -133,7 +133,7 @@ pub(crate) fn preflight(lookup: &dyn Fn(&str) -> Option<String>) -> Gate {
         (Err(refusal), readings, waited) => Gate::Stop(InfraFailure {
             stage: "preflight".into(),
             reason: refusal.reason.into(),
-            detail: refused_detail(refusal.message, waited, cooldown),
+            detail: refused_detail(refusal, waited, cooldown),
             readings,
             processes,
         }),
@@ -199,13 +199,15 @@ fn passed_detail(waited: Duration, note: Option<String>) -> String {
     parts.join("; ")
 }
 
-/// A refusal's detail, saying that the cool-down was given when it was.
-fn refused_detail(message: String, waited: Duration, cooldown: Duration) -> String {
-    if waited.is_zero() {
-        message
+/// A refusal's detail, saying that the cool-down was given to a GPU that might have cooled
+/// (a tool that failed while it was read again says only that).
+fn refused_detail(refusal: Refusal, waited: Duration, cooldown: Duration) -> String {
+    if waited.is_zero() || !preflight::may_pass(refusal.reason) {
+        refusal.message
     } else {
         format!(
-            "{message}, still after a {} s cool-down",
+            "{}, still after a {} s cool-down",
+            refusal.message,
             cooldown.as_secs()
         )
     }
@@ -238,13 +240,20 @@ mod tests {
             passed_detail(s(4), Some("old driver".into())),
             "waited 4 s for the GPU to cool down from the previous job; old driver"
         );
+        let refusal = |reason, message: &str| Refusal {
+            reason,
+            message: message.into(),
+        };
+        let hot = "GPU 0 is at 90 °C";
+        assert_eq!(refused_detail(refusal("too_hot", hot), s(0), s(30)), hot);
         assert_eq!(
-            refused_detail("GPU 0 is at 90 °C".into(), s(0), s(30)),
-            "GPU 0 is at 90 °C"
-        );
-        assert_eq!(
-            refused_detail("GPU 0 is at 90 °C".into(), s(31), s(30)),
+            refused_detail(refusal("too_hot", hot), s(31), s(30)),
             "GPU 0 is at 90 °C, still after a 30 s cool-down"
+        );
+        // The tool failed while the GPU was read again: that, not the cool-down, is why.
+        assert_eq!(
+            refused_detail(refusal("tool_failed", "nvidia-smi hung"), s(6), s(30)),
+            "nvidia-smi hung"
         );
     }
 

@@ -192,9 +192,13 @@ pub(crate) fn wait_before_reading_again(
     waited: Duration,
     cooldown: Duration,
 ) -> Option<Duration> {
-    let passing = matches!(refusal.reason, "too_hot" | "clock_slowdown");
     let left = cooldown.saturating_sub(waited);
-    (passing && !left.is_zero()).then(|| left.min(COOLDOWN_POLL))
+    (may_pass(refusal.reason) && !left.is_zero()).then(|| left.min(COOLDOWN_POLL))
+}
+
+/// A refusal that may pass by itself: a GPU still hot or slowed down from the previous job.
+pub(crate) fn may_pass(reason: &str) -> bool {
+    matches!(reason, "too_hot" | "clock_slowdown")
 }
 
 /// The whole pre-flight: the visible GPUs are exactly the given ones, none has a compute
