@@ -84,8 +84,7 @@ async fn pass_over(
     } else {
         Duration::ZERO
     };
-    // Buildkite work leaves the deliveries their share, and the fleet's look its own.
-    let buildkite_deadline = deadline.less(share.saturating_sub(PASS_RESERVE) + FLEET_SHARE);
+    let buildkite_deadline = deadline.less(share.saturating_sub(PASS_RESERVE));
     release_waiting(d, &open).await;
     let buildkite = buildkite_work(d, &open, buildkite_deadline, report).await;
     sweep_fleet(d, deadline, report).await;
@@ -94,9 +93,12 @@ async fn pass_over(
 }
 
 /// Agents that stayed offline, and incidents a function decided but did not tell, within a
-/// short share of the pass (before the deliveries, which may take all the rest).
+/// short share of the pass: a sixth of what is left, at least two operators' posts' time and
+/// at most [`FLEET_SHARE`] (the look is a read per agent; only posts to a slow operators'
+/// channel take long, and the deliveries that follow keep the rest).
 async fn sweep_fleet(d: &Deps, deadline: Deadline, report: &mut SweepReport) {
-    let share = deadline.within(FLEET_SHARE);
+    let span = (deadline.remaining() / 6).clamp(FLEET_SHARE / 2, FLEET_SHARE);
+    let share = deadline.within(span);
     match super::fleet::sweep_fleet(d, share).await {
         Ok(swept) => {
             report.incidents_told = swept.told;
