@@ -27,6 +27,14 @@ pub fn rfc3339(ms: Millis) -> String {
     humantime::format_rfc3339_millis(t).to_string()
 }
 
+/// An RFC 3339 time (as Buildkite writes them, with or without fractions) in milliseconds
+/// since the epoch; `None` for anything else.
+pub(crate) fn millis_of(text: &str) -> Option<Millis> {
+    let at = humantime::parse_rfc3339_weak(text).ok()?;
+    let since = at.duration_since(UNIX_EPOCH).ok()?;
+    Millis::try_from(since.as_millis()).ok()
+}
+
 /// Wall-clock time in milliseconds, which tests can move forward (deadlines of hours and the
 /// 24 h give-up are tested without waiting) and a benchmark can run faster than real time (a
 /// simulated hour in a minute). Deployed functions use the default: the wall clock itself.
@@ -101,6 +109,10 @@ mod tests {
     #[test]
     fn rfc3339_has_milliseconds_and_a_moved_clock_stays_moved() {
         assert_eq!(rfc3339(1_614_265_330_000), "2021-02-25T15:02:10.000Z");
+        for text in ["2021-02-25T15:02:10.000Z", "2021-02-25T15:02:10Z"] {
+            assert_eq!(millis_of(text), Some(1_614_265_330_000), "{text}");
+        }
+        assert_eq!(millis_of("yesterday"), None);
         let clock = Clock::default();
         let before = clock.now();
         clock.advance(Duration::from_secs(3600));

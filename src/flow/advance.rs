@@ -3,7 +3,7 @@
 
 use tracing::{info, warn};
 
-use super::{Deps, DispatchError, deliver, fair, fleet};
+use super::{Deps, DispatchError, deliver, fair};
 use crate::buildkite::Build;
 use crate::jobs::{BuildRef, Job, JobState, StoreError, Transition, Updated, update_seen};
 use crate::retry::Deadline;
@@ -61,12 +61,9 @@ pub(crate) async fn advance(
                 d.metrics
                     .put(&verdict, &[("JobsFinished", Unit::Count, 1.0)]);
             }
-            // The fleet's notes of its tries first, so a function killed while sending loses
-            // no incident (whether or not the job has a report to send); the user's report
-            // and callback; the operators told; then the queue's waiting jobs.
-            let noted = fleet::note_finish(d, &job).await;
+            // The user's report and callback (the fleet's notes of its tries are made before
+            // them and told after them: `deliver`); then the queue's waiting jobs.
             let delivered = deliver::deliver(d, &job, deadline).await;
-            fleet::tell_noted(d, noted, deadline).await;
             if job.state.is_terminal() {
                 // Its slot on the queue is free: fair share's waiting jobs may go.
                 fair::after_end(d, &job, deadline).await;

@@ -30,12 +30,16 @@ const RECORD_RESERVE: Duration = Duration::from_secs(2);
 
 /// Drives both outboxes of the job within `deadline`, starting from `seen` (the job as last
 /// read or written: a stale one costs a refused write, not a wrong send); returns the job as
-/// last seen.
+/// last seen. An ended job's tries are noted on the fleet's records first, once (whether or
+/// not it owes anything: a job without a report counts too), and what that decided is told
+/// to the operators after the sends.
 pub async fn deliver(d: &Deps, seen: &Job, deadline: Deadline) -> Result<Option<Job>, StoreError> {
+    let noted = fleet::note_finish(d, seen).await;
     let (discord, callback) = tokio::join!(
-        drain(d, Channel::Discord, seen, deadline),
-        drain(d, Channel::Callback, seen, deadline)
+        drain_outbox(d, Channel::Discord, seen, deadline),
+        drain_outbox(d, Channel::Callback, seen, deadline)
     );
+    fleet::tell_noted(d, noted, deadline).await;
     let newest = [discord?, callback?]
         .into_iter()
         .flatten()
@@ -51,10 +55,10 @@ fn name(channel: Channel) -> &'static str {
     }
 }
 
-/// Drives the job's outbox to `channel` within `deadline`; returns the job as last seen.
-/// Before what an ended job owes goes out, its tries are noted on the fleet's records (if
-/// the function that ended it could not: a no-op otherwise), so none is lost to a function
-/// killed between the two; what that decided is told to the operators after the send.
+/// Drives the job's outbox to `channel` within `deadline` (the sweep's send of one owed
+/// message); returns the job as last seen. Before what an ended job owes goes out, its tries
+/// are noted on the fleet's records (if the function that ended it was killed before it
+/// could: a no-op otherwise), and what that decided is told after the send.
 pub(crate) async fn drain(
     d: &Deps,
     channel: Channel,

@@ -42,6 +42,14 @@ fn add_gpu(app: &TestApp, stand_ins: &tempfile::TempDir, name: &str, faults: &[(
     app.buildkite.add_agent(name, "h100", &env);
 }
 
+/// A file the GPU stand-in counts its readings in (`GPU_STANDIN_STATE`), in a directory that
+/// lives as long as the guard.
+fn read_counter() -> (tempfile::TempDir, String) {
+    let state = tempfile::tempdir().unwrap();
+    let reads = state.path().join("reads").display().to_string();
+    (state, reads)
+}
+
 /// A submission whose kernel passes, in `mode`.
 fn passing(run_id: &str, mode: &str) -> Value {
     let mut body = submission(run_id);
@@ -420,6 +428,37 @@ async fn a_lost_agent_is_told_once_it_stays_away(kind: StoreKind) {
     );
 }
 
+/// Agent events may be lost or come out of order: before an offline agent is an incident the
+/// sweep asks the agents list, and one listed connected (its `agent.connected` lost) is none.
+/// When the list cannot be read, the events decide.
+async fn the_agents_list_settles_offline_agents_and_events_decide_without_it(kind: StoreKind) {
+    let (app, _gpus) = fleet_app(kind).await;
+    app.buildkite.add_agent("h100-gpu3", "h100", &[]);
+    assert!(
+        app.buildkite
+            .agent_event("agent.disconnected", "h100-gpu3")
+            .await
+    );
+    // Back within seconds, but its agent.connected webhook never came.
+    app.buildkite
+        .set_agents(&[("h100-gpu3", "h100", "connected", false)]);
+    app.clock.advance(Duration::from_secs(6 * 60));
+    assert_eq!(app.sweep().await.incidents_told, 0);
+    assert_eq!(ops_messages(&app), Vec::<String>::new());
+    // Lost for good while the agents API fails (5xx): its events decide, once.
+    assert!(app.buildkite.agent_event("agent.lost", "h100-gpu3").await);
+    app.buildkite.fail_agents(Some(503));
+    app.clock.advance(Duration::from_secs(6 * 60));
+    assert_eq!(app.sweep().await.incidents_told, 1);
+    app.sweep().await;
+    let ops = ops_messages(&app);
+    assert_eq!(ops.len(), 1, "{ops:?}");
+    assert!(
+        ops[0].contains("h100-gpu3") && ops[0].contains("agent.lost"),
+        "{ops:?}"
+    );
+}
+
 /// `setup-node.sh` restarts every agent of a node: each disconnects and connects again
 /// within seconds. No incident, however long after the sweep looks.
 async fn a_restart_of_every_agent_is_no_incident(kind: StoreKind) {
@@ -553,8 +592,7 @@ async fn a_power_capped_leaderboard_run_is_ranked(kind: StoreKind) {
 /// on the same agent is one incident.
 async fn a_kernel_s_own_heat_is_its_outcome_and_pauses_nothing(kind: StoreKind) {
     let (app, gpus) = fleet_app(kind).await;
-    let state = tempfile::tempdir().unwrap();
-    let reads = state.path().join("reads").display().to_string();
+    let (_state, reads) = read_counter();
     // A leaderboard job reads the GPU 7 times: the pre-flight's, the benchmark's two, the
     // leaderboard's two and its second try's two; all but the pre-flight's are hot.
     add_gpu(
@@ -633,8 +671,7 @@ async fn a_kernel_s_own_heat_is_its_outcome_and_pauses_nothing(kind: StoreKind) 
 /// pre-flight reads it again until it has cooled, and the job runs there and is ranked.
 async fn a_gpu_that_cools_within_the_cool_down_runs_the_next_job(kind: StoreKind) {
     let (app, gpus) = fleet_app(kind).await;
-    let state = tempfile::tempdir().unwrap();
-    let reads = state.path().join("reads").display().to_string();
+    let (_state, reads) = read_counter();
     add_gpu(
         &app,
         &gpus,
@@ -729,6 +766,7 @@ on_both_stores!(
     when_every_gpu_fails_the_job_is_an_infrastructure_failure,
     a_lost_agent_is_told_once_it_stays_away,
     a_restart_of_every_agent_is_no_incident,
+    the_agents_list_settles_offline_agents_and_events_decide_without_it,
     an_incident_a_function_did_not_tell_is_told_by_the_sweep,
     a_job_without_a_report_is_noted_on_the_fleet,
     a_power_capped_leaderboard_run_is_ranked,

@@ -744,11 +744,8 @@ fn post_command(root: &Path, exit: &str, infra: Option<&str>, token: bool) -> Ho
     }
 }
 
-/// After the runner's infrastructure exit code the agent notes why in the build's meta-data
-/// and pauses itself, with its own token, for `PAUSE_MINUTES`; after any other exit it does
-/// nothing; a call that fails never changes the job's exit status.
-#[test]
-fn after_an_infrastructure_failure_the_agent_pauses_itself() {
+/// A one-GPU node set up on a temporary root with `PAUSE_MINUTES=90`, and its stub tools.
+fn one_gpu_node_pausing_90_minutes() -> (tempfile::TempDir, tempfile::TempDir) {
     let root = tempfile::tempdir().unwrap();
     let tools = stubs(1, 0);
     let vars = [
@@ -759,6 +756,15 @@ fn after_an_infrastructure_failure_the_agent_pauses_itself() {
     ];
     let s = setup(root.path(), tools.path(), &vars);
     assert_eq!(s.code, 0, "{}", s.output);
+    (root, tools)
+}
+
+/// After the runner's infrastructure exit code the agent notes why in the build's meta-data
+/// and pauses itself, with its own token, for `PAUSE_MINUTES`; after any other exit it does
+/// nothing; a call that fails never changes the job's exit status.
+#[test]
+fn after_an_infrastructure_failure_the_agent_pauses_itself() {
+    let (root, tools) = one_gpu_node_pausing_90_minutes();
     let hook = "/etc/buildkite-agent/agent-0/hooks/post-command";
     assert_eq!(mode(root.path(), hook), 0o755);
     let reason = "ecc_errors: GPU 0 has 3 uncorrected ECC errors";
@@ -846,16 +852,7 @@ fn after_an_infrastructure_failure_the_agent_pauses_itself() {
 /// infra.txt says; the job's exit status stays its own.
 #[test]
 fn after_a_run_that_stayed_throttled_the_agent_notes_it_and_never_pauses() {
-    let root = tempfile::tempdir().unwrap();
-    let tools = stubs(1, 0);
-    let vars = [
-        ("QUEUE", "h100"),
-        ("CPU_STANDIN_TOPOLOGY", "1x8x1"),
-        ("NODE_MEMORY_GB", "32"),
-        ("PAUSE_MINUTES", "90"),
-    ];
-    let s = setup(root.path(), tools.path(), &vars);
-    assert_eq!(s.code, 0, "{}", s.output);
+    let (root, _tools) = one_gpu_node_pausing_90_minutes();
     let reason = "throttled: SwThermalSlowdown after the leaderboard run, twice";
     for infra in [
         Some(format!("pause\n{reason}\n")),

@@ -6,6 +6,7 @@ use crate::buildkite::{Build, BuildJob};
 use crate::result::health::is_lasting;
 use crate::result::{FullResult, Try};
 use crate::runner::exit;
+use crate::time::millis_of;
 
 use super::signal::is_eval_step;
 
@@ -57,17 +58,10 @@ pub(crate) fn tries(
                 paused,
                 result: read,
                 reason,
-                finished_at: job.finished_at.as_deref().and_then(millis),
+                finished_at: job.finished_at.as_deref().and_then(millis_of),
             }
         })
         .collect()
-}
-
-/// An RFC 3339 time as ms since the epoch.
-fn millis(at: &str) -> Option<i64> {
-    let t = humantime::parse_rfc3339_weak(at).ok()?;
-    let since = t.duration_since(std::time::UNIX_EPOCH).ok()?;
-    i64::try_from(since.as_millis()).ok()
 }
 
 /// Agent names longer than this are cut: they key the agents' records.
@@ -121,6 +115,18 @@ mod tests {
         json!({"id": id, "step_key": "evaluate", "exit_status": exit, "retried": retried,
                "finished_at": "2026-11-21T10:03:10.250Z",
                "agent": {"id": format!("a-{agent}"), "name": agent}})
+    }
+
+    /// A result whose node failed at `stage` for `reason`.
+    fn node_failed(stage: &str, reason: &str) -> FullResult {
+        FullResult {
+            infra: Some(InfraFailure {
+                stage: stage.into(),
+                reason: reason.into(),
+                ..InfraFailure::default()
+            }),
+            ..FullResult::default()
+        }
     }
 
     /// The build's jobs and meta-data, whether its result said infra, and the tries wanted
@@ -180,14 +186,7 @@ mod tests {
         for (jobs, meta, final_infra, want) in cases {
             let b = build(jobs.clone(), meta);
             let last = b.jobs.last().map(|j| j.id.clone());
-            let infra = FullResult {
-                infra: Some(InfraFailure {
-                    stage: "preflight".into(),
-                    reason: "ecc_errors".into(),
-                    ..InfraFailure::default()
-                }),
-                ..FullResult::default()
-            };
+            let infra = node_failed("preflight", "ecc_errors");
             let got: Vec<(String, bool, String)> =
                 tries(&b, last.as_deref(), final_infra.then_some(&infra))
                     .into_iter()
@@ -213,14 +212,7 @@ mod tests {
             json!({"kernelbot-infra:j1": "ecc_errors: GPU 0 has 3 uncorrected ECC errors",
                    "kernelbot-infra:j2": "throttled: HwThermalSlowdown twice"}),
         );
-        let throttled = FullResult {
-            infra: Some(InfraFailure {
-                stage: "measurement".into(),
-                reason: "throttled".into(),
-                ..InfraFailure::default()
-            }),
-            ..FullResult::default()
-        };
+        let throttled = node_failed("measurement", "throttled");
         let got: Vec<(String, bool, bool, bool)> = tries(&b, Some("j2"), Some(&throttled))
             .into_iter()
             .map(|t| (t.agent, t.infra, t.paused, t.result))
