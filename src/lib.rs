@@ -7,7 +7,7 @@
 //!
 //! ```text
 //! bin → {server, http, ops} → flow → {buildkite, discord, callback, jobs, runner, secrets}
-//!     → {retry, telemetry, tls} → {config, time, text, token, error, payload, result}
+//!     → {retry, telemetry, tls} → {config, time, text, token, mac, error, payload, result}
 //! ```
 
 pub mod buildkite;
@@ -20,6 +20,7 @@ pub mod error;
 pub mod flow;
 pub mod http;
 pub mod jobs;
+mod mac;
 pub mod ops;
 mod profile_link;
 pub mod retry;

@@ -3,9 +3,6 @@
 //! it until it expires, without the submit token (Discord users click it); another path
 //! (another run or profile), another expiry or another signature is refused.
 
-use hmac::{Hmac, KeyInit, Mac};
-use sha2::Sha256;
-
 /// Why a link is refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum Refused {
@@ -20,16 +17,14 @@ pub(crate) fn path(run_id: &str, index: usize) -> String {
     format!("/submissions/{run_id}/profiles/{index}")
 }
 
-fn mac(key: &[u8], path: &str, expires: i64) -> Hmac<Sha256> {
-    // HMAC takes a key of any length: `new_from_slice` cannot fail for it.
-    let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(key).unwrap_or_else(|_| unreachable!());
-    mac.update(format!("{path}\n{expires}").as_bytes());
-    mac
+/// What a link signs: `{path}\n{expires}`.
+fn signed(path: &str, expires: i64) -> String {
+    format!("{path}\n{expires}")
 }
 
 /// The signature of `path` until `expires`.
 pub(crate) fn sign(key: &[u8], path: &str, expires: i64) -> String {
-    hex::encode(mac(key, path, expires).finalize().into_bytes())
+    hex::encode(crate::mac::sign(key, &[signed(path, expires).as_bytes()]))
 }
 
 /// The query of a link to `path` valid until `expires`.
@@ -48,9 +43,9 @@ pub(crate) fn verify(
     now: i64,
 ) -> Result<(), Refused> {
     let presented = hex::decode(signature).map_err(|_| Refused::Signature)?;
-    mac(key, path, expires)
-        .verify_slice(&presented)
-        .map_err(|_| Refused::Signature)?;
+    if !crate::mac::verify(key, &[signed(path, expires).as_bytes()], &presented) {
+        return Err(Refused::Signature);
+    }
     if expires < now {
         return Err(Refused::Expired);
     }

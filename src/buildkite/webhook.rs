@@ -7,10 +7,8 @@
 //! timestamp must be within [`TOLERANCE_SECS`] of now, which bounds replays. The clear-text
 //! `X-Buildkite-Token` mode is accepted only when the deployment allows it.
 
-use hmac::{Hmac, KeyInit, Mac};
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
-use sha2::Sha256;
 
 use super::model::{Build, BuildJob};
 
@@ -56,20 +54,15 @@ pub enum VerifyError {
 
 /// Computes the lowercase hex signature Buildkite sends for `body` at `timestamp`.
 pub fn sign(secret: &str, timestamp: &str, body: &[u8]) -> String {
-    hex::encode(
-        mac(secret.as_bytes(), timestamp, body)
-            .finalize()
-            .into_bytes(),
-    )
+    hex::encode(crate::mac::sign(
+        secret.as_bytes(),
+        &signed_parts(timestamp, body),
+    ))
 }
 
-fn mac(key: &[u8], timestamp: &str, body: &[u8]) -> Hmac<Sha256> {
-    // HMAC takes keys of any length, so this cannot fail.
-    let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(key).unwrap_or_else(|_| unreachable!());
-    mac.update(timestamp.as_bytes());
-    mac.update(b".");
-    mac.update(body);
-    mac
+/// What Buildkite signs: `<timestamp>.<body>`.
+fn signed_parts<'a>(timestamp: &'a str, body: &'a [u8]) -> [&'a [u8]; 3] {
+    [timestamp.as_bytes(), b".", body]
 }
 
 /// Splits `timestamp=<unix>,signature=<hex>` (in either order, spaces allowed).
@@ -116,11 +109,11 @@ impl WebhookAuth {
         // The signature is preferred whenever present: a token alongside it is ignored.
         if let Some(header) = signature {
             let (ts, ts_value, sig) = parse_signature_header(header)?;
-            let matched = self.secrets.iter().any(|s| {
-                mac(s.expose_secret().as_bytes(), ts, body)
-                    .verify_slice(&sig)
-                    .is_ok()
-            });
+            let parts = signed_parts(ts, body);
+            let matched = self
+                .secrets
+                .iter()
+                .any(|s| crate::mac::verify(s.expose_secret().as_bytes(), &parts, &sig));
             if !matched {
                 return Err(VerifyError::Mismatch);
             }

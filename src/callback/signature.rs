@@ -3,9 +3,7 @@
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
-use hmac::{Hmac, KeyInit, Mac};
 use secrecy::{ExposeSecret, SecretBox};
-use sha2::Sha256;
 
 const PREFIX: &str = "whsec_";
 
@@ -35,15 +33,10 @@ impl SigningKey {
     }
 
     fn sign(&self, id: &str, timestamp: i64, body: &[u8]) -> String {
-        // HMAC takes a key of any length: `new_from_slice` cannot fail for it.
-        let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(self.0.expose_secret())
-            .unwrap_or_else(|_| unreachable!());
-        mac.update(id.as_bytes());
-        mac.update(b".");
-        mac.update(timestamp.to_string().as_bytes());
-        mac.update(b".");
-        mac.update(body);
-        format!("v1,{}", STANDARD.encode(mac.finalize().into_bytes()))
+        let timestamp = timestamp.to_string();
+        let parts: [&[u8]; 5] = [id.as_bytes(), b".", timestamp.as_bytes(), b".", body];
+        let mac = crate::mac::sign(self.0.expose_secret(), &parts);
+        format!("v1,{}", STANDARD.encode(mac))
     }
 }
 

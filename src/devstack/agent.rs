@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use super::buildkite::{StepOutcome, StepRunner};
+use super::pipeline::{step_artifact, step_artifacts, step_command};
 
-const PIPELINE: &str = include_str!("../../infra/buildkite/pipeline.yml");
 const SETUP_NODE: &str = include_str!("../../infra/buildkite/setup-node.sh");
 const AGENT_STANDIN: &str = include_str!("../../tests/fixtures/buildkite-agent/buildkite-agent");
 
@@ -32,52 +32,8 @@ pub fn post_command_hook() -> Option<String> {
     (!body.is_empty()).then(|| body.join("\n") + "\n")
 }
 
-/// The step's automatic retries, `(exit status, limit)`, as its `retry: automatic:` lists them.
-pub(crate) fn retry_limits() -> Vec<(i32, u32)> {
-    let Ok(pipeline) = serde_yaml_ng::from_str::<serde_yaml_ng::Value>(PIPELINE) else {
-        return Vec::new();
-    };
-    let rules = pipeline["steps"][0]["retry"]["automatic"].as_sequence();
-    rules
-        .into_iter()
-        .flatten()
-        .filter_map(|r| {
-            let status = i32::try_from(r["exit_status"].as_i64()?).ok()?;
-            Some((status, u32::try_from(r["limit"].as_u64()?).ok()?))
-        })
-        .collect()
-}
-
 /// The name the runner image installs the runner under (the step's command).
 pub const RUNNER_COMMAND: &str = "kernelbot-runner";
-
-/// The evaluation step's command in the pipeline.
-pub(crate) fn step_command() -> Option<String> {
-    PIPELINE.lines().find_map(|l| {
-        let value = l.trim().strip_prefix("command:")?.trim().trim_matches('"');
-        (!value.is_empty()).then(|| value.to_owned())
-    })
-}
-
-/// The step's artifact paths, relative to the checkout (`*` matches within a name).
-fn step_artifacts() -> Vec<String> {
-    PIPELINE
-        .lines()
-        .skip_while(|l| l.trim() != "artifact_paths:")
-        .skip(1)
-        .map(str::trim)
-        .filter(|l| !l.starts_with('#'))
-        .map_while(|l| l.strip_prefix("- "))
-        .map(|v| v.trim().trim_matches('"').to_owned())
-        .filter(|v| !v.is_empty())
-        .collect()
-}
-
-/// Where the step leaves `result.json`, relative to the checkout: its first artifact path.
-/// The container's working directory is that path's directory, mounted from the checkout.
-pub(crate) fn step_artifact() -> Option<String> {
-    step_artifacts().into_iter().next()
-}
 
 /// The files under `checkout` that the step's other artifact paths name, by path.
 fn other_artifacts(checkout: &Path) -> Vec<(String, Vec<u8>)> {
@@ -208,23 +164,6 @@ fn run_post_command(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_pipeline_step_runs_the_runner() {
-        assert_eq!(step_command().as_deref(), Some(RUNNER_COMMAND));
-        assert_eq!(
-            step_artifact().as_deref(),
-            Some("kernelbot-out/result.json")
-        );
-    }
-
-    #[test]
-    fn the_step_is_retried_on_the_runner_s_infrastructure_exit_code() {
-        let limits = retry_limits();
-        assert!(limits.contains(&(75, 2)), "{limits:?}");
-        assert!(limits.contains(&(76, 1)), "{limits:?}");
-        assert!(limits.contains(&(-1, 2)), "{limits:?}");
-    }
 
     #[test]
     fn setup_node_writes_a_post_command_hook_that_pauses_on_exit_75() {

@@ -12,6 +12,7 @@ mod discord_bucket;
 pub mod env;
 mod host;
 pub mod moto;
+mod pipeline;
 pub mod receiver;
 pub mod stack;
 

@@ -3,7 +3,8 @@
 
 use tracing::{info, warn};
 
-use super::{Deps, DispatchError, deliver, fair};
+use super::effects::Effects;
+use super::{Deps, DispatchError, deliver};
 use crate::buildkite::Build;
 use crate::jobs::{BuildRef, Job, JobState, StoreError, Transition, Updated, update_seen};
 use crate::retry::Deadline;
@@ -30,14 +31,15 @@ pub(crate) fn build_ref(build: &Build) -> BuildRef {
     }
 }
 
-/// Moves a job (`seen` as last read) forward and delivers what that owes. An outcome too
-/// large for the store is stored without its result (the verdict stands), never retried
-/// as it is.
+/// Moves a job (`seen` as last read) forward and delivers what that owes; a job it ends is
+/// left to `effects` (its slot on the queue is free). An outcome too large for the store is
+/// stored without its result (the verdict stands), never retried as it is.
 pub(crate) async fn advance(
     d: &Deps,
     seen: &Job,
     t: Transition,
     deadline: Deadline,
+    effects: &mut Effects,
 ) -> Result<EventOutcome, DispatchError> {
     let store = d.store.as_ref();
     let written = match update_seen(store, seen, |j| j.apply(&t)).await {
@@ -62,14 +64,14 @@ pub(crate) async fn advance(
                     .put(&verdict, &[("JobsFinished", Unit::Count, 1.0)]);
             }
             // The user's report and callback (the fleet's notes of its tries are made before
-            // them and told after them: `deliver`); then the queue's waiting jobs.
+            // them and told after them: `deliver`); then, above, the queue's waiting jobs.
             let delivered = deliver::deliver(d, &job, deadline).await;
-            if job.state.is_terminal() {
-                // Its slot on the queue is free: fair share's waiting jobs may go.
-                fair::after_end(d, &job, deadline).await;
+            let state = job.state;
+            if state.is_terminal() {
+                effects.ended(job);
             }
             delivered?;
-            Ok(EventOutcome::Advanced(job.state))
+            Ok(EventOutcome::Advanced(state))
         }
         Updated::Unchanged(job) => {
             if job.owes_delivery() {

@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::jobs::{CacheEntry, RunId};
+use crate::jobs::{CacheEntry, RunId, SharedKey};
 use crate::time::Millis;
 
 /// Of the token's requests left in Buildkite's window (50 a minute by default), those a click
@@ -27,12 +27,14 @@ pub(crate) const CLAIM_MS: Millis = 20_000;
 /// When Buildkite's window resets, if it did not say.
 const DEFAULT_RESET_MS: Millis = 60_000;
 
-/// Where the quota is kept: `~` is not allowed in a run id, so it never meets a job.
-pub(crate) const QUOTA_KEY: &str = "~buildkite-quota";
+/// Where the quota is kept.
+pub(crate) fn quota_key() -> String {
+    SharedKey::BuildkiteQuota.key()
+}
 
-/// Where run `run_id`'s profile `index` URL is kept (`~`: never a job's key).
+/// Where run `run_id`'s profile `index` URL is kept.
 pub(crate) fn url_key(run_id: &RunId, index: usize) -> String {
-    format!("~profile-url/{}/{index}", run_id.as_str())
+    SharedKey::ProfileUrl(run_id, index).key()
 }
 
 /// A storage URL, the artifact it is of, and until when it may be handed out.

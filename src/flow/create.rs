@@ -9,6 +9,8 @@ use tracing::{info, warn};
 
 use super::advance::{EventOutcome, advance, build_ref};
 use super::cancel::stop_build;
+use super::deferred::{self, Work};
+use super::effects::Effects;
 use super::rules::creation::{CreateMiss, claim_creation, defer_creation};
 use super::{Deps, DispatchError, deliver};
 use crate::buildkite::{Build, BuildkiteError, NewBuild};
@@ -96,8 +98,7 @@ pub(crate) async fn settle_creation(
         Creating::Deferred(miss) => {
             if let CreateMiss::RateLimited { reset_ms } = miss {
                 // Taken up by the next webhook whose window has room, not only the sweep.
-                let work = super::catch_up::Work::Create;
-                super::catch_up::note(d, job, work, now.saturating_add(reset_ms)).await;
+                deferred::note(d, job, Work::Create, now.saturating_add(reset_ms)).await;
             }
             update_seen(d.store.as_ref(), job, |j| defer_creation(j, miss, now)).await?
         }
@@ -150,11 +151,13 @@ async fn refused(d: &Deps, job: &Job, source: BuildkiteError, deadline: Deadline
 }
 
 /// A job without a build, seen by the sweep: failed past its queue deadline (after a last
-/// lookup when a create may have landed), else its build created if that is due.
+/// lookup when a create may have landed; left to `effects`), else its build created if
+/// that is due.
 pub(crate) async fn create_deferred(
     d: &Deps,
     job: &Job,
     deadline: Deadline,
+    effects: &mut Effects,
 ) -> Result<(EventOutcome, Tried), DispatchError> {
     let now = d.clock.now();
     let queue_timeout = match job.max_queue_secs {
@@ -162,7 +165,7 @@ pub(crate) async fn create_deferred(
         None => d.config.timing.queue_timeout.as_millis() as i64,
     };
     if job.creation.is_none() || now - job.created_at >= queue_timeout {
-        return Ok((too_late(d, job, deadline).await?, Tried::Nothing));
+        return Ok((too_late(d, job, deadline, effects).await?, Tried::Nothing));
     }
     create_if_due(d, job, deadline).await
 }
@@ -194,7 +197,12 @@ pub(crate) async fn create_if_due(
 
 /// A job past its queue deadline with no build: a create whose answer was lost may have
 /// made one after all, so it is looked up first; else the job fails.
-async fn too_late(d: &Deps, job: &Job, deadline: Deadline) -> Result<EventOutcome, DispatchError> {
+async fn too_late(
+    d: &Deps,
+    job: &Job,
+    deadline: Deadline,
+    effects: &mut Effects,
+) -> Result<EventOutcome, DispatchError> {
     // A job that waited its turn never had a create sent: nothing to look up.
     if !job.waiting
         && job.creation.as_ref().is_none_or(|c| c.look_up_first)
@@ -213,7 +221,7 @@ async fn too_late(d: &Deps, job: &Job, deadline: Deadline) -> Result<EventOutcom
     };
     let t = Transition::to(JobState::Failed, d.clock.now()).with_failure(why);
     // `apply` fails only a job still without a build, as stored now.
-    advance(d, job, t, deadline).await
+    advance(d, job, t, deadline, effects).await
 }
 
 /// The create of a job this sweep holds (`was`: its creation as claimed).

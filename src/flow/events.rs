@@ -5,9 +5,11 @@ use tracing::{Instrument, info, warn};
 
 use super::advance::{advance, build_ref};
 use super::cancel::stop_build;
+use super::deferred::{self, Work};
+use super::effects::Effects;
 use super::outcome::read_outcome;
 use super::rules::signal::{Signal, progress_of, signal_of};
-use super::{Deps, DispatchError, catch_up, deliver, fleet};
+use super::{Deps, DispatchError, catch_up, deliver, fleet, settle};
 use crate::buildkite::{Build, VerifyError, WebhookEvent};
 use crate::jobs::{Job, JobState, RunId, Transition};
 use crate::retry::Deadline;
@@ -125,12 +127,25 @@ async fn on_build_signal(
         info!("no job for this run id");
         return Ok(EventOutcome::Ignored("unknown job"));
     };
-    let result = on_job_signal(d, job.clone(), target, build, deadline).await;
-    if target == JobState::Finished && result.as_ref().is_err_and(catch_up::rate_limited) {
-        catch_up::note(d, &job, catch_up::Work::Finish, 0).await;
+    let mut effects = Effects::default();
+    let result = on_job_signal(d, job.clone(), target, build, deadline, &mut effects).await;
+    settle::settle(d, effects, deadline).await;
+    if target == JobState::Finished && result.as_ref().is_err_and(deferred::rate_limited) {
+        deferred::note(d, &job, Work::Finish, 0).await;
     }
-    // Events come every few seconds in a rush: each takes up what the rate limit deferred.
-    catch_up::take_up(d, &job.queue, deadline).await;
+    // Events come every few seconds in a rush: each takes up what the rate limit deferred,
+    // each job one of those ends settled before the next is taken up.
+    if let Some(mut batch) = catch_up::Batch::take(d, &job.queue, false).await {
+        loop {
+            let mut effects = Effects::default();
+            let more = batch.do_next(d, deadline, &mut effects).await;
+            settle::settle(d, effects, deadline).await;
+            if !more {
+                break;
+            }
+        }
+        batch.put_back(d).await;
+    }
     result
 }
 
@@ -140,6 +155,7 @@ async fn on_job_signal(
     target: JobState,
     build: &Build,
     deadline: Deadline,
+    effects: &mut Effects,
 ) -> Result<EventOutcome, DispatchError> {
     // A second build of one run (a create whose answer was lost, then made again, or a
     // rebuild), or the build of a job that ended before it had one (canceled, or given
@@ -182,8 +198,8 @@ async fn on_job_signal(
         // None: it ended meanwhile; the transition changes nothing, and what it owes is sent.
         if let Some(read) = read {
             t = t.with_outcome(read.outcome?);
-            return advance(d, &read.job, t, deadline).await;
+            return advance(d, &read.job, t, deadline, effects).await;
         }
     }
-    advance(d, &job, t, deadline).await
+    advance(d, &job, t, deadline, effects).await
 }

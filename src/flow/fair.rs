@@ -16,7 +16,9 @@ use super::rules::fair;
 pub(crate) use super::rules::fair::Standing;
 use super::rules::stats::{Ended, QueueRecord};
 use super::{Deps, DispatchError, deliver};
-use crate::jobs::{CacheEntry, Job, JobState, OpenJob, RunId, StoreError, Updated, update_seen};
+use crate::jobs::{
+    CacheEntry, Job, JobState, OpenJob, RunId, SharedKey, StoreError, Updated, shared, update_seen,
+};
 use crate::result::Verdict;
 use crate::retry::Deadline;
 use crate::time::Millis;
@@ -32,11 +34,7 @@ const LEASE_WAIT: Duration = Duration::from_secs(3);
 const AGENTS_WAIT: Duration = Duration::from_secs(2);
 
 fn lease_key(queue: &str) -> String {
-    format!("~fair/{queue}")
-}
-
-fn queue_key(queue: &str) -> String {
-    format!("~queue/{queue}")
+    SharedKey::FairLease(queue).key()
 }
 
 /// The jobs a release let go: the submitter's own (which it creates itself), and others.
@@ -98,14 +96,7 @@ async fn open_jobs(d: &Deps, queue: &str, fresh: Fresh<'_>) -> Result<Vec<OpenJo
     if let Some(mine) = fresh.mine
         && !open.iter().any(|j| j.run_id == mine.run_id.as_str())
     {
-        open.push(OpenJob {
-            run_id: mine.run_id.to_string(),
-            state: mine.state,
-            created_at: mine.created_at,
-            user: mine.user.clone(),
-            waiting: mine.waiting,
-            scheduled_at: mine.scheduled_at,
-        });
+        open.push(OpenJob::from(mine));
     }
     Ok(open)
 }
@@ -249,33 +240,18 @@ async fn note_end(d: &Deps, job: &Job) -> Result<(), StoreError> {
         ran_ms: ms(outcome.timings.and_then(|t| t.ran_secs)),
     };
     let infra = outcome.verdict == Verdict::Infra;
-    let key = queue_key(&job.queue);
-    for _ in 0..5 {
-        let entry = d.store.cached(&key).await?;
-        let mut record = record_in(entry.as_ref());
-        record.note(ended.clone(), infra);
-        let version = entry.as_ref().map(|e| e.claimed_at);
-        let next = CacheEntry {
-            value: serde_json::to_string(&record).ok(),
-            fetched_at: d.clock.now(),
-            claimed_at: version.unwrap_or(0) + 1,
-        };
-        if d.store.put_cached(&key, &next, version).await? {
-            return Ok(());
-        }
-    }
+    let key = SharedKey::QueueRecord(&job.queue);
+    let now = d.clock.now();
+    let note = |record: &mut QueueRecord| record.note(ended.clone(), infra);
+    shared::update(d.store.as_ref(), key, now, QueueRecord::default, note).await?;
     Ok(())
-}
-
-fn record_in(entry: Option<&CacheEntry>) -> QueueRecord {
-    entry
-        .and_then(|e| serde_json::from_str(e.value.as_deref()?).ok())
-        .unwrap_or_default()
 }
 
 /// A queue's record of its ended jobs, as last written.
 pub(crate) async fn queue_record(d: &Deps, queue: &str) -> Result<QueueRecord, StoreError> {
-    Ok(record_in(d.store.cached(&queue_key(queue)).await?.as_ref()))
+    let key = SharedKey::QueueRecord(queue);
+    let (record, _) = shared::read(d.store.as_ref(), key).await?;
+    Ok(record.unwrap_or_default())
 }
 
 /// What a standing is computed from, besides the queue's open jobs: its connected agents

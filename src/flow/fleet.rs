@@ -16,26 +16,19 @@ use super::rules::fleet::{AgentRecord, DAY_MS, Incident, Pending, SeenTry, Since
 use super::rules::tries::{MAX_NAME_CHARS, clean};
 use crate::buildkite::Agent;
 use crate::discord::{AllowedMentions, Message};
-use crate::jobs::{CacheEntry, Job, StoreError};
+use crate::jobs::shared::{self, First};
+use crate::jobs::{Job, SharedKey, StoreError};
 use crate::result::{GpuReading, Outcome};
 use crate::retry::{Deadline, Policy};
 use crate::telemetry::metrics::Unit;
 use crate::text::{plain, span};
 use crate::time::Millis;
 
-/// The store key listing every agent that has a record (`~` never starts a run id).
-const FLEET_KEY: &str = "~fleet";
-/// A record changed by many at once gives up after this many tries (it is only a count).
-const MAX_TRIES: usize = 8;
 /// Agents the fleet's list holds at most (one item in the store): donated nodes number tens.
 const MAX_AGENTS: usize = 1000;
 /// The operators' post is one try this long at most: the user's report went first, and an
 /// incident whose post fails is told by the sweep.
 const OPS_POST: std::time::Duration = std::time::Duration::from_secs(5);
-
-fn agent_key(name: &str) -> String {
-    format!("~agent/{name}")
-}
 
 /// An incident decided on an agent's record, to be told.
 #[derive(Clone, Debug)]
@@ -152,7 +145,7 @@ pub(crate) struct FleetSwept {
 /// function decided but did not tell (killed mid-delivery, or its post failed) is told. A
 /// pass starts at another agent, so a short one does not always serve the same ones.
 pub(crate) async fn sweep_fleet(d: &Deps, deadline: Deadline) -> Result<FleetSwept, StoreError> {
-    let names = names_in(d.store.cached(FLEET_KEY).await?.as_ref());
+    let names = fleet_names(d).await?;
     // Passes come every few minutes: a hash of the time spreads their starts over the list.
     let spread = (d.clock.now() / 1000)
         .unsigned_abs()
@@ -253,8 +246,9 @@ async fn sweep_agent(
 
 /// Agent `name`'s record as stored, if it has one.
 async fn read_record(d: &Deps, name: &str) -> Result<Option<AgentRecord>, StoreError> {
-    let entry = d.store.cached(&agent_key(name)).await?;
-    Ok(entry.and_then(|e| serde_json::from_str(e.value.as_deref()?).ok()))
+    Ok(shared::read(d.store.as_ref(), SharedKey::Agent(name))
+        .await?
+        .0)
 }
 
 /// Reads, changes and writes agent `name`'s record if nobody wrote it in between (else
@@ -265,74 +259,60 @@ async fn update<T>(
     queue: &str,
     change: impl Fn(&mut AgentRecord) -> Option<T>,
 ) -> Result<Option<T>, StoreError> {
-    let key = agent_key(name);
-    for _ in 0..MAX_TRIES {
-        let entry = d.store.cached(&key).await?;
-        let mut record: AgentRecord = entry
-            .as_ref()
-            .and_then(|e| serde_json::from_str(e.value.as_deref()?).ok())
-            .unwrap_or_else(|| AgentRecord::new(name, queue));
-        let before = record.clone();
-        let said = change(&mut record);
-        if record == before {
-            return Ok(said);
-        }
-        let version = entry.as_ref().map(|e| e.claimed_at);
-        let next = CacheEntry {
-            value: Some(serde_json::to_string(&record).map_err(StoreError::corrupt)?),
-            fetched_at: d.clock.now(),
-            claimed_at: version.unwrap_or(0) + 1,
-        };
-        if d.store.put_cached(&key, &next, version).await? {
-            // Listed with its first record, and again (a read, if it is) whenever the record
-            // holds what only the sweep, which walks the list, may tell: a listing that failed
-            // once is made good. A listing that fails loses the agent from the fleet view,
-            // never the incident just decided.
-            let sweep_needs = !record.pending.is_empty() || record.offline.is_some();
-            if (version.is_none() || sweep_needs)
-                && let Err(e) = list_agent(d, name).await
-            {
-                warn!(error = %e, agent = name, "the agent could not be added to the fleet's list");
-            }
-            return Ok(said);
-        }
+    let key = SharedKey::Agent(name);
+    let init = || AgentRecord::new(name, queue);
+    // What only the sweep, which walks the fleet's list, may tell: a pending incident, or an
+    // agent gone offline.
+    let changed = shared::update(d.store.as_ref(), key, d.clock.now(), init, |record| {
+        let said = change(record);
+        (said, !record.pending.is_empty() || record.offline.is_some())
+    })
+    .await?;
+    let (said, sweep_needs) = changed.said;
+    // Listed with its first record, and again (a read, if it is) whenever the record holds
+    // what the sweep must tell: a listing that failed once is made good. A listing that
+    // fails loses the agent from the fleet view, never the incident just decided.
+    let listed = match changed.wrote {
+        Some(First::Yes) => true,
+        Some(First::No) => sweep_needs,
+        None => false,
+    };
+    if listed && let Err(e) = list_agent(d, name).await {
+        warn!(error = %e, agent = name, "the agent could not be added to the fleet's list");
     }
-    Err(StoreError::unavailable("the agent's record kept changing"))
+    Ok(said)
 }
 
 /// Adds `name` to the fleet's list of agents with records.
 async fn list_agent(d: &Deps, name: &str) -> Result<(), StoreError> {
-    for _ in 0..MAX_TRIES {
-        let entry = d.store.cached(FLEET_KEY).await?;
-        let mut names = names_in(entry.as_ref());
+    let add = |names: &mut Vec<String>| {
         if names.iter().any(|n| n == name) {
-            return Ok(());
+            return;
         }
         if names.len() >= MAX_AGENTS {
             warn!(
                 agent = name,
                 "the fleet's list is full; the agent is not listed"
             );
-            return Ok(());
+            return;
         }
         names.push(name.to_owned());
-        let version = entry.as_ref().map(|e| e.claimed_at);
-        let next = CacheEntry {
-            value: Some(serde_json::to_string(&names).map_err(StoreError::corrupt)?),
-            fetched_at: d.clock.now(),
-            claimed_at: version.unwrap_or(0) + 1,
-        };
-        if d.store.put_cached(FLEET_KEY, &next, version).await? {
-            return Ok(());
-        }
-    }
-    Err(StoreError::unavailable("the fleet's list kept changing"))
+    };
+    shared::update(
+        d.store.as_ref(),
+        SharedKey::Fleet,
+        d.clock.now(),
+        Vec::new,
+        add,
+    )
+    .await?;
+    Ok(())
 }
 
-fn names_in(entry: Option<&CacheEntry>) -> Vec<String> {
-    entry
-        .and_then(|e| serde_json::from_str(e.value.as_deref()?).ok())
-        .unwrap_or_default()
+/// The names of the agents that have a record.
+async fn fleet_names(d: &Deps) -> Result<Vec<String>, StoreError> {
+    let (names, _) = shared::read(d.store.as_ref(), SharedKey::Fleet).await?;
+    Ok(names.unwrap_or_default())
 }
 
 /// Counts a newly decided incident: the metric's alarm tells the operators even when the
@@ -471,7 +451,7 @@ pub async fn view(d: &Deps, deadline: Deadline) -> Result<Vec<FleetAgent>, Queue
             queues::cached_agents(d).await?
         }
     };
-    let names = names_in(d.store.cached(FLEET_KEY).await?.as_ref());
+    let names = fleet_names(d).await?;
     let mut records = Vec::new();
     for name in &names {
         records.extend(read_record(d, name).await?);

@@ -5,6 +5,7 @@ use tracing::info;
 
 use super::advance::{EventOutcome, advance, build_ref};
 use super::cancel::stop_build;
+use super::effects::Effects;
 use super::outcome::read_outcome;
 use super::rules::ending::{Overdue, overdue};
 use super::rules::signal::progress_of;
@@ -32,6 +33,7 @@ pub(crate) async fn look_at_build(
     job: &Job,
     pipeline: &mut PipelineSeen,
     deadline: Deadline,
+    effects: &mut Effects,
 ) -> Result<EventOutcome, DispatchError> {
     let Some(b) = &job.build else {
         return Ok(EventOutcome::Ignored("no build"));
@@ -51,11 +53,11 @@ pub(crate) async fn look_at_build(
                 "the build no longer exists in Buildkite",
             );
             let t = Transition::to(JobState::Finished, d.clock.now()).with_outcome(outcome);
-            return advance(d, job, t, deadline).await;
+            return advance(d, job, t, deadline, effects).await;
         }
         Err(e) => return Err(e.into()),
     };
-    follow(d, job, &build, deadline).await
+    follow(d, job, &build, deadline, effects).await
 }
 
 /// Moves `job` as `build` (read from the API, with its jobs, perhaps a listing's
@@ -65,6 +67,7 @@ pub(crate) async fn follow(
     job: &Job,
     build: &Build,
     deadline: Deadline,
+    effects: &mut Effects,
 ) -> Result<EventOutcome, DispatchError> {
     let Some(b) = &job.build else {
         return Ok(EventOutcome::Ignored("no build"));
@@ -73,7 +76,7 @@ pub(crate) async fn follow(
         // Numbers start again when a pipeline is recreated: never take another's build. The
         // job's own deadlines still end it (nothing of ours runs under that number).
         return match overdue_now(d, job.timeline()) {
-            Some(overdue) => end_at_deadline(d, job, overdue, deadline).await,
+            Some(overdue) => end_at_deadline(d, job, overdue, deadline, effects).await,
             None => Ok(EventOutcome::Ignored(
                 "a different build under the job's number",
             )),
@@ -81,7 +84,7 @@ pub(crate) async fn follow(
     }
     let target = progress_of(build);
     if target == JobState::Finished {
-        return finish(d, job, build, deadline).await;
+        return finish(d, job, build, deadline, effects).await;
     }
     let mut seen = job.clone();
     seen.state = if target.rank() > job.state.rank() {
@@ -90,7 +93,7 @@ pub(crate) async fn follow(
         job.state
     };
     if let Some(overdue) = overdue_now(d, seen.timeline()) {
-        return end_overdue(d, &seen, overdue, deadline).await;
+        return end_overdue(d, &seen, overdue, deadline, effects).await;
     }
     if job.cancel_requested {
         // An earlier cancel call failed: try again until the build ends.
@@ -100,7 +103,7 @@ pub(crate) async fn follow(
         return Ok(EventOutcome::Ignored("build has not moved on"));
     }
     let t = Transition::to(target, d.clock.now()).with_build(build_ref(build));
-    advance(d, job, t, deadline).await
+    advance(d, job, t, deadline, effects).await
 }
 
 /// Finishes `job` with its ended build's outcome. A result that Buildkite keeps from us is
@@ -111,12 +114,13 @@ async fn finish(
     job: &Job,
     build: &Build,
     deadline: Deadline,
+    effects: &mut Effects,
 ) -> Result<EventOutcome, DispatchError> {
     let t = Transition::to(JobState::Finished, d.clock.now()).with_build(build_ref(build));
     let bk_deadline = d.buildkite_deadline(deadline);
     let Some(read) = read_outcome(d, job, build, None, bk_deadline).await? else {
         // It ended meanwhile: the transition changes nothing, and what it owes is sent.
-        return advance(d, job, t, deadline).await;
+        return advance(d, job, t, deadline, effects).await;
     };
     let outcome = match read.outcome {
         Ok(outcome) => outcome,
@@ -134,7 +138,7 @@ async fn finish(
         }
         Err(e) => return Err(e),
     };
-    advance(d, &read.job, t.with_outcome(outcome), deadline).await
+    advance(d, &read.job, t.with_outcome(outcome), deadline, effects).await
 }
 
 pub(crate) fn overdue_now(d: &Deps, job: Timeline) -> Option<Overdue> {
@@ -157,6 +161,7 @@ async fn end_overdue(
     job: &Job,
     overdue: Overdue,
     deadline: Deadline,
+    effects: &mut Effects,
 ) -> Result<EventOutcome, DispatchError> {
     let Some(b) = &job.build else {
         return Ok(EventOutcome::Ignored("no build"));
@@ -165,11 +170,11 @@ async fn end_overdue(
     let fresh = d.buildkite.get_build(b.number, bk_deadline).await?;
     if fresh.id == b.id {
         match progress_of(&fresh) {
-            JobState::Finished => return finish(d, job, &fresh, deadline).await,
+            JobState::Finished => return finish(d, job, &fresh, deadline, effects).await,
             JobState::Running if overdue == Overdue::QueueTimeout => {
                 let t =
                     Transition::to(JobState::Running, d.clock.now()).with_build(build_ref(&fresh));
-                return advance(d, job, t, deadline).await;
+                return advance(d, job, t, deadline, effects).await;
             }
             _ => {}
         }
@@ -181,7 +186,7 @@ async fn end_overdue(
         }
         info!(?overdue, "job overdue; its build is canceled");
     }
-    end_at_deadline(d, job, overdue, deadline).await
+    end_at_deadline(d, job, overdue, deadline, effects).await
 }
 
 /// Ends `job` with the verdict of the deadline it passed, only from the state the decision
@@ -191,6 +196,7 @@ async fn end_at_deadline(
     job: &Job,
     overdue: Overdue,
     deadline: Deadline,
+    effects: &mut Effects,
 ) -> Result<EventOutcome, DispatchError> {
     let t = Transition::to(JobState::Finished, d.clock.now())
         .with_outcome(deadline_outcome(d, job, overdue));
@@ -201,10 +207,12 @@ async fn end_at_deadline(
     .await?;
     match written {
         Updated::Written(j) => {
-            deliver::deliver(d, &j, deadline).await?;
+            let delivered = deliver::deliver(d, &j, deadline).await;
+            let state = j.state;
             // Its slot on the queue is free: fair share's waiting jobs may go.
-            super::fair::after_end(d, &j, deadline).await;
-            Ok(EventOutcome::Advanced(j.state))
+            effects.ended(j);
+            delivered?;
+            Ok(EventOutcome::Advanced(state))
         }
         _ => Ok(EventOutcome::Ignored("the job moved on meanwhile")),
     }

@@ -1,17 +1,25 @@
 //! The job's path through the system, one module per arrow of the flow (see
-//! `docs/architecture.md`), each a few functions over the shared [`Deps`]:
+//! `docs/architecture.md`), each a few functions over the shared [`Deps`]. An arrow calls
+//! only arrows below it; what it would otherwise call back up for (a job it ended frees its
+//! queue's slot) it records in an [`effects::Effects`] that its caller hands to [`settle`].
 //!
 //! - [`submit`]: record a job, then create its build ([`create`]) or leave that to the sweep;
 //! - [`events`]: a signed Buildkite webhook moves the job forward;
+//! - [`advance`]: a transition written by compare-and-swap, then what it owes delivered;
 //! - [`deliver`]: the Discord and callback outboxes, until nothing is owed;
 //! - [`follow`]: the sweep reads a build the webhooks said nothing about;
 //! - [`sweep`]: one pass that finishes whatever the others left undone;
 //! - [`cancel`]: a user no longer wants a run;
 //! - [`resend`]: an operator sends an ended job's report and callback again;
 //! - [`queues`]: who can run a queue's jobs and how many wait;
-//! - [`catch_up`]: a job's end takes up the creates Buildkite's rate limit deferred.
+//! - [`fair`]: fair share's waiting jobs, released as slots free;
+//! - [`deferred`]: the creates and finishes Buildkite's rate limit deferred, per queue;
+//! - [`catch_up`]: a webhook or a job's end takes that deferred work up;
+//! - [`settle`]: the one place that runs what the arrows left (their [`effects`]);
+//! - [`fleet`]: the agents' records, incidents, and the operators told once;
+//! - [`profiles`], [`clicks`], [`status`]: profile reports, Discord's buttons, the status page.
 //!
-//! Moving a job forward is [`advance`]; reading a finished build's result is [`outcome`].
+//! Reading a finished build's result is [`outcome`]; a validated submission is [`submission`].
 //! The decisions they act on are pure functions in [`rules`]; what people and programs are
 //! shown of a job is [`present`]. Data flows one way: http → flow → (buildkite | discord |
 //! callback | jobs).
@@ -21,8 +29,10 @@ pub mod cancel;
 mod catch_up;
 mod clicks;
 mod create;
+mod deferred;
 pub mod deliver;
 mod deps;
+mod effects;
 pub mod events;
 pub(crate) mod fair;
 pub mod fleet;
@@ -33,6 +43,7 @@ pub mod profiles;
 pub mod queues;
 pub mod resend;
 pub mod rules;
+mod settle;
 pub mod status;
 pub mod submission;
 pub mod submit;

@@ -193,8 +193,9 @@ async fn fetch_claimed(
 /// instances see it spent), and one instance fetches so many a minute.
 async fn spend(d: &Deps, now: Millis) -> Result<(), ProfileError> {
     let mut taken = false;
+    let key = clicks::quota_key();
     for _ in 0..3 {
-        let entry = d.store.cached(clicks::QUOTA_KEY).await;
+        let entry = d.store.cached(&key).await;
         let entry = entry.map_err(DispatchError::from)?;
         let quota: Option<clicks::Quota> = entry.as_ref().and_then(parse);
         clicks::quota_allows(quota.as_ref(), now)
@@ -212,9 +213,7 @@ async fn spend(d: &Deps, now: Millis) -> Result<(), ProfileError> {
             fetched_at: entry.fetched_at,
             claimed_at: now.max(entry.claimed_at + 1),
         };
-        let put = d
-            .store
-            .put_cached(clicks::QUOTA_KEY, &write, Some(entry.claimed_at));
+        let put = d.store.put_cached(&key, &write, Some(entry.claimed_at));
         if put.await.map_err(DispatchError::from)? {
             taken = true;
             break;
@@ -270,10 +269,10 @@ async fn fetch(
             claimed_at: now,
         };
         // Whoever writes last saw the newest count: no claim is needed.
-        let old = d.store.cached(clicks::QUOTA_KEY).await.ok().flatten();
+        let old = d.store.cached(&clicks::quota_key()).await.ok().flatten();
         let _ = d
             .store
-            .put_cached(clicks::QUOTA_KEY, &entry, old.map(|e| e.claimed_at))
+            .put_cached(&clicks::quota_key(), &entry, old.map(|e| e.claimed_at))
             .await;
     }
     let url = url.map_err(DispatchError::from)?;

@@ -9,12 +9,14 @@ use serde::{Deserialize, Serialize};
 
 use super::Deps;
 use crate::buildkite::{Agent, BuildkiteError};
-use crate::jobs::{CacheEntry, JobState, OpenJob, StoreError};
+use crate::jobs::{CacheEntry, JobState, OpenJob, SharedKey, StoreError};
 use crate::retry::Deadline;
 use crate::time::Millis;
 
-/// The store key of the shared agents list (`~` never starts a run id).
-pub(crate) const AGENTS_KEY: &str = "~agents";
+/// The store key of the shared agents list.
+pub(crate) fn agents_key() -> String {
+    SharedKey::Agents.key()
+}
 /// The agents list is refreshed at most this often, by one instance.
 const REFRESH_MS: Millis = 60_000;
 /// A list this old is not served: the agents API has been failing for minutes.
@@ -165,20 +167,20 @@ fn parse(entry: &CacheEntry) -> Option<Vec<SeenAgent>> {
 
 /// When the cached agents list was read from Buildkite, if there is one.
 pub(crate) async fn agents_read_at(d: &Deps) -> Result<Option<Millis>, StoreError> {
-    let entry = d.store.cached(AGENTS_KEY).await?;
+    let entry = d.store.cached(&agents_key()).await?;
     Ok(entry.filter(|e| e.value.is_some()).map(|e| e.fetched_at))
 }
 
 /// The agents list as last cached, however old (no Buildkite call): empty before the first.
 pub(crate) async fn cached_agents(d: &Deps) -> Result<Vec<SeenAgent>, StoreError> {
-    let entry = d.store.cached(AGENTS_KEY).await?;
+    let entry = d.store.cached(&agents_key()).await?;
     Ok(entry.as_ref().and_then(parse).unwrap_or_default())
 }
 
 /// The agents list as last cached, if it is younger than [`MAX_STALE_MS`] (no Buildkite
 /// call): what fair share counts idle GPUs by, which an old list would overstate.
 pub(crate) async fn recent_agents(d: &Deps) -> Result<Vec<SeenAgent>, StoreError> {
-    let entry = d.store.cached(AGENTS_KEY).await?;
+    let entry = d.store.cached(&agents_key()).await?;
     let now = d.clock.now();
     Ok(entry
         .as_ref()
@@ -206,7 +208,7 @@ pub async fn status(d: &Deps, gpu: &str, deadline: Deadline) -> Result<QueueStat
 /// refresh first lists the agents, and everyone else serves the last list meanwhile.
 pub(crate) async fn agents(d: &Deps, deadline: Deadline) -> Result<Vec<SeenAgent>, QueueError> {
     let now = d.clock.now();
-    let entry = d.store.cached(AGENTS_KEY).await?;
+    let entry = d.store.cached(&agents_key()).await?;
     let cached = entry.as_ref().and_then(parse);
     if let (Some(e), Some(list)) = (&entry, &cached)
         && now - e.fetched_at < REFRESH_MS
@@ -223,7 +225,7 @@ pub(crate) async fn agents(d: &Deps, deadline: Deadline) -> Result<Vec<SeenAgent
             claimed_at: now,
         };
         let expected = entry.as_ref().map(|e| e.claimed_at);
-        if d.store.put_cached(AGENTS_KEY, &claim, expected).await? {
+        if d.store.put_cached(&agents_key(), &claim, expected).await? {
             return match refresh_agents(d, now, deadline).await {
                 // Buildkite's window is kept for creates and finishes: the last list serves.
                 Err(QueueError::Buildkite(BuildkiteError::RateLimited { .. }))
@@ -261,7 +263,7 @@ async fn refresh_agents(
     };
     // Lost only to a later claim, whose list is as good.
     d.store
-        .put_cached(AGENTS_KEY, &entry, Some(claimed_at))
+        .put_cached(&agents_key(), &entry, Some(claimed_at))
         .await?;
     Ok(list)
 }
@@ -271,7 +273,13 @@ async fn wait_for_agents(d: &Deps, deadline: Deadline) -> Result<Vec<SeenAgent>,
     let until = Deadline::after(WAIT_FOR_FIRST.min(deadline.remaining()));
     while until.remaining() > Duration::ZERO {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        if let Some(list) = d.store.cached(AGENTS_KEY).await?.as_ref().and_then(parse) {
+        if let Some(list) = d
+            .store
+            .cached(&agents_key())
+            .await?
+            .as_ref()
+            .and_then(parse)
+        {
             return Ok(list);
         }
     }

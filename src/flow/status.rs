@@ -50,7 +50,7 @@ pub async fn page(d: &Deps) -> Result<StatusPage, StoreError> {
     let agents = cached_agents(d).await?;
     let agents_age_ms = d
         .store
-        .cached(super::queues::AGENTS_KEY)
+        .cached(&super::queues::agents_key())
         .await?
         .filter(|e| e.value.is_some())
         .map(|e| now - e.fetched_at);

@@ -9,6 +9,7 @@ mod model;
 mod outbox;
 mod outcome;
 mod record;
+pub mod shared;
 #[cfg(feature = "embedded-store")]
 mod sqlite;
 mod state;
@@ -27,6 +28,7 @@ pub use outbox::{
 };
 pub use outcome::MAX_STORED_OUTCOME;
 pub use record::JobRecord;
+pub use shared::SharedKey;
 #[cfg(feature = "embedded-store")]
 pub use sqlite::SqliteStore;
 pub use state::JobState;

@@ -69,6 +69,21 @@ pub struct OpenJob {
     pub scheduled_at: Option<Millis>,
 }
 
+impl From<&Job> for OpenJob {
+    /// The job as the queue index would show it (a caller that has just written it knows
+    /// it before the index does).
+    fn from(job: &Job) -> Self {
+        Self {
+            run_id: job.run_id.to_string(),
+            state: job.state,
+            created_at: job.created_at,
+            user: job.user.clone(),
+            waiting: job.waiting,
+            scheduled_at: job.scheduled_at,
+        }
+    }
+}
+
 /// A shared cached value: what was fetched and when, and when a refresh was last claimed
 /// (the claim is what limits refreshes across instances).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

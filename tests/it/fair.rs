@@ -233,7 +233,30 @@ async fn the_place_and_expected_start_show_in_the_api_and_the_message(kind: Stor
     );
 }
 
+/// A build whose `build.finished` never came: the sweep pass that ends its job lets the
+/// user's waiting job go in that same pass (the pass released nothing when it began, while
+/// both builds were open).
+async fn a_job_the_sweep_ends_lets_a_waiting_one_go_in_the_same_pass(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    for run_id in ["a1", "a2", "a3"] {
+        submit(&app, "alice", run_id).await;
+    }
+    assert_eq!(built(&app), ["a1", "a2"]);
+    let a1 = build_of(&app, "a1").await;
+    let buildkite = &app.buildkite;
+    buildkite.upload(a1, "result.json", sample_result(false), "finished", false);
+    buildkite.set_state(a1, "passed");
+    // Past the age the sweep leaves to webhooks, within the queue deadline of the one waiting.
+    app.advance_clock(Duration::from_secs(11 * 60));
+    app.sweep().await;
+    assert_eq!(app.job("a1").await.state, JobState::Finished);
+    assert_eq!(built(&app), ["a1", "a2", "a3"]);
+    let job = app.job("a3").await;
+    assert_eq!((job.state, job.waiting), (JobState::Scheduled, false));
+}
+
 on_both_stores!(
+    a_job_the_sweep_ends_lets_a_waiting_one_go_in_the_same_pass,
     a_third_submission_waits_while_two_run,
     waiting_jobs_start_round_robin_over_users,
     two_finishes_at_once_create_each_waiting_job_once,

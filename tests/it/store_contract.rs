@@ -4,8 +4,8 @@
 use crate::support::{StoreKind, inflated_result, open_store};
 use kernelbot_dispatch::jobs::{
     BuildRef, CallbackOutbox, Created, Creation, Cursor, DeliveryStatus, Job, JobState, JobStore,
-    Listed, Listing, Replaced, RunId, Shard, StoreError, Target, Transition, Updated,
-    WebhookAddress, update, update_seen,
+    Listed, Listing, Replaced, RunId, Shard, SharedKey, StoreError, Target, Transition, Updated,
+    WebhookAddress, shared, update, update_seen,
 };
 use kernelbot_dispatch::result::{EvalResult, FullResult, Outcome, RunResult};
 
@@ -462,7 +462,48 @@ async fn each_bookmark_is_kept_on_its_own(kind: StoreKind) {
     assert!(store.list(Shard::Open, 0, 10).await.unwrap().is_empty());
 }
 
+/// Writers of one shared entry at once: every change lands (each loser decides again on what
+/// the winner wrote), one write made the entry, an unchanged value is not written, and the
+/// entry is kept under the key earlier versions used.
+async fn concurrent_changes_to_a_shared_entry_all_land(kind: StoreKind) {
+    let (store, _dir) = open_store(kind).await;
+    let key = SharedKey::Deferred("h100");
+    let writers = (0..6u32).map(|i| {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let add = |v: &mut Vec<u32>| v.push(i);
+            shared::update(store.as_ref(), key, 1_000, Vec::new, add).await
+        })
+    });
+    let mut made = 0;
+    for w in writers {
+        let changed = w.await.unwrap().expect("six writers fit within the tries");
+        assert!(changed.wrote.is_some(), "{changed:?}");
+        made += usize::from(changed.wrote == Some(shared::First::Yes));
+    }
+    assert_eq!(made, 1, "one write made the entry");
+    let (value, writes) = shared::read::<Vec<u32>>(store.as_ref(), key).await.unwrap();
+    let mut value = value.expect("a value");
+    value.sort_unstable();
+    assert_eq!(value, [0, 1, 2, 3, 4, 5]);
+    assert_eq!(writes, Some(6));
+
+    let count = |v: &mut Vec<u32>| v.len();
+    let kept = shared::update(store.as_ref(), key, 2_000, Vec::new, count).await;
+    assert_eq!(
+        kept.unwrap(),
+        shared::Changed {
+            said: 6,
+            wrote: None
+        }
+    );
+    let (_, writes) = shared::read::<Vec<u32>>(store.as_ref(), key).await.unwrap();
+    assert_eq!(writes, Some(6), "nothing written for an unchanged value");
+    assert!(store.cached("~deferred/h100").await.unwrap().is_some());
+}
+
 on_both_stores!(
+    concurrent_changes_to_a_shared_entry_all_land,
     create_is_idempotent_per_run_id,
     advance_only_moves_forward,
     concurrent_advances_have_exactly_one_winner,

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{Map, Value};
 
+pub use crate::invalid::InvalidConfig;
 use crate::profile_options::ProfileOptions;
 
 /// Kernelbot's default per-mode timeout (seconds).
@@ -43,15 +44,6 @@ pub struct EvalConfig {
 }
 
 const MODES: &[&str] = &["test", "benchmark", "profile", "leaderboard", "private"];
-
-/// A config the runner cannot run: which field (a path inside the config, `""` for the
-/// whole) and why, in a sentence that names it.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{message}")]
-pub struct InvalidConfig {
-    pub field: String,
-    pub message: String,
-}
 
 /// A name from the config as an error shows it: at most 64 characters, so an answer stays
 /// small whatever was sent.

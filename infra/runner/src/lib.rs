@@ -21,6 +21,7 @@ mod affinity;
 mod config;
 mod eval;
 mod gpu;
+mod invalid;
 pub mod payload;
 mod process;
 mod profile;

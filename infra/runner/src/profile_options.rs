@@ -4,7 +4,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::config::InvalidConfig;
+use crate::invalid::InvalidConfig;
 
 /// Launches `ncu` measures when the submission says nothing (kernelbot's `-c 10`).
 pub(crate) const DEFAULT_LAUNCH_COUNT: u64 = 10;

@@ -66,7 +66,7 @@ async fn send(bk: &BuildkiteStandin, run: &AutoRun, event: &'static str, number:
 /// Runs the step until a try ends with an exit status the pipeline does not retry (or has
 /// retried its limit): that exit status, or `None` when the build was canceled.
 async fn run_tries(bk: &BuildkiteStandin, run: &AutoRun, number: u64) -> Option<i32> {
-    let limits = crate::devstack::agent::retry_limits();
+    let limits = crate::devstack::pipeline::retry_limits();
     let mut exits: Vec<i32> = Vec::new();
     loop {
         let agent = bk.next_agent(number).await.ok()?;

@@ -7,10 +7,11 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use tracing::warn;
 
 use super::super::advance::EventOutcome;
-use super::super::catch_up;
 use super::super::create::{Tried, create_deferred};
+use super::super::deferred;
+use super::super::effects::Effects;
 use super::super::follow::{PipelineSeen, follow, look_at_build, overdue_now};
-use super::super::{Deps, DispatchError};
+use super::super::{Deps, DispatchError, settle::settle};
 use super::PASS_RESERVE;
 use super::order::{bookmark, rotate_to};
 use super::report::SweepReport;
@@ -95,7 +96,7 @@ async fn deferred_finishes(d: &Deps, open: &[Listed]) -> HashSet<String> {
     let queues: BTreeSet<&str> = open.iter().map(|j| j.queue.as_str()).collect();
     let mut out = HashSet::new();
     for queue in queues {
-        match catch_up::finishes(d, queue).await {
+        match deferred::finishes(d, queue).await {
             Ok(list) => out.extend(list),
             Err(e) => warn!(error = %e, queue, "deferred finishes wait for their age"),
         }
@@ -112,8 +113,9 @@ pub(super) async fn sweep_open(
     deadline: Deadline,
     report: &mut SweepReport,
 ) -> Result<(), DispatchError> {
+    let mut effects = Effects::default();
     let result = if job.build.is_none() {
-        create_deferred(d, job, deadline)
+        create_deferred(d, job, deadline, &mut effects)
             .await
             .map(|(outcome, tried)| {
                 match tried {
@@ -125,11 +127,12 @@ pub(super) async fn sweep_open(
             })
     } else if check_build {
         report.checked += 1;
-        look_at_build(d, job, pipeline, deadline).await
+        look_at_build(d, job, pipeline, deadline, &mut effects).await
     } else {
         return Ok(());
     };
-    settle(job, result, report)?;
+    settle(d, effects, deadline).await;
+    count(job, result, report)?;
     Ok(())
 }
 
@@ -160,8 +163,10 @@ async fn follow_builds(
             continue;
         };
         report.checked += 1;
-        let result = follow(d, &job, &live[&number(listed)], deadline).await;
-        if !settle(&job, result, report)? {
+        let mut effects = Effects::default();
+        let result = follow(d, &job, &live[&number(listed)], deadline, &mut effects).await;
+        settle(d, effects, deadline).await;
+        if !count(&job, result, report)? {
             return Ok(());
         }
     }
@@ -200,11 +205,13 @@ async fn follow_ended(
         let past = ended[(i + 1) % ended.len()];
         set_cursor(d, Some(&bookmark(past))).await?;
         report.checked += 1;
+        let mut effects = Effects::default();
         let result = match done.get(&number(listed)) {
-            Some(build) => follow(d, &job, build, deadline).await,
-            None => look_at_build(d, &job, pipeline, deadline).await,
+            Some(build) => follow(d, &job, build, deadline, &mut effects).await,
+            None => look_at_build(d, &job, pipeline, deadline, &mut effects).await,
         };
-        if !settle(&job, result, report)? {
+        settle(d, effects, deadline).await;
+        if !count(&job, result, report)? {
             return set_cursor(d, Some(&bookmark(listed))).await;
         }
     }
@@ -255,7 +262,7 @@ async fn bookmark_order<'a>(
 }
 
 /// Counts one job's result; `false` when the pass must stop its Buildkite work.
-fn settle(
+fn count(
     job: &Job,
     result: Result<EventOutcome, DispatchError>,
     report: &mut SweepReport,
