@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::jobs::{CacheEntry, RunId, SharedKey};
+use crate::jobs::{CacheEntry, SharedKey};
 use crate::time::Millis;
 
 /// Of the token's requests left in Buildkite's window (50 a minute by default), those a click
@@ -30,11 +30,6 @@ const DEFAULT_RESET_MS: Millis = 60_000;
 /// Where the quota is kept.
 pub(crate) fn quota_key() -> String {
     SharedKey::BuildkiteQuota.key()
-}
-
-/// Where run `run_id`'s profile `index` URL is kept.
-pub(crate) fn url_key(run_id: &RunId, index: usize) -> String {
-    SharedKey::ProfileUrl(run_id, index).key()
 }
 
 /// A storage URL, the artifact it is of, and until when it may be handed out.
@@ -151,6 +146,7 @@ mod tests {
             value: value.map(|v| serde_json::to_string(&v).unwrap()),
             fetched_at,
             claimed_at,
+            expires_at: None,
         }
     }
 

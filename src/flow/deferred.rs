@@ -138,7 +138,8 @@ pub(crate) fn rate_limited(e: &DispatchError) -> bool {
 /// Run ids of `queue`'s deferred finishes, for the sweep to look at whatever their age.
 pub(crate) async fn finishes(d: &Deps, queue: &str) -> Result<Vec<String>, StoreError> {
     let (list, _) =
-        shared::read::<Vec<Deferred>>(d.store.as_ref(), SharedKey::Deferred(queue)).await?;
+        shared::read::<Vec<Deferred>>(d.store.as_ref(), SharedKey::Deferred(queue), d.clock.now())
+            .await?;
     let list = list.unwrap_or_default();
     Ok(list
         .into_iter()

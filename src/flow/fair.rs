@@ -164,6 +164,7 @@ async fn take_lease(d: &Deps, queue: &str) -> Result<Option<Millis>, StoreError>
                 value: Some((now + LEASE_MS).to_string()),
                 fetched_at: now,
                 claimed_at: version.unwrap_or(0) + 1,
+                expires_at: SharedKey::FairLease(queue).expires(now),
             };
             if d.store.put_cached(&key, &next, version).await? {
                 return Ok(Some(next.claimed_at));
@@ -179,10 +180,12 @@ async fn take_lease(d: &Deps, queue: &str) -> Result<Option<Millis>, StoreError>
 }
 
 async fn give_back(d: &Deps, queue: &str, version: Millis) {
+    let now = d.clock.now();
     let free = CacheEntry {
         value: None,
-        fetched_at: d.clock.now(),
+        fetched_at: now,
         claimed_at: version + 1,
+        expires_at: SharedKey::FairLease(queue).expires(now),
     };
     if let Err(e) = d
         .store
@@ -250,7 +253,7 @@ async fn note_end(d: &Deps, job: &Job) -> Result<(), StoreError> {
 /// A queue's record of its ended jobs, as last written.
 pub(crate) async fn queue_record(d: &Deps, queue: &str) -> Result<QueueRecord, StoreError> {
     let key = SharedKey::QueueRecord(queue);
-    let (record, _) = shared::read(d.store.as_ref(), key).await?;
+    let (record, _) = shared::read(d.store.as_ref(), key, d.clock.now()).await?;
     Ok(record.unwrap_or_default())
 }
 

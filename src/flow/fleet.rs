@@ -154,19 +154,47 @@ pub(crate) async fn sweep_fleet(d: &Deps, deadline: Deadline) -> Result<FleetSwe
     let start = usize::try_from(spread).unwrap_or(0) % names.len().max(1);
     let mut listing = Listing::default();
     let mut swept = FleetSwept::default();
+    let mut gone = Vec::new();
     for name in names.iter().cycle().skip(start).take(names.len()) {
         if deadline.remaining() < OPS_POST {
             break;
         }
         match sweep_agent(d, name, &mut listing, deadline).await {
-            Ok(told) => swept.told += told,
+            Ok(Some(told)) => swept.told += told,
+            Ok(None) => gone.push(name.as_str()),
             Err(e) => {
                 warn!(error = %e, agent = %name, "the agent's record could not be swept");
                 swept.errors += 1;
             }
         }
     }
+    if let Err(e) = forget_gone(d, gone).await {
+        warn!(error = %e, "agents whose records expired could not be taken off the fleet's list");
+        swept.errors += 1;
+    }
     Ok(swept)
+}
+
+/// Takes `gone` (agents whose records had expired when the pass looked) off the fleet's
+/// list, but for any whose record has been made again since (the agent came back).
+async fn forget_gone(d: &Deps, gone: Vec<&str>) -> Result<(), StoreError> {
+    let mut still = Vec::new();
+    for name in gone {
+        if read_record(d, name).await?.is_none() {
+            still.push(name);
+        }
+    }
+    if still.is_empty() {
+        return Ok(());
+    }
+    let prune = |names: &mut Vec<String>| names.retain(|n| !still.contains(&n.as_str()));
+    let now = d.clock.now();
+    shared::update(d.store.as_ref(), SharedKey::Fleet, now, Vec::new, prune).await?;
+    info!(
+        ?still,
+        "agents not seen for a month taken off the fleet's list"
+    );
+    Ok(())
 }
 
 /// The agents the agents API lists connected, read once a pass and only when an agent's
@@ -208,15 +236,16 @@ impl Listing {
 }
 
 /// One agent's record swept: its offline incident decided (unless it is listed connected),
-/// and what no one tells taken and told. How many were told.
+/// and what no one tells taken and told. How many were told; `None` when it has no record
+/// (it expired).
 async fn sweep_agent(
     d: &Deps,
     name: &str,
     listing: &mut Listing,
     deadline: Deadline,
-) -> Result<usize, StoreError> {
+) -> Result<Option<usize>, StoreError> {
     let Some(record) = read_record(d, name).await? else {
-        return Ok(0);
+        return Ok(None);
     };
     let now = d.clock.now();
     let listed_at = match record.offline_due_soon(now) {
@@ -231,7 +260,7 @@ async fn sweep_agent(
         Some((offline, r.take_overdue(now)))
     };
     let Some((offline, mut to_tell)) = update(d, name, &record.queue, look).await? else {
-        return Ok(0);
+        return Ok(Some(0));
     };
     if let Some(pending) = offline {
         count(d, name, &record.queue, &pending.incident);
@@ -241,14 +270,16 @@ async fn sweep_agent(
     for pending in to_tell {
         told += usize::from(tell(d, name, &record.queue, &pending, deadline).await);
     }
-    Ok(told)
+    Ok(Some(told))
 }
 
 /// Agent `name`'s record as stored, if it has one.
 async fn read_record(d: &Deps, name: &str) -> Result<Option<AgentRecord>, StoreError> {
-    Ok(shared::read(d.store.as_ref(), SharedKey::Agent(name))
-        .await?
-        .0)
+    Ok(
+        shared::read(d.store.as_ref(), SharedKey::Agent(name), d.clock.now())
+            .await?
+            .0,
+    )
 }
 
 /// Reads, changes and writes agent `name`'s record if nobody wrote it in between (else
@@ -311,7 +342,7 @@ async fn list_agent(d: &Deps, name: &str) -> Result<(), StoreError> {
 
 /// The names of the agents that have a record.
 async fn fleet_names(d: &Deps) -> Result<Vec<String>, StoreError> {
-    let (names, _) = shared::read(d.store.as_ref(), SharedKey::Fleet).await?;
+    let (names, _) = shared::read(d.store.as_ref(), SharedKey::Fleet, d.clock.now()).await?;
     Ok(names.unwrap_or_default())
 }
 

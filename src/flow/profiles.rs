@@ -10,7 +10,7 @@ use super::clicks::{self, Next};
 use super::{Deps, DispatchError};
 use crate::buildkite::CallBudget;
 use crate::config::ProfileLinkConfig;
-use crate::jobs::{CacheEntry, RunId};
+use crate::jobs::{CacheEntry, RunId, SharedKey};
 use crate::profile_link::{self, Refused};
 use crate::result::Outcome;
 use crate::retry::Deadline;
@@ -115,7 +115,7 @@ pub(crate) async fn download(
         job_id: zip.job_id.as_str(),
         artifact_id: zip.artifact_id.as_str(),
     };
-    storage_url(d, &clicks::url_key(run_id, index), &artifact, deadline).await
+    storage_url(d, SharedKey::ProfileUrl(run_id, index), &artifact, deadline).await
 }
 
 /// Where a profile's zip is, in Buildkite's artifact API.
@@ -132,7 +132,7 @@ const WAIT_FOR_FETCH: Duration = Duration::from_secs(5);
 /// click claims the fetch first (the others wait for it), within the quota's reserve.
 async fn storage_url(
     d: &Deps,
-    key: &str,
+    key: SharedKey<'_>,
     artifact: &Artifact<'_>,
     deadline: Deadline,
 ) -> Result<String, ProfileError> {
@@ -141,20 +141,26 @@ async fn storage_url(
     let mut pause = Duration::from_millis(50);
     loop {
         let now = d.clock.now();
-        let entry = d.store.cached(key).await.map_err(DispatchError::from)?;
+        let entry = d
+            .store
+            .cached(&key.key())
+            .await
+            .map_err(DispatchError::from)?;
         match clicks::next(entry.as_ref(), artifact.artifact_id, now) {
             Next::Use(url) => return Ok(url),
             Next::Wait => {}
             Next::Claim { expected } => {
                 let claim = CacheEntry {
                     claimed_at: now,
+                    expires_at: key.expires(now),
                     ..entry.unwrap_or(CacheEntry {
                         value: None,
                         fetched_at: 0,
                         claimed_at: 0,
+                        expires_at: None,
                     })
                 };
-                let claimed = d.store.put_cached(key, &claim, expected).await;
+                let claimed = d.store.put_cached(&key.key(), &claim, expected).await;
                 if claimed.map_err(DispatchError::from)? {
                     return fetch_claimed(d, key, &claim, artifact, deadline).await;
                 }
@@ -173,7 +179,7 @@ async fn storage_url(
 /// claim back.
 async fn fetch_claimed(
     d: &Deps,
-    key: &str,
+    key: SharedKey<'_>,
     claim: &CacheEntry,
     artifact: &Artifact<'_>,
     deadline: Deadline,
@@ -212,6 +218,7 @@ async fn spend(d: &Deps, now: Millis) -> Result<(), ProfileError> {
             value: serde_json::to_string(&less).ok(),
             fetched_at: entry.fetched_at,
             claimed_at: now.max(entry.claimed_at + 1),
+            expires_at: SharedKey::BuildkiteQuota.expires(now),
         };
         let put = d.store.put_cached(&key, &write, Some(entry.claimed_at));
         if put.await.map_err(DispatchError::from)? {
@@ -228,14 +235,14 @@ async fn spend(d: &Deps, now: Millis) -> Result<(), ProfileError> {
 }
 
 /// Gives the claim back: the next click tries again at once.
-async fn release(d: &Deps, key: &str, claim: &CacheEntry) {
+async fn release(d: &Deps, key: SharedKey<'_>, claim: &CacheEntry) {
     let released = CacheEntry {
         claimed_at: claim.fetched_at,
         ..claim.clone()
     };
     let _ = d
         .store
-        .put_cached(key, &released, Some(claim.claimed_at))
+        .put_cached(&key.key(), &released, Some(claim.claimed_at))
         .await;
 }
 
@@ -248,7 +255,7 @@ fn parse<T: serde::de::DeserializeOwned>(entry: &CacheEntry) -> Option<T> {
 /// every instance, and keeps the quota Buildkite said is left.
 async fn fetch(
     d: &Deps,
-    key: &str,
+    key: SharedKey<'_>,
     claim: &CacheEntry,
     artifact: &Artifact<'_>,
     deadline: Deadline,
@@ -267,12 +274,14 @@ async fn fetch(
             value: serde_json::to_string(&quota).ok(),
             fetched_at: now,
             claimed_at: now,
+            expires_at: SharedKey::BuildkiteQuota.expires(now),
         };
         // Whoever writes last saw the newest count: no claim is needed.
-        let old = d.store.cached(&clicks::quota_key()).await.ok().flatten();
+        let quota_key = clicks::quota_key();
+        let old = d.store.cached(&quota_key).await.ok().flatten();
         let _ = d
             .store
-            .put_cached(&clicks::quota_key(), &entry, old.map(|e| e.claimed_at))
+            .put_cached(&quota_key, &entry, old.map(|e| e.claimed_at))
             .await;
     }
     let url = url.map_err(DispatchError::from)?;
@@ -285,11 +294,12 @@ async fn fetch(
         value: serde_json::to_string(&kept).ok(),
         fetched_at: now,
         claimed_at: claim.claimed_at,
+        expires_at: key.expires(now),
     };
     // Lost only to a later claim, whose URL is as good.
     let _ = d
         .store
-        .put_cached(key, &entry, Some(claim.claimed_at))
+        .put_cached(&key.key(), &entry, Some(claim.claimed_at))
         .await;
     Ok(kept.url)
 }

@@ -223,6 +223,7 @@ pub(crate) async fn agents(d: &Deps, deadline: Deadline) -> Result<Vec<SeenAgent
             value: entry.as_ref().and_then(|e| e.value.clone()),
             fetched_at: entry.as_ref().map_or(0, |e| e.fetched_at),
             claimed_at: now,
+            expires_at: SharedKey::Agents.expires(now),
         };
         let expected = entry.as_ref().map(|e| e.claimed_at);
         if d.store.put_cached(&agents_key(), &claim, expected).await? {
@@ -256,10 +257,12 @@ async fn refresh_agents(
         .await
         .map_err(QueueError::Buildkite)?;
     let list = seen(&agents);
+    let now = d.clock.now();
     let entry = CacheEntry {
         value: serde_json::to_string(&list).ok(),
-        fetched_at: d.clock.now(),
+        fetched_at: now,
         claimed_at,
+        expires_at: SharedKey::Agents.expires(now),
     };
     // Lost only to a later claim, whose list is as good.
     d.store

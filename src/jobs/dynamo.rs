@@ -287,10 +287,13 @@ impl JobStore for DynamoStore {
                 .and_then(|n| n.parse().ok())
                 .unwrap_or(0)
         };
+        let ttl: Millis = number("expires_at");
+        let expires_at = (ttl > 0).then(|| ttl.saturating_mul(1000));
         Ok(Some(CacheEntry {
             value: item.get("cache_value").and_then(|v| v.as_s().ok()).cloned(),
             fetched_at: number("fetched_at"),
             claimed_at: number("claimed_at"),
+            expires_at,
         }))
     }
 
@@ -308,6 +311,11 @@ impl JobStore for DynamoStore {
         if let Some(v) = &entry.value {
             item.insert("cache_value".to_owned(), s(v.clone()));
         }
+        if let Some(at) = entry.expires_at {
+            // The table's TTL attribute, in whole seconds (rounded up: never before its time).
+            let secs = at.div_euclid(1000) + i64::from(at.rem_euclid(1000) != 0);
+            item.insert("expires_at".to_owned(), n(secs));
+        }
         let written = match expected {
             None => {
                 self.put_if(item, "attribute_not_exists(run_id)", &[], &[])
@@ -319,6 +327,12 @@ impl JobStore for DynamoStore {
             }
         };
         Ok(written.is_ok())
+    }
+
+    async fn forget_expired(&self, _now: Millis) -> Result<usize, StoreError> {
+        // The table's TTL on `expires_at` deletes expired entries (within a day or two;
+        // readers treat them as gone meanwhile).
+        Ok(0)
     }
 
     async fn cursor(&self, which: Cursor) -> Result<Option<String>, StoreError> {

@@ -49,6 +49,36 @@ impl SharedKey<'_> {
     }
 }
 
+const HOUR_MS: Millis = 3_600_000;
+const DAY_MS: Millis = 24 * HOUR_MS;
+
+impl SharedKey<'_> {
+    /// How long an entry of this kind outlives its last write (`None`: it does not expire):
+    /// past it, the store forgets it (an agent never seen again, a lease nobody took again,
+    /// a URL long expired).
+    pub fn lifetime(self) -> Option<Millis> {
+        match self {
+            // Refreshed every few minutes while anyone asks; a window resets each minute.
+            Self::Agents | Self::BuildkiteQuota => Some(DAY_MS),
+            // A URL is kept for minutes; a job's deferred work is only a hint to the sweep.
+            Self::ProfileUrl(..) | Self::Deferred(_) => Some(2 * DAY_MS),
+            // A lease is held for seconds; a day later nobody is waiting on it.
+            Self::FairLease(_) => Some(DAY_MS),
+            // Kept while the queue or the agent is used: every ended job writes them.
+            Self::QueueRecord(_) | Self::Agent(_) => Some(30 * DAY_MS),
+            // The list of agents with records: if it expired while they live, they would
+            // drop out of the sweep's look. It is bounded, and the sweep takes off it the
+            // agents whose records have expired.
+            Self::Fleet => None,
+        }
+    }
+
+    /// When an entry of this kind written at `now` expires.
+    pub fn expires(self, now: Millis) -> Option<Millis> {
+        self.lifetime().map(|l| now.saturating_add(l))
+    }
+}
+
 /// Tries of one read-modify-write before it says the entry kept changing: each lost try
 /// means another instance wrote in between, so eight in a row is contention, not bad luck.
 pub const TRIES: usize = 8;
@@ -58,7 +88,8 @@ pub const TRIES: usize = 8;
 pub struct Changed<R> {
     /// What the change said of the value it left.
     pub said: R,
-    /// Whether it wrote (the value changed), and whether that was the entry's first write.
+    /// Whether it wrote (the value changed, or an older entry got its expiry), and whether
+    /// that made the value (there was none, or it had expired).
     pub wrote: Option<First>,
 }
 
@@ -69,21 +100,51 @@ pub enum First {
     No,
 }
 
-/// The value under `key` with its count of writes (`None`: no entry); a value that does
-/// not parse is `None` too, so the next write replaces it.
+/// The value under `key` at `now` with its count of writes (`None`: no entry); a value that
+/// does not parse, or has expired (the store forgets it later), is `None` too, so the next
+/// write replaces it.
 pub async fn read<T: DeserializeOwned>(
     store: &dyn JobStore,
     key: SharedKey<'_>,
+    now: Millis,
 ) -> Result<(Option<T>, Option<Millis>), StoreError> {
+    let (value, version, _) = read_entry(store, key, now).await?;
+    Ok((value, version))
+}
+
+/// As [`read`], with when the entry expires.
+async fn read_entry<T: DeserializeOwned>(
+    store: &dyn JobStore,
+    key: SharedKey<'_>,
+    now: Millis,
+) -> Result<(Option<T>, Option<Millis>, Option<Millis>), StoreError> {
     let entry = store.cached(&key.key()).await?;
     let version = entry.as_ref().map(|e| e.claimed_at);
-    let value = entry.and_then(|e| serde_json::from_str(e.value.as_deref()?).ok());
-    Ok((value, version))
+    let expires_at = entry.as_ref().and_then(|e| e.expires_at);
+    let value = entry
+        .filter(|e| e.expires_at.is_none_or(|at| at > now))
+        .and_then(|e| serde_json::from_str(e.value.as_deref()?).ok());
+    Ok((value, version, expires_at))
+}
+
+/// Whether an unchanged value is written all the same: an entry of a kind that expires,
+/// written before entries had an expiry, gets one at its next read-modify-write.
+fn stamp(key: SharedKey<'_>, expires_at: Option<Millis>) -> bool {
+    expires_at.is_none() && key.lifetime().is_some()
+}
+
+/// The count of writes an entry's next write carries: one more than the last, or for an
+/// entry made anew the time (so a writer who read an earlier entry of that key, since
+/// expired and forgotten, cannot match the new one's count).
+fn next_version(version: Option<Millis>, now: Millis) -> Millis {
+    version.map_or(now.max(1), |v| v + 1)
 }
 
 /// Reads the value under `key` (`init` where there is none), lets `change` change it, and
 /// writes it back if nobody wrote in between, else again on what they wrote, up to [`TRIES`]
-/// times. An unchanged value is not written.
+/// times. Each write sets the entry's expiry anew; an unchanged value is not written (but
+/// to give an older entry its expiry; a change to nothing, on a value that is gone, is no
+/// write either).
 pub async fn update<T, R>(
     store: &dyn JobStore,
     key: SharedKey<'_>,
@@ -96,24 +157,22 @@ where
 {
     let stored = key.key();
     for _ in 0..TRIES {
-        let (value, version) = read::<T>(store, key).await?;
+        let (value, version, expires_at) = read_entry::<T>(store, key, now).await?;
+        let existed = value.is_some();
         let mut value = value.unwrap_or_else(&init);
         let before = value.clone();
         let said = change(&mut value);
-        if value == before {
+        if value == before && !(existed && stamp(key, expires_at)) {
             return Ok(Changed { said, wrote: None });
         }
         let next = CacheEntry {
             value: Some(serde_json::to_string(&value).map_err(StoreError::corrupt)?),
             fetched_at: now,
-            claimed_at: version.unwrap_or(0) + 1,
+            claimed_at: next_version(version, now),
+            expires_at: key.expires(now),
         };
         if store.put_cached(&stored, &next, version).await? {
-            let first = if version.is_none() {
-                First::Yes
-            } else {
-                First::No
-            };
+            let first = if existed { First::No } else { First::Yes };
             return Ok(Changed {
                 said,
                 wrote: Some(first),
@@ -128,6 +187,46 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_older_entry_is_stamped_once_and_a_new_one_counts_from_the_time() {
+        let run: RunId = "run-7".parse().expect("run id");
+        // (kind, its expiry as stored, stamped)
+        let cases = [
+            (SharedKey::Agent("a"), None, true),
+            (SharedKey::Agent("a"), Some(5), false),
+            (SharedKey::QueueRecord("q"), None, true),
+            (SharedKey::Deferred("q"), None, true),
+            (SharedKey::ProfileUrl(&run, 0), None, true),
+            (SharedKey::Fleet, None, false),
+        ];
+        for (key, at, stamped) in cases {
+            assert_eq!(stamp(key, at), stamped, "{key:?} {at:?}");
+        }
+        assert_eq!(next_version(Some(7), 1_000), 8);
+        assert_eq!(next_version(None, 1_000), 1_000);
+        assert_eq!(next_version(None, 0), 1, "never 0");
+    }
+
+    #[test]
+    fn every_kind_but_the_fleet_s_list_expires_an_agent_a_month_after_its_last_write() {
+        let run: RunId = "run-7".parse().expect("run id");
+        let kinds = [
+            SharedKey::Agents,
+            SharedKey::BuildkiteQuota,
+            SharedKey::ProfileUrl(&run, 0),
+            SharedKey::FairLease("q"),
+            SharedKey::QueueRecord("q"),
+            SharedKey::Deferred("q"),
+            SharedKey::Agent("a"),
+        ];
+        for key in kinds {
+            let at = key.expires(5).expect("an expiry");
+            assert!(at > 5 + HOUR_MS, "{key:?} lives at least an hour");
+        }
+        assert_eq!(SharedKey::Agent("a").expires(0), Some(30 * 24 * 3_600_000));
+        assert_eq!(SharedKey::Fleet.expires(0), None);
+    }
 
     #[test]
     fn each_kind_keeps_the_key_earlier_versions_stored_it_under() {

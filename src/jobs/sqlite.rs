@@ -383,6 +383,20 @@ impl JobStore for SqliteStore {
         .await
     }
 
+    async fn forget_expired(&self, now: Millis) -> Result<usize, StoreError> {
+        self.with(Access::Write, move |conn| {
+            // Only shared entries carry an expiry; the sweep's bookmarks are plain text (a
+            // CASE, since SQLite may test the terms of an AND in any order).
+            conn.execute(
+                "DELETE FROM meta WHERE
+                   CASE WHEN json_valid(value) THEN json_extract(value, '$.expires_at') END < ?1",
+                [now],
+            )
+            .map_err(unavailable)
+        })
+        .await
+    }
+
     async fn cursor(&self, which: Cursor) -> Result<Option<String>, StoreError> {
         self.with(Access::Read, move |conn| {
             conn.query_row(

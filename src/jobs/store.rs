@@ -91,6 +91,11 @@ pub struct CacheEntry {
     pub value: Option<String>,
     pub fetched_at: Millis,
     pub claimed_at: Millis,
+    /// When the store may forget the entry (`None`: never). A reader treats a value past it
+    /// as gone; DynamoDB deletes the item by its TTL, the embedded store at the sweep's
+    /// [`JobStore::forget_expired`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<Millis>,
 }
 
 /// The sweep's bookmarks: where a pass whose time or budget ran out stopped, so the next
@@ -154,4 +159,8 @@ pub trait JobStore: Send + Sync {
     async fn cursor(&self, which: Cursor) -> Result<Option<String>, StoreError>;
 
     async fn set_cursor(&self, which: Cursor, at: Option<&str>) -> Result<(), StoreError>;
+
+    /// Forgets the shared entries expired at `now`, where the store does not do so itself;
+    /// how many it forgot.
+    async fn forget_expired(&self, now: Millis) -> Result<usize, StoreError>;
 }

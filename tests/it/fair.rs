@@ -97,6 +97,7 @@ async fn waiting_jobs_start_round_robin_over_users(kind: StoreKind) {
         value: Some(i64::MAX.to_string()),
         fetched_at: 0,
         claimed_at: 99,
+        expires_at: None,
     };
     let lease = "~fair/h100";
     let before = app.store.cached(lease).await.unwrap().map(|e| e.claimed_at);
@@ -114,6 +115,7 @@ async fn waiting_jobs_start_round_robin_over_users(kind: StoreKind) {
         value: None,
         fetched_at: 0,
         claimed_at: 100,
+        expires_at: None,
     };
     assert!(app.store.put_cached(lease, &free, Some(99)).await.unwrap());
     // A build of the queue ends: every waiting job with a slot is created, fairly ordered.

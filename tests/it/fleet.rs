@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use kernelbot_dispatch::devstack::agent::local_agent;
 use kernelbot_dispatch::devstack::discord::Outage;
-use kernelbot_dispatch::jobs::Channel;
+use kernelbot_dispatch::jobs::{CacheEntry, Channel};
 use kernelbot_dispatch::result::Verdict;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -760,7 +760,65 @@ async fn the_fleet_needs_the_token(kind: StoreKind) {
     assert!(body.get("agents").is_none(), "{body}");
 }
 
+/// An agent never seen again goes away by itself: 30 days after its record was last written
+/// it is gone from the store (DynamoDB's TTL, or the sweep on the embedded store), the sweep
+/// takes it off the fleet's list, and `GET /fleet` no longer shows it. An agent still
+/// reporting stays.
+async fn an_agent_never_seen_again_leaves_the_fleet(kind: StoreKind) {
+    let (app, _gpus) = fleet_app(kind).await;
+    let names = ["node1-gpu0", "node1-gpu1"];
+    for name in names {
+        app.buildkite.add_agent(name, "h100", &[]);
+        assert!(app.buildkite.agent_event("agent.disconnected", name).await);
+    }
+    app.clock.advance(Duration::from_secs(20));
+    for name in names {
+        assert!(app.buildkite.agent_event("agent.connected", name).await);
+    }
+    let listed = |entry: Option<CacheEntry>| -> Vec<String> {
+        let value = entry.and_then(|e| e.value).unwrap_or_default();
+        serde_json::from_str(&value).unwrap_or_default()
+    };
+    assert_eq!(listed(app.store.cached("~fleet").await.unwrap()), names);
+    // gpu0 is taken away; gpu1 goes on reporting.
+    app.buildkite
+        .set_agents(&[("node1-gpu1", "h100", "connected", false)]);
+    let day = Duration::from_secs(24 * 60 * 60);
+    app.clock.advance(20 * day);
+    assert!(
+        app.buildkite
+            .agent_event("agent.disconnected", "node1-gpu1")
+            .await
+    );
+    app.clock.advance(Duration::from_secs(20));
+    assert!(
+        app.buildkite
+            .agent_event("agent.connected", "node1-gpu1")
+            .await
+    );
+    app.clock.advance(11 * day);
+    app.sweep().await;
+    let now = app.clock.now();
+    let gone = app.store.cached("~agent/node1-gpu0").await.unwrap();
+    assert!(
+        gone.as_ref()
+            .is_none_or(|e| e.expires_at.is_some_and(|at| at <= now)),
+        "forgotten, or left to the table's TTL: {gone:?}"
+    );
+    assert_eq!(
+        listed(app.store.cached("~fleet").await.unwrap()),
+        ["node1-gpu1"]
+    );
+    let fleet = fleet_view(&app).await;
+    let shown: Vec<&str> = fleet["agents"]
+        .as_array()
+        .map(|rows| rows.iter().filter_map(|r| r["name"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(shown, ["node1-gpu1"], "{fleet}");
+}
+
 on_both_stores!(
+    an_agent_never_seen_again_leaves_the_fleet,
     an_ecc_fault_is_retried_on_a_healthy_gpu_and_the_agent_paused,
     foreign_processes_and_slowdowns_end_as_the_contract_says,
     when_every_gpu_fails_the_job_is_an_infrastructure_failure,

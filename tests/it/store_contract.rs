@@ -3,9 +3,9 @@
 
 use crate::support::{StoreKind, inflated_result, open_store};
 use kernelbot_dispatch::jobs::{
-    BuildRef, CallbackOutbox, Created, Creation, Cursor, DeliveryStatus, Job, JobState, JobStore,
-    Listed, Listing, Replaced, RunId, Shard, SharedKey, StoreError, Target, Transition, Updated,
-    WebhookAddress, shared, update, update_seen,
+    BuildRef, CacheEntry, CallbackOutbox, Created, Creation, Cursor, DeliveryStatus, Job, JobState,
+    JobStore, Listed, Listing, Replaced, RunId, Shard, SharedKey, StoreError, Target, Transition,
+    Updated, WebhookAddress, shared, update, update_seen,
 };
 use kernelbot_dispatch::result::{EvalResult, FullResult, Outcome, RunResult};
 
@@ -482,11 +482,14 @@ async fn concurrent_changes_to_a_shared_entry_all_land(kind: StoreKind) {
         made += usize::from(changed.wrote == Some(shared::First::Yes));
     }
     assert_eq!(made, 1, "one write made the entry");
-    let (value, writes) = shared::read::<Vec<u32>>(store.as_ref(), key).await.unwrap();
+    let (value, writes) = shared::read::<Vec<u32>>(store.as_ref(), key, 2_000)
+        .await
+        .unwrap();
     let mut value = value.expect("a value");
     value.sort_unstable();
     assert_eq!(value, [0, 1, 2, 3, 4, 5]);
-    assert_eq!(writes, Some(6));
+    // The entry's first write counts from the time (1,000), each later one by one.
+    assert_eq!(writes, Some(1_005));
 
     let count = |v: &mut Vec<u32>| v.len();
     let kept = shared::update(store.as_ref(), key, 2_000, Vec::new, count).await;
@@ -497,12 +500,96 @@ async fn concurrent_changes_to_a_shared_entry_all_land(kind: StoreKind) {
             wrote: None
         }
     );
-    let (_, writes) = shared::read::<Vec<u32>>(store.as_ref(), key).await.unwrap();
-    assert_eq!(writes, Some(6), "nothing written for an unchanged value");
+    let (_, writes) = shared::read::<Vec<u32>>(store.as_ref(), key, 2_000)
+        .await
+        .unwrap();
+    assert_eq!(
+        writes,
+        Some(1_005),
+        "nothing written for an unchanged value"
+    );
     assert!(store.cached("~deferred/h100").await.unwrap().is_some());
 }
 
+/// A shared entry lives as long as its kind's lifetime after its last write: past it, a
+/// reader finds nothing (whether or not the store has forgotten it yet), the next write makes
+/// the value anew, and the embedded store forgets it at the sweep's asking. DynamoDB keeps
+/// the expiry in the table's TTL attribute in whole seconds, rounded up. The sweep's
+/// bookmarks are never forgotten.
+async fn an_expired_shared_entry_is_gone_and_forgotten(kind: StoreKind) {
+    let (store, _dir) = open_store(kind).await;
+    let key = SharedKey::Agent("node1-gpu0");
+    let day = 24 * 60 * 60 * 1000;
+    let add = |v: &mut Vec<u32>| v.push(1);
+    let made = shared::update(store.as_ref(), key, 1_500, Vec::new, add).await;
+    assert_eq!(made.unwrap().wrote, Some(shared::First::Yes));
+    let entry = store
+        .cached("~agent/node1-gpu0")
+        .await
+        .unwrap()
+        .expect("kept");
+    let expiry = match kind {
+        StoreKind::Sqlite => 1_500 + 30 * day,
+        StoreKind::Dynamo => 2_000 + 30 * day,
+    };
+    assert_eq!(entry.expires_at, Some(expiry));
+    store.set_cursor(Cursor::Builds, Some("b")).await.unwrap();
+    store.set_cursor(Cursor::Outbox, Some("123")).await.unwrap();
+
+    let (value, _) = shared::read::<Vec<u32>>(store.as_ref(), key, expiry - 1)
+        .await
+        .unwrap();
+    assert_eq!(value, Some(vec![1]), "alive until its expiry");
+    let (value, writes) = shared::read::<Vec<u32>>(store.as_ref(), key, expiry)
+        .await
+        .unwrap();
+    assert_eq!(
+        (value, writes),
+        (None, Some(1_500)),
+        "gone, its count of writes kept"
+    );
+
+    let forgotten = store.forget_expired(expiry + 1).await.unwrap();
+    let left = store.cached("~agent/node1-gpu0").await.unwrap();
+    match kind {
+        StoreKind::Sqlite => assert_eq!((forgotten, left), (1, None)),
+        StoreKind::Dynamo => assert_eq!(forgotten, 0, "the table's TTL forgets it"),
+    }
+    let builds = store.cursor(Cursor::Builds).await.unwrap();
+    assert_eq!(builds.as_deref(), Some("b"));
+    let outbox = store.cursor(Cursor::Outbox).await.unwrap();
+    assert_eq!(outbox.as_deref(), Some("123"));
+    let again = shared::update(store.as_ref(), key, expiry + 2, Vec::new, add).await;
+    assert_eq!(again.unwrap().wrote, Some(shared::First::Yes), "made anew");
+    let (value, _) = shared::read::<Vec<u32>>(store.as_ref(), key, expiry + 2)
+        .await
+        .unwrap();
+    assert_eq!(value, Some(vec![1]));
+}
+
+/// An entry written before entries had an expiry gets one at its next read-modify-write,
+/// even when its value does not change.
+async fn an_older_entry_gets_its_expiry_at_its_next_change(kind: StoreKind) {
+    let (store, _dir) = open_store(kind).await;
+    let old = CacheEntry {
+        value: Some("[1]".into()),
+        fetched_at: 10,
+        claimed_at: 3,
+        expires_at: None,
+    };
+    assert!(store.put_cached("~queue/h100", &old, None).await.unwrap());
+    let key = SharedKey::QueueRecord("h100");
+    let same = |v: &mut Vec<u32>| v.len();
+    let changed = shared::update(store.as_ref(), key, 5_000, Vec::new, same).await;
+    assert_eq!(changed.unwrap().wrote, Some(shared::First::No));
+    let entry = store.cached("~queue/h100").await.unwrap().expect("kept");
+    assert_eq!((entry.value.as_deref(), entry.claimed_at), (Some("[1]"), 4));
+    assert!(entry.expires_at.is_some_and(|at| at > 5_000), "{entry:?}");
+}
+
 on_both_stores!(
+    an_older_entry_gets_its_expiry_at_its_next_change,
+    an_expired_shared_entry_is_gone_and_forgotten,
     concurrent_changes_to_a_shared_entry_all_land,
     create_is_idempotent_per_run_id,
     advance_only_moves_forward,

@@ -97,6 +97,15 @@ async fn pass_over(
 /// at most [`FLEET_SHARE`] (the look is a read per agent; only posts to a slow operators'
 /// channel take long, and the deliveries that follow keep the rest).
 async fn sweep_fleet(d: &Deps, deadline: Deadline, report: &mut SweepReport) {
+    // Shared entries past their lifetime go first (DynamoDB's TTL does this by itself).
+    match d.store.forget_expired(d.clock.now()).await {
+        Ok(0) => {}
+        Ok(forgotten) => tracing::info!(forgotten, "expired shared entries forgotten"),
+        Err(e) => {
+            tracing::warn!(error = %e, "expired shared entries could not be forgotten");
+            report.errors += 1;
+        }
+    }
     let span = (deadline.remaining() / 6).clamp(FLEET_SHARE / 2, FLEET_SHARE);
     let share = deadline.within(span);
     match super::fleet::sweep_fleet(d, share).await {
