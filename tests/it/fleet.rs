@@ -120,6 +120,21 @@ async fn fleet_view(app: &TestApp) -> Value {
     resp.json().await.unwrap()
 }
 
+/// Past the grace, one sweep tells `name`'s loss and a second tells nothing more: the
+/// operators hear it once. Their messages.
+async fn told_lost_once(app: &TestApp, name: &str) -> Vec<String> {
+    app.clock.advance(Duration::from_secs(6 * 60));
+    assert_eq!(app.sweep().await.incidents_told, 1);
+    app.sweep().await;
+    let ops = ops_messages(app);
+    assert_eq!(ops.len(), 1, "{ops:?}");
+    assert!(
+        ops[0].contains(name) && ops[0].contains("agent.lost"),
+        "{ops:?}"
+    );
+    ops
+}
+
 fn agent_row<'a>(fleet: &'a Value, name: &str) -> &'a Value {
     fleet["agents"]
         .as_array()
@@ -391,15 +406,7 @@ async fn a_lost_agent_is_told_once_it_stays_away(kind: StoreKind) {
     );
     let row = agent_row(&fleet_view(&app).await, "h100-gpu3").clone();
     assert_eq!(row["connection_state"], "lost", "{row}");
-    app.clock.advance(Duration::from_secs(6 * 60));
-    assert_eq!(app.sweep().await.incidents_told, 1);
-    app.sweep().await;
-    let ops = ops_messages(&app);
-    assert_eq!(ops.len(), 1, "{ops:?}");
-    assert!(
-        ops[0].contains("h100-gpu3") && ops[0].contains("agent.lost"),
-        "{ops:?}"
-    );
+    let ops = told_lost_once(&app, "h100-gpu3").await;
     assert!(!ops[0].contains("@everyone"));
     assert_eq!(app.metric("GpuIncidents").len(), 1);
     let fleet_now = fleet_view(&app).await;
@@ -448,15 +455,7 @@ async fn the_agents_list_settles_offline_agents_and_events_decide_without_it(kin
     // Lost for good while the agents API fails (5xx): its events decide, once.
     assert!(app.buildkite.agent_event("agent.lost", "h100-gpu3").await);
     app.buildkite.fail_agents(Some(503));
-    app.clock.advance(Duration::from_secs(6 * 60));
-    assert_eq!(app.sweep().await.incidents_told, 1);
-    app.sweep().await;
-    let ops = ops_messages(&app);
-    assert_eq!(ops.len(), 1, "{ops:?}");
-    assert!(
-        ops[0].contains("h100-gpu3") && ops[0].contains("agent.lost"),
-        "{ops:?}"
-    );
+    told_lost_once(&app, "h100-gpu3").await;
 }
 
 /// `setup-node.sh` restarts every agent of a node: each disconnects and connects again
