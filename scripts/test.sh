@@ -49,5 +49,5 @@ shellcheck -x infra/buildkite/*.sh scripts/test.sh scripts/bench.sh scripts/tool
 cargo test --locked --workspace "$@" -- --include-ignored
 # The kernelbot launcher's suite, against the installed package, its round trips through the
 # real local stack included.
-cargo build --locked --quiet --bin local
+cargo build --locked --quiet --workspace --bins
 KERNELBOT_LOCAL_BIN="${CARGO_TARGET_DIR:-target}/debug/local" python3 -m pytest -q infra/kernelbot/tests

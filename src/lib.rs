@@ -32,7 +32,7 @@ pub mod time;
 mod tls;
 mod token;
 
-// The GPU-node side and the formats both sides share live in their own crate
-// (infra/runner), which the runner image builds alone.
-pub use kernelbot_runner as runner;
-pub use kernelbot_runner::{payload, result};
+// What the service and the GPU node's runner agree on (the payload, config rules,
+// result.json, exit codes) is a crate of its own (infra/protocol) that both link.
+pub use kernelbot_protocol as protocol;
+pub use kernelbot_protocol::{payload, result};

@@ -10,10 +10,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kernelbot_dispatch::config::{Config, Role};
-use kernelbot_dispatch::devstack::agent::{RUNNER_COMMAND, local_agent};
+use kernelbot_dispatch::devstack::agent::local_agent;
 use kernelbot_dispatch::devstack::buildkite::BuildkiteStandin;
 use kernelbot_dispatch::devstack::discord::{DiscordStandin, render_for_terminal};
 use kernelbot_dispatch::devstack::env::{Secrets, function_env};
+use kernelbot_dispatch::devstack::runner_program::runner_program;
 use kernelbot_dispatch::flow::Deps;
 use kernelbot_dispatch::{devstack, http, jobs, telemetry};
 use serde_json::{Value, json};
@@ -94,17 +95,6 @@ async fn start_function(
 }
 
 fn main() -> Result<(), Error> {
-    let called_as = std::env::args().next().unwrap_or_default();
-    if std::path::Path::new(&called_as)
-        .file_name()
-        .is_some_and(|n| n == RUNNER_COMMAND)
-    {
-        let out_dir = std::env::current_dir()?;
-        std::process::exit(kernelbot_dispatch::runner::run(
-            &|k| std::env::var(k).ok(),
-            &out_dir,
-        ));
-    }
     tokio::runtime::Runtime::new()?.block_on(run_local())
 }
 
@@ -198,9 +188,9 @@ async fn start() -> Result<Local, Error> {
     env.insert("PUBLIC_URL".into(), submit_url.clone());
     let webhook_url = start_function(Role::Webhook, &env, http::webhook::router).await?;
     let hook_url = format!("{webhook_url}/webhooks/buildkite");
-    // The stand-in agent runs the pipeline's step, which calls `kernelbot-runner`: this very
-    // binary, which acts as the runner when called by that name.
-    let agent = local_agent(std::env::current_exe()?);
+    // The stand-in agent runs the pipeline's step, which calls `kernelbot-runner`: the runner
+    // crate's own binary, as the runner image installs it.
+    let agent = local_agent(runner_program()?);
     buildkite.autorun(&hook_url, &secrets.webhook_secret, agent);
     Ok(Local {
         buildkite,

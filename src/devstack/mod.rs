@@ -14,6 +14,7 @@ mod host;
 pub mod moto;
 mod pipeline;
 pub mod receiver;
+pub mod runner_program;
 pub mod stack;
 
 use std::net::SocketAddr;

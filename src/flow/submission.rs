@@ -7,7 +7,7 @@ use crate::config::{Queue, QueueMap};
 use crate::discord::{DiscordTarget, InvalidWebhookUrl};
 use crate::jobs::{InvalidRunId, RunId, Target, WebhookAddress};
 use crate::payload::{self, PayloadError};
-use crate::runner::{EvalConfig, InvalidConfig};
+use crate::protocol::{EvalConfig, InvalidConfig};
 
 pub(crate) const MAX_TITLE_CHARS: usize = 200;
 const FIELDS: &[&str] = &[

@@ -120,13 +120,14 @@ fn rust_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
     }
 }
 
-/// What the service, the operator command and the runner read. The local stand-ins
+/// What the service, the operator command, the runner and the protocol crate read. The local stand-ins
 /// (`src/devstack`) are test machinery: their variables are the test suite's
 /// (`tests/README.md`).
 fn read_by_the_code() -> BTreeSet<String> {
     let mut files = Vec::new();
     rust_files(&Path::new(REPO).join("src"), &mut files);
     rust_files(&Path::new(REPO).join("infra/runner/src"), &mut files);
+    rust_files(&Path::new(REPO).join("infra/protocol/src"), &mut files);
     files
         .iter()
         .filter(|f| !f.components().any(|c| c.as_os_str() == "devstack"))

@@ -217,6 +217,11 @@ fn the_runner_image_builds_from_exactly_what_it_copies() {
     // Neither the service's clients nor its store: nothing of them is linked, or named.
     let crates = linked_crates(&workdir, "kernelbot-runner");
     assert!(crates.iter().any(|c| c == "serde_json"), "{crates:?}");
+    // What it shares with the service comes through the protocol crate only.
+    assert!(
+        crates.iter().any(|c| c == "kernelbot-protocol"),
+        "{crates:?}"
+    );
     for absent in [
         "aws-",
         "rusqlite",

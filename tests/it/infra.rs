@@ -1593,7 +1593,7 @@ fn the_pipeline_runs_the_runner_on_the_submitted_queue() {
     // The evaluation's whole budget fits the step, with room for pull, cleanup and upload.
     let step_secs = step["timeout_in_minutes"].as_u64().unwrap() * 60;
     assert!(
-        step_secs >= kernelbot_dispatch::runner::EVALUATION_BUDGET.as_secs() + 180,
+        step_secs >= kernelbot_dispatch::protocol::EVALUATION_BUDGET.as_secs() + 180,
         "a {step_secs} s step cannot hold the runner's budget"
     );
     let mut retried: Vec<(i64, i64)> = step["retry"]["automatic"]
@@ -1611,8 +1611,8 @@ fn the_pipeline_runs_the_runner_on_the_submitted_queue() {
     // Retried when the agent is lost, on the runner's infrastructure failure (a GPU that
     // failed its pre-flight) twice, and once after a run that stayed throttled (perhaps the
     // submission's own heat); never on a submission's own failure.
-    let infra = i64::from(kernelbot_dispatch::runner::exit::INFRA);
-    let throttled = i64::from(kernelbot_dispatch::runner::exit::THROTTLED);
+    let infra = i64::from(kernelbot_dispatch::protocol::exit::INFRA);
+    let throttled = i64::from(kernelbot_dispatch::protocol::exit::THROTTLED);
     assert_eq!(retried, [(-1, 2), (infra, 2), (throttled, 1), (255, 1)]);
 
     let plugins = step["plugins"].as_sequence().unwrap();

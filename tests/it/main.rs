@@ -54,3 +54,4 @@ mod support;
 mod sweep;
 mod sweep_memory;
 mod template;
+mod workspace;

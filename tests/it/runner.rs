@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use kernelbot_dispatch::devstack::runner_program::runner_program;
 use kernelbot_dispatch::payload;
 use kernelbot_dispatch::result::FullResult;
 use serde_json::{Value, json};
@@ -142,18 +143,11 @@ pub(crate) fn run_binary(
     }
 }
 
-/// The runner as the local stack runs it: the `local` binary acts as the runner when called
-/// `kernelbot-runner` (the runner crate's own binary is built and run by the image's test, in
-/// tests/it/infra.rs). One link for the whole test process.
+/// The runner as the local stack runs it: the runner crate's own binary, built from this
+/// workspace as it is now. Found (and built) once for the whole test process.
 pub(crate) fn runner_link() -> &'static Path {
-    static LINK: std::sync::OnceLock<(tempfile::TempDir, PathBuf)> = std::sync::OnceLock::new();
-    let (_, link) = LINK.get_or_init(|| {
-        let dir = tempfile::tempdir().unwrap();
-        let link = dir.path().join("kernelbot-runner");
-        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_local"), &link).unwrap();
-        (dir, link)
-    });
-    link
+    static RUNNER: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    RUNNER.get_or_init(|| runner_program().expect("the runner binary builds"))
 }
 
 /// The runner binary, copied where any user may run it; gone with the directory.
@@ -161,7 +155,7 @@ fn runner_copy() -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let bin = dir.path().join("kernelbot-runner");
-    std::fs::copy(env!("CARGO_BIN_EXE_local"), &bin).unwrap();
+    std::fs::copy(runner_link(), &bin).unwrap();
     (dir, bin)
 }
 

@@ -9,14 +9,14 @@ use base64::engine::general_purpose::STANDARD;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
-use super::config::{COMPILE_TIMEOUT_SECS, EvalConfig, safe_name};
 use super::gpu::measure;
 use super::gpu::watch::Watch;
 use super::process::run_program;
 use super::profile::{self, Profiler};
 use super::sandbox::{Sandbox, Scratch};
 use super::system::{self, python_command};
-use crate::result::{
+use kernelbot_protocol::config::{COMPILE_TIMEOUT_SECS, EvalConfig, safe_name};
+use kernelbot_protocol::result::{
     CompileResult, EvalResult, FullResult, ProfileResult, RunResult, SystemInfo, Throttled,
 };
 

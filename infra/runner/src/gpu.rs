@@ -13,7 +13,7 @@ pub(crate) mod probe;
 pub(crate) mod watch;
 
 /// What a reading's clock-event reasons mean is the result format's: the service reads it too.
-pub(crate) use crate::result::health::{AMD_POWER_CAP, clock_event_names};
+pub(crate) use kernelbot_protocol::result::health::{AMD_POWER_CAP, clock_event_names};
 
 /// Output of a GPU tool that cannot be read: why, and the raw line (or document) it was in,
 /// so an operator sees what the tool said.

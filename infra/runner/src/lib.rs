@@ -15,66 +15,38 @@
 //! submission's outcome.
 //!
 //! A crate of its own, so the runner image builds it without the service's dependencies.
-//! [`payload`] and [`result`] are the formats both sides share: the service re-exports them.
+//! What it shares with the service (the payload, the config's rules, `result.json`, the exit
+//! codes) is the protocol crate's (`kernelbot_protocol`); neither side links the other.
 
 mod affinity;
-mod config;
 mod eval;
 mod gpu;
-mod invalid;
-pub mod payload;
 mod process;
 mod profile;
-mod profile_options;
-pub mod result;
 mod sandbox;
 mod system;
 
 use std::io::Write;
 use std::path::Path;
-use std::time::Duration;
+
+use kernelbot_protocol::payload::{self, PayloadError};
+use kernelbot_protocol::result::{FullResult, InfraFailure, Throttled};
+use kernelbot_protocol::{
+    EVALUATION_BUDGET, EvalConfig, INFRA_FILE, InvalidConfig, RESULT_FILE, exit,
+};
 
 use crate::gpu::gate::{self, Gate};
-use crate::payload::PayloadError;
-use crate::result::{FullResult, InfraFailure, Throttled};
-
-pub use config::{EvalConfig, InvalidConfig};
-pub use profile_options::ProfileOptions;
 use sandbox::{Sandbox, SandboxReport};
-
-/// The whole evaluation's time: every compile and run of every mode together. The pipeline
-/// step's `timeout_in_minutes` leaves room beyond it for the image pull, cleanup and upload.
-pub const EVALUATION_BUDGET: Duration = Duration::from_secs(16 * 60);
-
-/// The runner's exit codes.
-pub mod exit {
-    /// The evaluation ran (pass or fail is in `result.json`), or there was no payload.
-    pub const OK: i32 = 0;
-    /// The payload could not be read; `result.json` says why.
-    pub(crate) const BAD_PAYLOAD: i32 = 2;
-    /// `result.json` could not be written.
-    pub(crate) const CANNOT_WRITE_RESULT: i32 = 3;
-    /// The GPU node, not the submission, failed (`EX_TEMPFAIL`): the pre-flight refused the
-    /// GPUs before any of the submission's code ran. `result.json` holds `infra` with the
-    /// stage, reason and readings; the pipeline retries the job automatically on this code.
-    pub const INFRA: i32 = 75;
-    /// A timed run stayed throttled on this GPU after the submission ran: it may be the
-    /// kernel's own heat, so the agent is not paused and the pipeline tries the job once more
-    /// (its limit for this code is 1). `result.json` holds `throttled`, which is the
-    /// submission's outcome when no retry follows.
-    pub const THROTTLED: i32 = 76;
-}
 
 /// Payload variables, newest name first (`SUBMISSION_PAYLOAD` is the older one).
 pub(crate) const PAYLOAD_VARS: &[&str] = &[payload::PAYLOAD_VAR, "SUBMISSION_PAYLOAD"];
-pub(crate) const RESULT_FILE: &str = "result.json";
 
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum RunnerError {
     #[error("{0}")]
     Payload(#[from] PayloadError),
     #[error("invalid config: {0}")]
-    Config(#[from] config::InvalidConfig),
+    Config(#[from] InvalidConfig),
 }
 
 /// A failed run's result: no runs, the reason in `error`.
@@ -236,9 +208,6 @@ fn throttled_line(t: &Throttled) -> String {
         t.slowdowns.join(", ")
     )
 }
-
-/// The file the agent's post-command hook reads its pause note from (`setup-node.sh`).
-pub const INFRA_FILE: &str = "infra.txt";
 
 /// `infra.txt`, for the agent's hook (which reads no JSON): a first line `pause` (a fault
 /// that outlasts the job: the agent takes itself out of the queue) or `retry` (the job is

@@ -1,6 +1,6 @@
 //! The runner: runs inside the pipeline step on a GPU node. Decodes `KERNELBOT_PAYLOAD`,
 //! evaluates the submission and writes `result.json` to the current directory (or to the
-//! directory given as the only argument). See `kernelbot_runner::exit` for its exit codes.
+//! directory given as the only argument). See `kernelbot_protocol::exit` for its exit codes.
 
 fn main() {
     let out_dir = std::env::args_os()

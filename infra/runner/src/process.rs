@@ -11,7 +11,7 @@ use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 use super::sandbox::Sandbox;
-use crate::result::{RunResult, exit_code};
+use kernelbot_protocol::result::{RunResult, exit_code};
 
 /// Kernelbot keeps at most this much of each output stream.
 pub(super) const MAX_OUTPUT: usize = 16 * 1024;

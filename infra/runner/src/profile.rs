@@ -9,7 +9,7 @@ use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use crate::profile_options::ProfileOptions;
+use kernelbot_protocol::ProfileOptions;
 
 /// The largest profile zip kept as an artifact.
 pub(crate) const MAX_ZIP_BYTES: u64 = 64 * 1024 * 1024;

@@ -2,7 +2,7 @@
 
 use std::process::{Command, Stdio};
 
-use crate::result::SystemInfo;
+use kernelbot_protocol::result::SystemInfo;
 
 fn output(program: &str, args: &[&str]) -> Option<String> {
     let out = Command::new(program)

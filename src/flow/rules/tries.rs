@@ -3,9 +3,9 @@
 //! and the meta-data the agents' hooks wrote, at no extra call.
 
 use crate::buildkite::{Build, BuildJob};
+use crate::protocol::exit;
 use crate::result::health::is_lasting;
 use crate::result::{FullResult, Try};
-use crate::runner::exit;
 use crate::time::millis_of;
 
 use super::signal::is_eval_step;

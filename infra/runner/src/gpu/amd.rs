@@ -13,7 +13,7 @@
 use serde_json::Value;
 
 use super::Unreadable;
-use crate::result::{GpuProcess, GpuReading};
+use kernelbot_protocol::result::{GpuProcess, GpuReading};
 
 const TOOL: &str = "amd-smi";
 

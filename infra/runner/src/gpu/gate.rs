@@ -9,7 +9,7 @@ use serde::Serialize;
 use super::preflight::{self, Refusal, Thresholds};
 use super::probe::{self, Reader};
 use super::watch::{DEFAULT_COOLDOWN, Watch};
-use crate::result::{GpuProcess, GpuReading, InfraFailure};
+use kernelbot_protocol::result::{GpuProcess, GpuReading, InfraFailure};
 
 /// What the pre-flight did, as `result.json`'s `preflight` says it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -284,7 +284,7 @@ mod tests {
                     assert_eq!(infra.reason, "tool_missing");
                     assert!(infra.detail.contains(tool), "{}", infra.detail);
                     assert!(
-                        !crate::result::health::is_lasting(&infra.reason),
+                        !kernelbot_protocol::result::health::is_lasting(&infra.reason),
                         "the image's fault, not the agent's: no pause"
                     );
                 }

@@ -2,7 +2,7 @@
 //! heat, a hardware slowdown or a power brake (or only held at its power limit, which is the
 //! kernel's real speed), and what follows from that.
 
-use crate::result::GpuReading;
+use kernelbot_protocol::result::GpuReading;
 
 /// What follows a timed run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -2,7 +2,7 @@
 //! separated by ", ", `[N/A]` where a GPU does not support a field.
 
 use super::{Unreadable, clock_event_names};
-use crate::result::{GpuProcess, GpuReading};
+use kernelbot_protocol::result::{GpuProcess, GpuReading};
 
 const TOOL: &str = "nvidia-smi";
 

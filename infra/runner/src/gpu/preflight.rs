@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::result::{GpuProcess, GpuReading};
+use kernelbot_protocol::result::{GpuProcess, GpuReading};
 
 /// Above this temperature (°C) a GPU is not handed a submission: it would throttle within
 /// seconds of load. `KERNELBOT_PREFLIGHT_MAX_TEMP_C` overrides it.

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::nvidia::MaskName;
 use super::{Unreadable, amd, nvidia};
-use crate::result::{GpuProcess, GpuReading};
+use kernelbot_protocol::result::{GpuProcess, GpuReading};
 
 /// A tool that has not answered in this long is stuck on a GPU in trouble.
 const TOOL_TIMEOUT: Duration = Duration::from_secs(60);

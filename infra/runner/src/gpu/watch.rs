@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use super::measure::{self, Next};
 use super::probe::Reader;
-use crate::result::{Conditions, EvalResult, GpuReading, Throttled};
+use kernelbot_protocol::result::{Conditions, EvalResult, GpuReading, Throttled};
 
 /// How long a GPU that throttled a leaderboard run cools before the second try, and how long
 /// the pre-flight waits for a GPU still hot from the previous job, unless

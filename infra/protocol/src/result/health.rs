@@ -60,7 +60,7 @@ const POWER_CAP: u64 = 0x4;
 const SLOWDOWNS: u64 = 0x8 | 0x20 | 0x40 | 0x80;
 
 /// AMD's name for its power limit's violation (package power tracking): its power cap.
-pub(crate) const AMD_POWER_CAP: &str = "PowerViolation";
+pub const AMD_POWER_CAP: &str = "PowerViolation";
 
 /// The active slowdowns of a reading ([`SLOWDOWNS`], or AMD's violations but its power
 /// limit's). Empty when the GPU runs free, idles, or is only held at its power limit.
@@ -90,7 +90,7 @@ fn power_capped(r: &GpuReading) -> bool {
 }
 
 /// The names of the reasons set in `mask`; an unknown bit by its value.
-pub(crate) fn clock_event_names(mask: u64) -> Vec<String> {
+pub fn clock_event_names(mask: u64) -> Vec<String> {
     let known: u64 = CLOCK_EVENTS.iter().map(|(bit, _)| bit).sum();
     let mut names: Vec<String> = CLOCK_EVENTS
         .iter()

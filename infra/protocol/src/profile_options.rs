@@ -7,7 +7,7 @@ use serde_json::{Map, Value};
 use crate::invalid::InvalidConfig;
 
 /// Launches `ncu` measures when the submission says nothing (kernelbot's `-c 10`).
-pub(crate) const DEFAULT_LAUNCH_COUNT: u64 = 10;
+pub const DEFAULT_LAUNCH_COUNT: u64 = 10;
 /// At most this many launches: each is replayed many times under the profiler.
 const MAX_LAUNCH_COUNT: u64 = 100;
 /// `ncu --kernel-name-base`'s values.
@@ -40,10 +40,7 @@ fn bad(key: &str, message: &str) -> InvalidConfig {
 
 impl ProfileOptions {
     /// `config.profile_options`, checked against the config's `benchmarks` count.
-    pub(crate) fn from_json(
-        value: Option<&Value>,
-        benchmarks: usize,
-    ) -> Result<Self, InvalidConfig> {
+    pub fn from_json(value: Option<&Value>, benchmarks: usize) -> Result<Self, InvalidConfig> {
         let obj = match value {
             None | Some(Value::Null) => return Ok(Self::default()),
             Some(Value::Object(obj)) => obj,
@@ -93,7 +90,7 @@ impl ProfileOptions {
     }
 
     /// `ncu`'s options for the kernels and launches measured.
-    pub(crate) fn ncu_args(&self) -> Vec<String> {
+    pub fn ncu_args(&self) -> Vec<String> {
         let mut args = Vec::new();
         if let Some(name) = &self.kernel_name {
             args.extend(["-k".to_owned(), name.clone()]);

@@ -10,10 +10,10 @@ use crate::profile_options::ProfileOptions;
 /// Kernelbot's default per-mode timeout (seconds).
 pub(super) const DEFAULT_TIMEOUT_SECS: u64 = 180;
 /// How long one compile (nvcc, or the warm-up run of a Python submission) may take.
-pub(super) const COMPILE_TIMEOUT_SECS: u64 = 300;
+pub const COMPILE_TIMEOUT_SECS: u64 = 300;
 /// No single timeout is longer than the whole evaluation's budget; a larger one is clamped
 /// (and would otherwise overflow the clock).
-pub(super) const MAX_TIMEOUT_SECS: u64 = super::EVALUATION_BUDGET.as_secs();
+pub(super) const MAX_TIMEOUT_SECS: u64 = crate::EVALUATION_BUDGET.as_secs();
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct EvalConfig {
@@ -129,7 +129,7 @@ fn timeout(obj: &Map<String, Value>, key: &str) -> Result<u64, InvalidConfig> {
 }
 
 /// Source names must stay inside the work directory (kernelbot asserts the same).
-pub(super) fn safe_name(name: &str) -> bool {
+pub fn safe_name(name: &str) -> bool {
     let p = std::path::Path::new(name);
     !name.is_empty()
         && p.components()
@@ -278,7 +278,7 @@ impl EvalConfig {
     /// Profile mode's runs: one per benchmark (or only `profile_options.benchmark_index`),
     /// each its own cases file, with the benchmark timeout (as kernelbot profiles), by the
     /// benchmark's index.
-    pub(crate) fn profile_cases(&self) -> Vec<(usize, String, u64)> {
+    pub fn profile_cases(&self) -> Vec<(usize, String, u64)> {
         let only = self.profile_options.benchmark_index;
         build_test_string(&self.benchmarks)
             .split_inclusive('\n')
@@ -288,7 +288,7 @@ impl EvalConfig {
             .collect()
     }
 
-    pub(crate) fn cases_for(&self, mode: &str) -> (String, u64) {
+    pub fn cases_for(&self, mode: &str) -> (String, u64) {
         match mode {
             "test" => (build_test_string(&self.tests), self.test_timeout),
             _ => {
