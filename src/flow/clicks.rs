@@ -45,7 +45,7 @@ pub(crate) struct KeptUrl {
 pub(crate) enum Next {
     /// Hand out the kept URL.
     Use(String),
-    /// Fetch it, after claiming the fetch (`expected`: the claim the entry holds now).
+    /// Fetch it, after claiming the fetch (`expected`: the entry's version now).
     Claim { expected: Option<Millis> },
     /// Another instance is fetching it: wait for its URL.
     Wait,
@@ -65,7 +65,7 @@ pub(crate) fn next(entry: Option<&CacheEntry>, artifact_id: &str, now: Millis) -
         Some(k) if now < k.until && k.artifact_id == artifact_id => Next::Use(k.url),
         _ if now - entry.claimed_at < CLAIM_MS && entry.claimed_at > entry.fetched_at => Next::Wait,
         _ => Next::Claim {
-            expected: Some(entry.claimed_at),
+            expected: Some(entry.version),
         },
     }
 }
@@ -146,6 +146,8 @@ mod tests {
             value: value.map(|v| serde_json::to_string(&v).unwrap()),
             fetched_at,
             claimed_at,
+            // Apart from the times, so a claim that named a time would not match it.
+            version: 7,
             expires_at: None,
         }
     }
@@ -169,20 +171,16 @@ mod tests {
             // Expired: whoever claims first fetches; the others wait for its URL.
             (
                 Some(entry(kept(now), 90_000, 90_000)),
-                Next::Claim {
-                    expected: Some(90_000),
-                },
+                Next::Claim { expected: Some(7) },
             ),
             (Some(entry(kept(now), 90_000, now - 1)), Next::Wait),
             (Some(entry(None, 0, now - 5_000)), Next::Wait),
             // A claim whose holder died is taken over.
             (
                 Some(entry(None, 0, now - CLAIM_MS)),
-                Next::Claim {
-                    expected: Some(now - CLAIM_MS),
-                },
+                Next::Claim { expected: Some(7) },
             ),
-            (Some(entry(None, 0, 0)), Next::Claim { expected: Some(0) }),
+            (Some(entry(None, 0, 0)), Next::Claim { expected: Some(7) }),
         ];
         for (stored, expected) in table {
             assert_eq!(next(stored.as_ref(), "a1", now), expected, "{stored:?}");
@@ -191,9 +189,7 @@ mod tests {
         let other = entry(kept(now + 60_000), 90_000, 90_000);
         assert_eq!(
             next(Some(&other), "a2", now),
-            Next::Claim {
-                expected: Some(90_000)
-            }
+            Next::Claim { expected: Some(7) }
         );
     }
 

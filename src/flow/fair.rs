@@ -17,7 +17,8 @@ pub(crate) use super::rules::fair::Standing;
 use super::rules::stats::{Ended, QueueRecord};
 use super::{Deps, DispatchError, deliver};
 use crate::jobs::{
-    CacheEntry, Job, JobState, OpenJob, RunId, SharedKey, StoreError, Updated, shared, update_seen,
+    CacheEntry, Job, JobState, OpenJob, RunId, SharedKey, StoreError, Updated, next_version,
+    shared, update_seen,
 };
 use crate::result::Verdict;
 use crate::retry::Deadline;
@@ -159,15 +160,10 @@ async fn take_lease(d: &Deps, queue: &str) -> Result<Option<Millis>, StoreError>
             .as_ref()
             .and_then(|e| e.value.as_deref()?.parse::<Millis>().ok());
         if held_until.is_none_or(|t| t <= now) {
-            let version = entry.as_ref().map(|e| e.claimed_at);
-            let next = CacheEntry {
-                value: Some((now + LEASE_MS).to_string()),
-                fetched_at: now,
-                claimed_at: version.unwrap_or(0) + 1,
-                expires_at: SharedKey::FairLease(queue).expires(now),
-            };
+            let version = entry.as_ref().map(|e| e.version);
+            let next = lease_entry(Some(now + LEASE_MS), queue, next_version(version, now), now);
             if d.store.put_cached(&key, &next, version).await? {
-                return Ok(Some(next.claimed_at));
+                return Ok(Some(next.version));
             }
             continue;
         }
@@ -179,14 +175,21 @@ async fn take_lease(d: &Deps, queue: &str) -> Result<Option<Millis>, StoreError>
     }
 }
 
+/// The queue's lease entry at `version`: held until `until`, or free.
+fn lease_entry(until: Option<Millis>, queue: &str, version: Millis, now: Millis) -> CacheEntry {
+    CacheEntry {
+        value: until.map(|t| t.to_string()),
+        fetched_at: now,
+        // Mirrors the version: what the release before versions compared.
+        claimed_at: version,
+        version,
+        expires_at: SharedKey::FairLease(queue).expires(now),
+    }
+}
+
 async fn give_back(d: &Deps, queue: &str, version: Millis) {
     let now = d.clock.now();
-    let free = CacheEntry {
-        value: None,
-        fetched_at: now,
-        claimed_at: version + 1,
-        expires_at: SharedKey::FairLease(queue).expires(now),
-    };
+    let free = lease_entry(None, queue, next_version(Some(version), now), now);
     if let Err(e) = d
         .store
         .put_cached(&lease_key(queue), &free, Some(version))

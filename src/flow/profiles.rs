@@ -10,7 +10,7 @@ use super::clicks::{self, Next};
 use super::{Deps, DispatchError};
 use crate::buildkite::CallBudget;
 use crate::config::ProfileLinkConfig;
-use crate::jobs::{CacheEntry, RunId, SharedKey};
+use crate::jobs::{CacheEntry, RunId, SharedKey, next_version};
 use crate::profile_link::{self, Refused};
 use crate::result::Outcome;
 use crate::retry::Deadline;
@@ -152,11 +152,13 @@ async fn storage_url(
             Next::Claim { expected } => {
                 let claim = CacheEntry {
                     claimed_at: now,
+                    version: next_version(expected, now),
                     expires_at: key.expires(now),
                     ..entry.unwrap_or(CacheEntry {
                         value: None,
                         fetched_at: 0,
                         claimed_at: 0,
+                        version: 0,
                         expires_at: None,
                     })
                 };
@@ -214,13 +216,16 @@ async fn spend(d: &Deps, now: Millis) -> Result<(), ProfileError> {
             remaining: quota.remaining - 1,
             ..quota
         };
+        let version = next_version(Some(entry.version), now);
         let write = CacheEntry {
             value: serde_json::to_string(&less).ok(),
             fetched_at: entry.fetched_at,
-            claimed_at: now.max(entry.claimed_at + 1),
+            // Mirrors the version: what the release before versions compared.
+            claimed_at: version,
+            version,
             expires_at: SharedKey::BuildkiteQuota.expires(now),
         };
-        let put = d.store.put_cached(&key, &write, Some(entry.claimed_at));
+        let put = d.store.put_cached(&key, &write, Some(entry.version));
         if put.await.map_err(DispatchError::from)? {
             taken = true;
             break;
@@ -238,11 +243,12 @@ async fn spend(d: &Deps, now: Millis) -> Result<(), ProfileError> {
 async fn release(d: &Deps, key: SharedKey<'_>, claim: &CacheEntry) {
     let released = CacheEntry {
         claimed_at: claim.fetched_at,
+        version: next_version(Some(claim.version), claim.claimed_at),
         ..claim.clone()
     };
     let _ = d
         .store
-        .put_cached(&key.key(), &released, Some(claim.claimed_at))
+        .put_cached(&key.key(), &released, Some(claim.version))
         .await;
 }
 
@@ -270,19 +276,19 @@ async fn fetch(
     let now = d.clock.now();
     if let Some(remaining) = budget.remaining() {
         let quota = clicks::Quota::seen(remaining, budget.reset_secs(), now);
-        let entry = CacheEntry {
-            value: serde_json::to_string(&quota).ok(),
-            fetched_at: now,
-            claimed_at: now,
-            expires_at: SharedKey::BuildkiteQuota.expires(now),
-        };
         // Whoever writes last saw the newest count: no claim is needed.
         let quota_key = clicks::quota_key();
         let old = d.store.cached(&quota_key).await.ok().flatten();
-        let _ = d
-            .store
-            .put_cached(&quota_key, &entry, old.map(|e| e.claimed_at))
-            .await;
+        let expected = old.map(|e| e.version);
+        let version = next_version(expected, now);
+        let entry = CacheEntry {
+            value: serde_json::to_string(&quota).ok(),
+            fetched_at: now,
+            claimed_at: version,
+            version,
+            expires_at: SharedKey::BuildkiteQuota.expires(now),
+        };
+        let _ = d.store.put_cached(&quota_key, &entry, expected).await;
     }
     let url = url.map_err(DispatchError::from)?;
     let kept = clicks::KeptUrl {
@@ -294,12 +300,13 @@ async fn fetch(
         value: serde_json::to_string(&kept).ok(),
         fetched_at: now,
         claimed_at: claim.claimed_at,
+        version: next_version(Some(claim.version), now),
         expires_at: key.expires(now),
     };
     // Lost only to a later claim, whose URL is as good.
     let _ = d
         .store
-        .put_cached(&key.key(), &entry, Some(claim.claimed_at))
+        .put_cached(&key.key(), &entry, Some(claim.version))
         .await;
     Ok(kept.url)
 }

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::Deps;
 use crate::buildkite::{Agent, BuildkiteError};
-use crate::jobs::{CacheEntry, JobState, OpenJob, SharedKey, StoreError};
+use crate::jobs::{CacheEntry, JobState, OpenJob, SharedKey, StoreError, next_version};
 use crate::retry::Deadline;
 use crate::time::Millis;
 
@@ -219,15 +219,16 @@ pub(crate) async fn agents(d: &Deps, deadline: Deadline) -> Result<Vec<SeenAgent
         .as_ref()
         .is_none_or(|e| now - e.claimed_at >= REFRESH_MS)
     {
+        let expected = entry.as_ref().map(|e| e.version);
         let claim = CacheEntry {
             value: entry.as_ref().and_then(|e| e.value.clone()),
             fetched_at: entry.as_ref().map_or(0, |e| e.fetched_at),
             claimed_at: now,
+            version: next_version(expected, now),
             expires_at: SharedKey::Agents.expires(now),
         };
-        let expected = entry.as_ref().map(|e| e.claimed_at);
         if d.store.put_cached(&agents_key(), &claim, expected).await? {
-            return match refresh_agents(d, now, deadline).await {
+            return match refresh_agents(d, &claim, deadline).await {
                 // Buildkite's window is kept for creates and finishes: the last list serves.
                 Err(QueueError::Buildkite(BuildkiteError::RateLimited { .. }))
                     if usable(&entry, &cached, now) =>
@@ -245,10 +246,10 @@ pub(crate) async fn agents(d: &Deps, deadline: Deadline) -> Result<Vec<SeenAgent
     }
 }
 
-/// Lists the agents (this instance holds the minute's claim made at `claimed_at`).
+/// Lists the agents (this instance holds the minute's `claim`).
 async fn refresh_agents(
     d: &Deps,
-    claimed_at: Millis,
+    claim: &CacheEntry,
     deadline: Deadline,
 ) -> Result<Vec<SeenAgent>, QueueError> {
     let agents = d
@@ -261,12 +262,13 @@ async fn refresh_agents(
     let entry = CacheEntry {
         value: serde_json::to_string(&list).ok(),
         fetched_at: now,
-        claimed_at,
+        claimed_at: claim.claimed_at,
+        version: next_version(Some(claim.version), now),
         expires_at: SharedKey::Agents.expires(now),
     };
     // Lost only to a later claim, whose list is as good.
     d.store
-        .put_cached(&agents_key(), &entry, Some(claimed_at))
+        .put_cached(&agents_key(), &entry, Some(claim.version))
         .await?;
     Ok(list)
 }

@@ -293,6 +293,7 @@ impl JobStore for DynamoStore {
             value: item.get("cache_value").and_then(|v| v.as_s().ok()).cloned(),
             fetched_at: number("fetched_at"),
             claimed_at: number("claimed_at"),
+            version: number("entry_version"),
             expires_at,
         }))
     }
@@ -307,6 +308,7 @@ impl JobStore for DynamoStore {
             ("run_id".to_owned(), s(key)),
             ("fetched_at".to_owned(), n(entry.fetched_at)),
             ("claimed_at".to_owned(), n(entry.claimed_at)),
+            ("entry_version".to_owned(), n(entry.version)),
         ]);
         if let Some(v) = &entry.value {
             item.insert("cache_value".to_owned(), s(v.clone()));
@@ -321,9 +323,26 @@ impl JobStore for DynamoStore {
                 self.put_if(item, "attribute_not_exists(run_id)", &[], &[])
                     .await?
             }
-            Some(at) => {
-                self.put_if(item, "#c = :c", &[("#c", "claimed_at")], &[(":c", n(at))])
-                    .await?
+            // An entry an earlier release wrote has no version: it reads, and is matched, as 0.
+            Some(0) => {
+                let unversioned =
+                    "attribute_exists(run_id) AND (attribute_not_exists(#v) OR #v = :v)";
+                self.put_if(
+                    item,
+                    unversioned,
+                    &[("#v", "entry_version")],
+                    &[(":v", n(0))],
+                )
+                .await?
+            }
+            Some(version) => {
+                self.put_if(
+                    item,
+                    "#v = :v",
+                    &[("#v", "entry_version")],
+                    &[(":v", n(version))],
+                )
+                .await?
             }
         };
         Ok(written.is_ok())

@@ -32,7 +32,7 @@ pub use shared::SharedKey;
 #[cfg(feature = "embedded-store")]
 pub use sqlite::SqliteStore;
 pub use state::JobState;
-pub use store::{CacheEntry, Created, Cursor, JobStore, OpenJob, Replaced, Shard};
+pub use store::{CacheEntry, Created, Cursor, JobStore, OpenJob, Replaced, Shard, next_version};
 
 pub use update::{Updated, update, update_seen};
 

@@ -1,14 +1,14 @@
 //! The entries every instance shares beside the jobs (the agents list, a queue's records and
 //! lists, the fleet's records): one key per kind of entry, and one read-modify-write for
 //! those changed by many at once, with one retry policy. Each is a JSON value in a
-//! [`CacheEntry`], written by compare-and-swap on the entry's count of writes.
+//! [`CacheEntry`], written by compare-and-swap on the entry's version.
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::error::StoreError;
 use super::id::RunId;
-use super::store::{CacheEntry, JobStore};
+use super::store::{CacheEntry, JobStore, next_version};
 use crate::time::Millis;
 
 /// A kind of shared entry and what it is of. Every key starts with `~`, which a run id never
@@ -100,7 +100,7 @@ pub enum First {
     No,
 }
 
-/// The value under `key` at `now` with its count of writes (`None`: no entry); a value that
+/// The value under `key` at `now` with its version (`None`: no entry); a value that
 /// does not parse, or has expired (the store forgets it later), is `None` too, so the next
 /// write replaces it.
 pub async fn read<T: DeserializeOwned>(
@@ -119,7 +119,7 @@ async fn read_entry<T: DeserializeOwned>(
     now: Millis,
 ) -> Result<(Option<T>, Option<Millis>, Option<Millis>), StoreError> {
     let entry = store.cached(&key.key()).await?;
-    let version = entry.as_ref().map(|e| e.claimed_at);
+    let version = entry.as_ref().map(|e| e.version);
     let expires_at = entry.as_ref().and_then(|e| e.expires_at);
     let value = entry
         .filter(|e| e.expires_at.is_none_or(|at| at > now))
@@ -131,13 +131,6 @@ async fn read_entry<T: DeserializeOwned>(
 /// written before entries had an expiry, gets one at its next read-modify-write.
 fn stamp(key: SharedKey<'_>, expires_at: Option<Millis>) -> bool {
     expires_at.is_none() && key.lifetime().is_some()
-}
-
-/// The count of writes an entry's next write carries: one more than the last, or for an
-/// entry made anew the time (so a writer who read an earlier entry of that key, since
-/// expired and forgotten, cannot match the new one's count).
-fn next_version(version: Option<Millis>, now: Millis) -> Millis {
-    version.map_or(now.max(1), |v| v + 1)
 }
 
 /// Reads the value under `key` (`init` where there is none), lets `change` change it, and
@@ -165,10 +158,14 @@ where
         if value == before && !(existed && stamp(key, expires_at)) {
             return Ok(Changed { said, wrote: None });
         }
+        let version_next = next_version(version, now);
         let next = CacheEntry {
             value: Some(serde_json::to_string(&value).map_err(StoreError::corrupt)?),
             fetched_at: now,
-            claimed_at: next_version(version, now),
+            // Nobody claims these entries; the version, mirrored, is what the release
+            // before versions compared, so its instances still meet this write mid-upgrade.
+            claimed_at: version_next,
+            version: version_next,
             expires_at: key.expires(now),
         };
         if store.put_cached(&stored, &next, version).await? {

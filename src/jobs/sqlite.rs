@@ -368,7 +368,7 @@ impl JobStore for SqliteStore {
             let tx = conn
                 .transaction_with_behavior(TransactionBehavior::Immediate)
                 .map_err(unavailable)?;
-            if read_cached(&tx, &key)?.map(|e| e.claimed_at) != expected {
+            if read_cached(&tx, &key)?.map(|e| e.version) != expected {
                 return Ok(false);
             }
             tx.execute(

@@ -84,18 +84,30 @@ impl From<&Job> for OpenJob {
     }
 }
 
-/// A shared cached value: what was fetched and when, and when a refresh was last claimed
-/// (the claim is what limits refreshes across instances).
+/// A shared cached value: what was fetched and when, when a refresh was last claimed (the
+/// claim is what limits refreshes across instances), and its version, which every write
+/// changes and [`JobStore::put_cached`] compares.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct CacheEntry {
     pub value: Option<String>,
     pub fetched_at: Millis,
     pub claimed_at: Millis,
+    /// The entry's count of writes: one more at each write (see [`next_version`]). An entry
+    /// an earlier release wrote has none and reads as 0.
+    #[serde(default)]
+    pub version: Millis,
     /// When the store may forget the entry (`None`: never). A reader treats a value past it
     /// as gone; DynamoDB deletes the item by its TTL, the embedded store at the sweep's
     /// [`JobStore::forget_expired`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<Millis>,
+}
+
+/// The version an entry's next write carries, given the version read (`None`: no entry):
+/// one more, or for an entry made anew the time, so a writer who read an earlier entry of
+/// that key, since expired and forgotten, cannot match the new one's.
+pub fn next_version(read: Option<Millis>, now: Millis) -> Millis {
+    read.map_or(now.max(1), |v| v.saturating_add(1))
 }
 
 /// The sweep's bookmarks: where a pass whose time or budget ran out stopped, so the next
@@ -146,8 +158,9 @@ pub trait JobStore: Send + Sync {
     /// A value every instance shares (the agents list), kept under `key`.
     async fn cached(&self, key: &str) -> Result<Option<CacheEntry>, StoreError>;
 
-    /// Writes `entry` under `key` if the entry there is still the one claimed at `expected`
-    /// (`None`: there is none); whether it was written.
+    /// Writes `entry` under `key` if the entry there is still at version `expected` (`None`:
+    /// there is none; `Some(0)`: one an earlier release wrote, without a version); whether it
+    /// was written. `entry.version` is the caller's ([`next_version`]).
     async fn put_cached(
         &self,
         key: &str,

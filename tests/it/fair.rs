@@ -97,10 +97,11 @@ async fn waiting_jobs_start_round_robin_over_users(kind: StoreKind) {
         value: Some(i64::MAX.to_string()),
         fetched_at: 0,
         claimed_at: 99,
+        version: 99,
         expires_at: None,
     };
     let lease = "~fair/h100";
-    let before = app.store.cached(lease).await.unwrap().map(|e| e.claimed_at);
+    let before = app.store.cached(lease).await.unwrap().map(|e| e.version);
     assert!(app.store.put_cached(lease, &held, before).await.unwrap());
     for (user, run_id) in [
         ("alice", "a1"),
@@ -115,6 +116,7 @@ async fn waiting_jobs_start_round_robin_over_users(kind: StoreKind) {
         value: None,
         fetched_at: 0,
         claimed_at: 100,
+        version: 100,
         expires_at: None,
     };
     assert!(app.store.put_cached(lease, &free, Some(99)).await.unwrap());

@@ -571,10 +571,12 @@ async fn an_expired_shared_entry_is_gone_and_forgotten(kind: StoreKind) {
 /// even when its value does not change.
 async fn an_older_entry_gets_its_expiry_at_its_next_change(kind: StoreKind) {
     let (store, _dir) = open_store(kind).await;
+    // As an earlier release wrote it: no expiry, no version (read as 0).
     let old = CacheEntry {
         value: Some("[1]".into()),
         fetched_at: 10,
         claimed_at: 3,
+        version: 0,
         expires_at: None,
     };
     assert!(store.put_cached("~queue/h100", &old, None).await.unwrap());
@@ -583,12 +585,81 @@ async fn an_older_entry_gets_its_expiry_at_its_next_change(kind: StoreKind) {
     let changed = shared::update(store.as_ref(), key, 5_000, Vec::new, same).await;
     assert_eq!(changed.unwrap().wrote, Some(shared::First::No));
     let entry = store.cached("~queue/h100").await.unwrap().expect("kept");
-    assert_eq!((entry.value.as_deref(), entry.claimed_at), (Some("[1]"), 4));
+    assert_eq!((entry.value.as_deref(), entry.version), (Some("[1]"), 1));
     assert!(entry.expires_at.is_some_and(|at| at > 5_000), "{entry:?}");
+}
+
+/// A shared entry's compare-and-swap is on its version, never on its times: a writer naming
+/// the claim's time, or a version since passed, loses; the version read wins once.
+async fn a_shared_entry_is_swapped_on_its_version_alone(kind: StoreKind) {
+    let (store, _dir) = open_store(kind).await;
+    let key = "~agents";
+    let entry = |value: &str, claimed_at, version| CacheEntry {
+        value: Some(value.into()),
+        fetched_at: 1_000,
+        claimed_at,
+        version,
+        expires_at: None,
+    };
+    assert!(
+        store
+            .put_cached(key, &entry("a", 1_000, 5), None)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .put_cached(key, &entry("b", 1_000, 6), None)
+            .await
+            .unwrap(),
+        "made twice"
+    );
+    // The claim's time is not the version, whatever it holds.
+    assert!(
+        !store
+            .put_cached(key, &entry("b", 1_000, 6), Some(1_000))
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .put_cached(key, &entry("b", 1_000, 6), Some(5))
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .put_cached(key, &entry("c", 2_000, 6), Some(5))
+            .await
+            .unwrap(),
+        "a stale version lost"
+    );
+    let kept = store.cached(key).await.unwrap().expect("kept");
+    assert_eq!((kept.value.as_deref(), kept.version), (Some("b"), 6));
+    // An entry without a version (an earlier release's) is matched as 0, once.
+    assert!(
+        store
+            .put_cached("~fair/q", &entry("x", 7, 0), None)
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .put_cached("~fair/q", &entry("y", 7, 1), Some(0))
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .put_cached("~fair/q", &entry("z", 7, 1), Some(0))
+            .await
+            .unwrap()
+    );
 }
 
 on_both_stores!(
     an_older_entry_gets_its_expiry_at_its_next_change,
+    a_shared_entry_is_swapped_on_its_version_alone,
     an_expired_shared_entry_is_gone_and_forgotten,
     concurrent_changes_to_a_shared_entry_all_land,
     create_is_idempotent_per_run_id,
