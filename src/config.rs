@@ -214,7 +214,7 @@ const MAX_GPUS_PER_AGENT: u32 = 64;
 
 /// The Buildkite queue that serves a GPU, and how many GPUs each of its agents holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Queue {
+pub(crate) struct QueueSpec {
     pub(crate) name: String,
     /// More than 1: a queue for multi-GPU tasks only.
     pub(crate) gpus: u32,
@@ -223,10 +223,10 @@ pub(crate) struct Queue {
 /// GPU name → Buildkite queue (`GPU=queue`, or `GPU=queue:N` for agents of N GPUs).
 /// Configuration, not code: new hardware is a deploy, not a release.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct QueueMap(BTreeMap<String, Queue>);
+pub struct QueueMap(BTreeMap<String, QueueSpec>);
 
 /// One `queue` or `queue:N` of `GPU_QUEUES`.
-fn queue(pair: &str, spec: &str) -> Result<Queue, String> {
+fn queue(pair: &str, spec: &str) -> Result<QueueSpec, String> {
     let (name, gpus) = match spec.split_once(':') {
         None => (spec, 1),
         Some((name, n)) => {
@@ -244,7 +244,7 @@ fn queue(pair: &str, spec: &str) -> Result<Queue, String> {
     if name.is_empty() {
         return Err(format!("{pair:?} is not GPU=queue"));
     }
-    Ok(Queue {
+    Ok(QueueSpec {
         name: name.to_owned(),
         gpus,
     })
@@ -273,7 +273,7 @@ impl QueueMap {
         self.get(gpu).map(|q| q.name.as_str())
     }
 
-    pub(crate) fn get(&self, gpu: &str) -> Option<&Queue> {
+    pub(crate) fn get(&self, gpu: &str) -> Option<&QueueSpec> {
         self.0.get(gpu)
     }
 

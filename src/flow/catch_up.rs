@@ -16,7 +16,7 @@ use super::effects::Effects;
 use super::follow::{PipelineSeen, look_at_build};
 use super::{Deps, DispatchError};
 use crate::buildkite::Priority;
-use crate::jobs::{Job, RunId};
+use crate::jobs::{Job, Queue};
 use crate::retry::Deadline;
 
 /// Below this much of its deadline left, a call takes up nothing more: an item claimed
@@ -28,7 +28,7 @@ const TIME_FLOOR: Duration = Duration::from_secs(10);
 /// result at once (each read counts against the job's few); what is not done is put back.
 /// Trouble is logged: the caller's own work is done, and the sweep takes up what is left.
 pub(crate) struct Batch {
-    queue: String,
+    queue: Queue,
     /// Not yet done, in order.
     left: std::collections::VecDeque<Deferred>,
 }
@@ -36,10 +36,10 @@ pub(crate) struct Batch {
 impl Batch {
     /// `queue`'s next items (finishes first, then creates; creates only for a job's end,
     /// whose own finish path this is), while this instance's window has room for them.
-    pub(crate) async fn take(d: &Deps, queue: &str, creates_only: bool) -> Option<Self> {
+    pub(crate) async fn take(d: &Deps, queue: &Queue, creates_only: bool) -> Option<Self> {
         let taken = claimed(d, queue, creates_only).await?;
         Some(Self {
-            queue: queue.to_owned(),
+            queue: queue.clone(),
             left: taken.into(),
         })
     }
@@ -78,7 +78,7 @@ impl Batch {
 
 /// The deferred creates of `queue`, taken up after one of its jobs ended (they cannot end
 /// a job, so they leave no effects).
-pub(crate) async fn take_up_creates(d: &Deps, queue: &str, deadline: Deadline) {
+pub(crate) async fn take_up_creates(d: &Deps, queue: &Queue, deadline: Deadline) {
     let Some(mut batch) = Batch::take(d, queue, true).await else {
         return;
     };
@@ -92,12 +92,12 @@ pub(crate) async fn take_up_creates(d: &Deps, queue: &str, deadline: Deadline) {
 fn carry_on(item: &Deferred, done: Result<bool, DispatchError>) -> bool {
     match done {
         Ok(true) => {
-            info!(run_id = item.run_id, work = ?item.work, "deferred work taken up");
+            info!(run_id = %item.run_id, work = ?item.work, "deferred work taken up");
             true
         }
         Ok(false) => false,
         Err(e) => {
-            warn!(error = %e, run_id = item.run_id, "deferred work is left to the sweep");
+            warn!(error = %e, run_id = %item.run_id, "deferred work is left to the sweep");
             false
         }
     }
@@ -105,23 +105,20 @@ fn carry_on(item: &Deferred, done: Result<bool, DispatchError>) -> bool {
 
 /// The next items, taken off `queue`'s list; `None` when the window has no room or the
 /// list cannot be read (logged).
-async fn claimed(d: &Deps, queue: &str, creates_only: bool) -> Option<Vec<Deferred>> {
+async fn claimed(d: &Deps, queue: &Queue, creates_only: bool) -> Option<Vec<Deferred>> {
     if !d.buildkite.allows(Priority::Create) {
         return None;
     }
     claim(d, queue, creates_only)
         .await
-        .inspect_err(|e| warn!(error = %e, queue, "deferred work is left to the sweep"))
+        .inspect_err(|e| warn!(error = %e, %queue, "deferred work is left to the sweep"))
         .ok()
 }
 
 /// The job of `item`, while it is open; `None` when there is nothing left to do.
 async fn open_job(d: &Deps, item: &Deferred) -> Result<Option<Job>, DispatchError> {
-    let Ok(run_id) = item.run_id.parse::<RunId>() else {
-        return Ok(None);
-    };
     Ok(d.store
-        .get(&run_id)
+        .get(&item.run_id)
         .await?
         .filter(|j| !j.state.is_terminal()))
 }

@@ -40,12 +40,12 @@ fn new_build(d: &Deps, job: &Job, payload: &str) -> NewBuild {
     let env = BTreeMap::from([
         ("KERNELBOT_RUN_ID".to_owned(), job.run_id.to_string()),
         (crate::payload::PAYLOAD_VAR.to_owned(), payload.to_owned()),
-        ("KERNELBOT_QUEUE".to_owned(), job.queue.clone()),
+        ("KERNELBOT_QUEUE".to_owned(), job.queue.to_string()),
         ("KERNELBOT_IMAGE".to_owned(), bk.image.clone()),
     ]);
     let meta_data = BTreeMap::from([
         ("run_id".to_owned(), job.run_id.to_string()),
-        ("queue".to_owned(), job.queue.clone()),
+        ("queue".to_owned(), job.queue.to_string()),
     ]);
     NewBuild {
         commit: bk.commit.clone(),

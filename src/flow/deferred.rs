@@ -8,7 +8,7 @@ use tracing::warn;
 
 use super::{Deps, DispatchError};
 use crate::buildkite::BuildkiteError;
-use crate::jobs::{Job, SharedKey, StoreError, shared};
+use crate::jobs::{Job, Queue, RunId, SharedKey, StoreError, UserId, shared};
 use crate::time::Millis;
 
 /// Deferred jobs one call takes up at most.
@@ -28,11 +28,11 @@ pub(crate) enum Work {
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Deferred {
-    pub(crate) run_id: String,
+    pub(crate) run_id: RunId,
     pub(crate) work: Work,
     /// The job's user, so that deferred creates are taken up in fair order.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) user: Option<String>,
+    pub(crate) user: Option<UserId>,
     /// Not before then (the reset Buildkite gave a create): nobody claims it for nothing.
     #[serde(default)]
     pub(crate) not_before: Millis,
@@ -50,7 +50,7 @@ pub(crate) fn next(list: &[Deferred], now: Millis) -> Vec<Deferred> {
         .collect();
     let mut by_user: Vec<(Option<&str>, Vec<&Deferred>)> = Vec::new();
     for w in list.iter().filter(due).filter(|w| w.work == Work::Create) {
-        let user = w.user.as_deref();
+        let user = w.user.as_ref().map(UserId::as_str);
         match by_user
             .iter_mut()
             .find(|(u, _)| user.is_some() && *u == user)
@@ -79,7 +79,7 @@ pub(crate) fn next(list: &[Deferred], now: Millis) -> Vec<Deferred> {
 /// Changes `queue`'s list by compare-and-swap (again on what another wrote meanwhile).
 async fn change<R>(
     d: &Deps,
-    queue: &str,
+    queue: &Queue,
     f: impl FnMut(&mut Vec<Deferred>) -> R,
 ) -> Result<R, StoreError> {
     let key = SharedKey::Deferred(queue);
@@ -91,7 +91,7 @@ async fn change<R>(
 /// finds the job, later.
 pub(crate) async fn note(d: &Deps, job: &Job, work: Work, not_before: Millis) {
     let item = Deferred {
-        run_id: job.run_id.to_string(),
+        run_id: job.run_id.clone(),
         work,
         user: job.user.clone(),
         not_before,
@@ -101,7 +101,7 @@ pub(crate) async fn note(d: &Deps, job: &Job, work: Work, not_before: Millis) {
 
 /// Puts `items` on `queue`'s list: at its end, or back at its front (in their order: they
 /// are older than what came since). Trouble is logged: the sweep still finds them.
-pub(crate) async fn put(d: &Deps, queue: &str, items: &[Deferred], front: bool) {
+pub(crate) async fn put(d: &Deps, queue: &Queue, items: &[Deferred], front: bool) {
     if items.is_empty() {
         return;
     }
@@ -117,13 +117,13 @@ pub(crate) async fn put(d: &Deps, queue: &str, items: &[Deferred], front: bool) 
             .cloned()
             .collect();
         if new.len() < items.len() && list.len() + new.len() >= MAX_LISTED {
-            warn!(queue, "the deferred list is full; the sweep finds the rest");
+            warn!(%queue, "the deferred list is full; the sweep finds the rest");
         }
         let at = if front { 0 } else { list.len() };
         list.splice(at..at, new);
     });
     if let Err(e) = noted.await {
-        warn!(error = %e, queue, "deferred work left to the sweep");
+        warn!(error = %e, %queue, "deferred work left to the sweep");
     }
 }
 
@@ -136,7 +136,7 @@ pub(crate) fn rate_limited(e: &DispatchError) -> bool {
 }
 
 /// Run ids of `queue`'s deferred finishes, for the sweep to look at whatever their age.
-pub(crate) async fn finishes(d: &Deps, queue: &str) -> Result<Vec<String>, StoreError> {
+pub(crate) async fn finishes(d: &Deps, queue: &Queue) -> Result<Vec<RunId>, StoreError> {
     let (list, _) =
         shared::read::<Vec<Deferred>>(d.store.as_ref(), SharedKey::Deferred(queue), d.clock.now())
             .await?;
@@ -151,7 +151,7 @@ pub(crate) async fn finishes(d: &Deps, queue: &str) -> Result<Vec<String>, Store
 /// Takes the next items off `queue`'s list.
 pub(crate) async fn claim(
     d: &Deps,
-    queue: &str,
+    queue: &Queue,
     creates_only: bool,
 ) -> Result<Vec<Deferred>, StoreError> {
     let now = d.clock.now();
@@ -178,9 +178,9 @@ mod tests {
 
     fn w(run_id: &str, work: Work, user: Option<&str>) -> Deferred {
         Deferred {
-            run_id: run_id.into(),
+            run_id: run_id.parse().expect("a run id"),
             work,
-            user: user.map(str::to_owned),
+            user: user.map(UserId::from),
             not_before: 0,
         }
     }
@@ -200,7 +200,10 @@ mod tests {
             w("l2", Create, light),
         ];
         let names = |l: &[Deferred]| -> Vec<String> {
-            next(l, 100).into_iter().map(|d| d.run_id).collect()
+            next(l, 100)
+                .into_iter()
+                .map(|d| d.run_id.to_string())
+                .collect()
         };
         assert_eq!(names(&list), ["f1", "f2", "h1", "l1"]);
         assert_eq!(names(&list[2..]), ["f2", "h2", "l1", "anon"]);

@@ -17,7 +17,7 @@ pub(crate) use super::rules::fair::Standing;
 use super::rules::stats::{Ended, QueueRecord};
 use super::{Deps, DispatchError, deliver};
 use crate::jobs::{
-    CacheEntry, Job, JobState, OpenJob, RunId, SharedKey, StoreError, Updated, next_version,
+    CacheEntry, Job, JobState, OpenJob, Queue, RunId, SharedKey, StoreError, Updated, next_version,
     shared, update_seen,
 };
 use crate::result::Verdict;
@@ -34,7 +34,7 @@ const LEASE_WAIT: Duration = Duration::from_secs(3);
 /// The longest a release waits for the agents list.
 const AGENTS_WAIT: Duration = Duration::from_secs(2);
 
-fn lease_key(queue: &str) -> String {
+fn lease_key(queue: &Queue) -> String {
     SharedKey::FairLease(queue).key()
 }
 
@@ -61,7 +61,7 @@ pub(crate) struct Fresh<'a> {
 /// waiting job goes (jobs left waiting when fair share was turned off included).
 pub(crate) async fn release(
     d: &Deps,
-    queue: &str,
+    queue: &Queue,
     fresh: Fresh<'_>,
 ) -> Result<Released, StoreError> {
     let limit = match d.config.user_max_in_flight {
@@ -70,7 +70,7 @@ pub(crate) async fn release(
     };
     let Some(lease) = take_lease(d, queue).await? else {
         warn!(
-            queue,
+            %queue,
             "the queue's fair-share lease stayed taken; released next time"
         );
         return Ok(Released::default());
@@ -82,20 +82,20 @@ pub(crate) async fn release(
         // while jobs wait (a call a minute, none when Buildkite's window is low), outside
         // the lease, for the next release.
         if let Err(e) = super::queues::agents(d, Deadline::after(AGENTS_WAIT)).await {
-            warn!(error = %e, queue, "the agents list could not be read; the last one serves");
+            warn!(error = %e, %queue, "the agents list could not be read; the last one serves");
         }
     }
     released
 }
 
 /// The queue's open jobs as the index shows them, corrected by what this caller knows.
-async fn open_jobs(d: &Deps, queue: &str, fresh: Fresh<'_>) -> Result<Vec<OpenJob>, StoreError> {
+async fn open_jobs(d: &Deps, queue: &Queue, fresh: Fresh<'_>) -> Result<Vec<OpenJob>, StoreError> {
     let mut open = d.store.open_in_queue(queue).await?;
     if let Some(ended) = fresh.ended {
-        open.retain(|j| j.run_id != ended.as_str());
+        open.retain(|j| &j.run_id != ended);
     }
     if let Some(mine) = fresh.mine
-        && !open.iter().any(|j| j.run_id == mine.run_id.as_str())
+        && !open.iter().any(|j| j.run_id == mine.run_id)
     {
         open.push(OpenJob::from(mine));
     }
@@ -104,7 +104,7 @@ async fn open_jobs(d: &Deps, queue: &str, fresh: Fresh<'_>) -> Result<Vec<OpenJo
 
 async fn release_held(
     d: &Deps,
-    queue: &str,
+    queue: &Queue,
     fresh: Fresh<'_>,
     limit: usize,
 ) -> Result<Released, StoreError> {
@@ -114,7 +114,7 @@ async fn release_held(
     let agents = recent_agents(d)
         .await?
         .iter()
-        .filter(|a| a.queue == queue && !a.paused)
+        .filter(|a| &a.queue == queue && !a.paused)
         .count();
     let releases = fair::releases(&open, limit, agents);
     let mut out = Released {
@@ -122,10 +122,8 @@ async fn release_held(
         ..Released::default()
     };
     for o in releases {
-        let Ok(run_id) = o.run_id.parse::<RunId>() else {
-            continue;
-        };
-        let job = match d.store.get(&run_id).await {
+        let run_id = &o.run_id;
+        let job = match d.store.get(run_id).await {
             Ok(Some(job)) => job,
             Ok(None) => continue,
             // One record this version cannot read holds back no other.
@@ -135,10 +133,10 @@ async fn release_held(
             }
             Err(e) => return Err(e),
         };
-        let held = fresh.mine.is_some_and(|m| m.run_id == run_id);
+        let held = fresh.mine.is_some_and(|m| &m.run_id == run_id);
         let written = update_seen(d.store.as_ref(), &job, |j| fair::release_job(j, now, held));
         if let Updated::Written(job) = written.await? {
-            info!(run_id = %job.run_id, queue, "released by fair share");
+            info!(run_id = %job.run_id, %queue, "released by fair share");
             if held {
                 out.mine = Some(job);
             } else {
@@ -150,7 +148,7 @@ async fn release_held(
 }
 
 /// The queue's lease, taken (its version), or `None` when another held it all along.
-async fn take_lease(d: &Deps, queue: &str) -> Result<Option<Millis>, StoreError> {
+async fn take_lease(d: &Deps, queue: &Queue) -> Result<Option<Millis>, StoreError> {
     let key = lease_key(queue);
     let until = Deadline::after(LEASE_WAIT);
     loop {
@@ -176,7 +174,7 @@ async fn take_lease(d: &Deps, queue: &str) -> Result<Option<Millis>, StoreError>
 }
 
 /// The queue's lease entry at `version`: held until `until`, or free.
-fn lease_entry(until: Option<Millis>, queue: &str, version: Millis, now: Millis) -> CacheEntry {
+fn lease_entry(until: Option<Millis>, queue: &Queue, version: Millis, now: Millis) -> CacheEntry {
     CacheEntry {
         value: until.map(|t| t.to_string()),
         fetched_at: now,
@@ -187,7 +185,7 @@ fn lease_entry(until: Option<Millis>, queue: &str, version: Millis, now: Millis)
     }
 }
 
-async fn give_back(d: &Deps, queue: &str, version: Millis) {
+async fn give_back(d: &Deps, queue: &Queue, version: Millis) {
     let now = d.clock.now();
     let free = lease_entry(None, queue, next_version(Some(version), now), now);
     if let Err(e) = d
@@ -195,7 +193,7 @@ async fn give_back(d: &Deps, queue: &str, version: Millis) {
         .put_cached(&lease_key(queue), &free, Some(version))
         .await
     {
-        warn!(error = %e, queue, "the fair-share lease could not be given back; it expires");
+        warn!(error = %e, %queue, "the fair-share lease could not be given back; it expires");
     }
 }
 
@@ -254,7 +252,7 @@ async fn note_end(d: &Deps, job: &Job) -> Result<(), StoreError> {
 }
 
 /// A queue's record of its ended jobs, as last written.
-pub(crate) async fn queue_record(d: &Deps, queue: &str) -> Result<QueueRecord, StoreError> {
+pub(crate) async fn queue_record(d: &Deps, queue: &Queue) -> Result<QueueRecord, StoreError> {
     let key = SharedKey::QueueRecord(queue);
     let (record, _) = shared::read(d.store.as_ref(), key, d.clock.now()).await?;
     Ok(record.unwrap_or_default())
@@ -262,12 +260,12 @@ pub(crate) async fn queue_record(d: &Deps, queue: &str) -> Result<QueueRecord, S
 
 /// What a standing is computed from, besides the queue's open jobs: its connected agents
 /// (the cached list; no Buildkite call) and the median of its recent run times.
-async fn queue_facts(d: &Deps, queue: &str) -> Result<(usize, Option<Millis>), StoreError> {
+async fn queue_facts(d: &Deps, queue: &Queue) -> Result<(usize, Option<Millis>), StoreError> {
     // A paused agent takes no job: it does not shorten anyone's wait.
     let agents = cached_agents(d)
         .await?
         .iter()
-        .filter(|a| a.queue == queue && !a.paused)
+        .filter(|a| &a.queue == queue && !a.paused)
         .count();
     Ok((agents, queue_record(d, queue).await?.median_run()))
 }
@@ -280,13 +278,7 @@ pub(crate) async fn standing(d: &Deps, job: &Job) -> Result<Option<Standing>, St
     let open = d.store.open_in_queue(&job.queue).await?;
     let (agents, median) = queue_facts(d, &job.queue).await?;
     let now = d.clock.now();
-    Ok(fair::standing(
-        &open,
-        job.run_id.as_str(),
-        agents,
-        median,
-        now,
-    ))
+    Ok(fair::standing(&open, &job.run_id, agents, median, now))
 }
 
 /// Notes `job`'s standing on it (for its status message), when its band changed.
@@ -301,7 +293,7 @@ pub(crate) async fn place(d: &Deps, job: &Job) -> Result<Job, StoreError> {
 
 /// Every job of the queue not yet running whose standing moved to another band: noted, and
 /// its message edited.
-async fn place_all(d: &Deps, queue: &str, deadline: Deadline) -> Result<(), DispatchError> {
+async fn place_all(d: &Deps, queue: &Queue, deadline: Deadline) -> Result<(), DispatchError> {
     let open: Vec<OpenJob> = d.store.open_in_queue(queue).await?;
     let (agents, median) = queue_facts(d, queue).await?;
     let now = d.clock.now();
@@ -314,10 +306,7 @@ async fn place_all(d: &Deps, queue: &str, deadline: Deadline) -> Result<(), Disp
         let Some(s) = fair::standing(&open, &o.run_id, agents, median, now) else {
             continue;
         };
-        let Ok(run_id) = o.run_id.parse::<RunId>() else {
-            continue;
-        };
-        let Some(job) = d.store.get(&run_id).await? else {
+        let Some(job) = d.store.get(&o.run_id).await? else {
             continue;
         };
         if job.queue_position.map(fair::band) == Some(fair::band(s.position)) {

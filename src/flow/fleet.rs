@@ -17,7 +17,7 @@ use super::rules::tries::{MAX_NAME_CHARS, clean};
 use crate::buildkite::Agent;
 use crate::discord::{AllowedMentions, Message};
 use crate::jobs::shared::{self, First};
-use crate::jobs::{Job, SharedKey, StoreError};
+use crate::jobs::{Job, Queue, SharedKey, StoreError};
 use crate::result::{GpuReading, Outcome};
 use crate::retry::{Deadline, Policy};
 use crate::telemetry::metrics::Unit;
@@ -34,7 +34,7 @@ const OPS_POST: std::time::Duration = std::time::Duration::from_secs(5);
 #[derive(Clone, Debug)]
 pub(crate) struct Noted {
     agent: String,
-    queue: String,
+    queue: Queue,
     pending: Pending,
 }
 
@@ -109,16 +109,16 @@ pub(crate) async fn on_agent_event(
     event: &str,
     agent: &Agent,
 ) -> Result<bool, StoreError> {
-    let queue = agent.queue();
-    if !d.config.queues.serves(queue) {
-        info!(event, queue, "an agent event of a queue we do not serve");
+    let queue = Queue::new(agent.queue());
+    if !d.config.queues.serves(&queue) {
+        info!(event, %queue, "an agent event of a queue we do not serve");
         return Ok(false);
     }
     let name = clean(&agent.name, MAX_NAME_CHARS);
     if name.is_empty() || name.chars().count() < agent.name.trim().chars().count() {
         warn!(
             event,
-            queue, "an agent event whose agent name is empty or too long"
+            %queue, "an agent event whose agent name is empty or too long"
         );
         return Ok(false);
     }
@@ -127,7 +127,7 @@ pub(crate) async fn on_agent_event(
         r.saw_event(event, now);
         Some(())
     };
-    update(d, &name, queue, noted).await?;
+    update(d, &name, &queue, noted).await?;
     Ok(true)
 }
 
@@ -287,7 +287,7 @@ async fn read_record(d: &Deps, name: &str) -> Result<Option<AgentRecord>, StoreE
 async fn update<T>(
     d: &Deps,
     name: &str,
-    queue: &str,
+    queue: &Queue,
     change: impl Fn(&mut AgentRecord) -> Option<T>,
 ) -> Result<Option<T>, StoreError> {
     let key = SharedKey::Agent(name);
@@ -348,19 +348,19 @@ async fn fleet_names(d: &Deps) -> Result<Vec<String>, StoreError> {
 
 /// Counts a newly decided incident: the metric's alarm tells the operators even when the
 /// post does not.
-fn count(d: &Deps, agent: &str, queue: &str, incident: &Incident) {
+fn count(d: &Deps, agent: &str, queue: &Queue, incident: &Incident) {
     let kind = incident.kind();
     // By kind only: the alarm in template.yaml names each series (the queue is in the log
     // line and the message).
     d.metrics
         .put(&[("Kind", kind)], &[("GpuIncidents", Unit::Count, 1.0)]);
-    warn!(agent, queue, kind, "GPU incident");
+    warn!(agent, %queue, kind, "GPU incident");
 }
 
 /// Posts `pending` to the operators' channel (one short try) and, once it went, marks it
 /// told on the agent's record. Whether it is told; without a channel there is nothing to
 /// post, so it is.
-async fn tell(d: &Deps, agent: &str, queue: &str, pending: &Pending, deadline: Deadline) -> bool {
+async fn tell(d: &Deps, agent: &str, queue: &Queue, pending: &Pending, deadline: Deadline) -> bool {
     if let Some(target) = &d.ops_discord {
         let message = Message {
             content: incident_text(agent, queue, &pending.incident, pending.run_id.as_deref()),
@@ -392,7 +392,7 @@ async fn tell(d: &Deps, agent: &str, queue: &str, pending: &Pending, deadline: D
 /// The operators' message: which agent, what happened, and what the service did about it.
 pub(crate) fn incident_text(
     agent: &str,
-    queue: &str,
+    queue: &Queue,
     incident: &Incident,
     run_id: Option<&str>,
 ) -> String {
@@ -542,7 +542,7 @@ fn row(r: AgentRecord, seen: &[queues::SeenAgent], now: Millis) -> FleetAgent {
         readings: r.readings,
         readings_at: r.readings_at,
         name: r.name,
-        queue: r.queue,
+        queue: r.queue.to_string(),
     }
 }
 
@@ -558,13 +558,13 @@ mod tests {
             paused,
             retried,
         };
-        let text = incident_text("node-gpu0", "h100", &infra(false, false), None);
+        let text = incident_text("node-gpu0", &Queue::new("h100"), &infra(false, false), None);
         assert!(
             text.contains("not paused") && text.contains("no retry was left"),
             "{text}"
         );
         assert!(!text.contains("Resume"), "{text}");
-        let text = incident_text("node-gpu0", "h100", &infra(true, true), None);
+        let text = incident_text("node-gpu0", &Queue::new("h100"), &infra(true, true), None);
         assert!(
             text.starts_with("⚠️ Agent `node-gpu0` (queue `h100`)"),
             "{text}"
@@ -581,7 +581,7 @@ mod tests {
             event: "agent.lost".into(),
             since: 1_795_600_000_000,
         };
-        let text = incident_text("node-gpu0", "h100", &offline, None);
+        let text = incident_text("node-gpu0", &Queue::new("h100"), &offline, None);
         assert!(
             text.contains("agent.lost <t:1795600000:R>, and not back since")
                 && text.contains("other agents"),
@@ -591,7 +591,7 @@ mod tests {
             submissions: 3,
             reason: "throttled: SwThermalSlowdown *hot*".into(),
         };
-        let text = incident_text("node-gpu0", "h100", &heat, Some("run-7"));
+        let text = incident_text("node-gpu0", &Queue::new("h100"), &heat, Some("run-7"));
         assert!(
             text.starts_with(
                 "🌡 Agent `node-gpu0` (queue `h100`): 3 different submissions met it slowed down"

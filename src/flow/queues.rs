@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::Deps;
 use crate::buildkite::{Agent, BuildkiteError};
-use crate::jobs::{CacheEntry, JobState, OpenJob, SharedKey, StoreError, next_version};
+use crate::jobs::{CacheEntry, JobState, OpenJob, Queue, SharedKey, StoreError, next_version};
 use crate::retry::Deadline;
 use crate::time::Millis;
 
@@ -45,7 +45,7 @@ pub enum QueueError {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct SeenAgent {
     pub(crate) name: String,
-    pub(crate) queue: String,
+    pub(crate) queue: Queue,
     pub(crate) busy: bool,
     /// Paused, as the agents API says (and its note).
     #[serde(default)]
@@ -145,7 +145,7 @@ pub(crate) fn seen(agents: &[Agent]) -> Vec<SeenAgent> {
         .filter(|a| a.is_connected())
         .map(|a| SeenAgent {
             name: a.name.clone(),
-            queue: a.queue().to_owned(),
+            queue: Queue::new(a.queue()),
             busy: a.is_busy(),
             paused: a.paused,
             paused_note: a.paused_note.clone(),
@@ -307,7 +307,7 @@ mod tests {
 
     fn open_job(state: JobState, created_at: Millis) -> OpenJob {
         OpenJob {
-            run_id: format!("r{created_at}"),
+            run_id: format!("r{created_at}").parse().expect("a run id"),
             state,
             created_at,
             user: None,

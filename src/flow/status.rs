@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use super::queues::cached_agents;
 use super::{Deps, fair};
-use crate::jobs::{JobState, StoreError};
+use crate::jobs::{JobState, Queue, StoreError};
 use crate::time::Millis;
 
 const HOUR_MS: Millis = 3_600_000;
@@ -54,14 +54,14 @@ pub async fn page(d: &Deps) -> Result<StatusPage, StoreError> {
         .await?
         .filter(|e| e.value.is_some())
         .map(|e| now - e.fetched_at);
-    let mut queues: Vec<(String, Vec<String>)> = Vec::new();
+    let mut queues: Vec<(Queue, Vec<String>)> = Vec::new();
     for gpu in d.config.queues.gpus() {
         let Some(queue) = d.config.queues.queue_for(gpu) else {
             continue;
         };
         match queues.iter_mut().find(|(q, _)| q == queue) {
             Some((_, gpus)) => gpus.push(gpu.to_owned()),
-            None => queues.push((queue.to_owned(), vec![gpu.to_owned()])),
+            None => queues.push((Queue::new(queue), vec![gpu.to_owned()])),
         }
     }
     let mut out = Vec::new();
@@ -84,7 +84,7 @@ pub async fn page(d: &Deps) -> Result<StatusPage, StoreError> {
             median_run_secs_last_hour: secs(run),
             jobs_last_24h: jobs,
             infra_failures_last_24h: infra,
-            queue,
+            queue: queue.to_string(),
             gpus,
         });
     }

@@ -3,9 +3,9 @@
 
 use serde_json::{Map, Value};
 
-use crate::config::{Queue, QueueMap};
+use crate::config::{QueueMap, QueueSpec};
 use crate::discord::{DiscordTarget, InvalidWebhookUrl};
-use crate::jobs::{InvalidRunId, RunId, Target, WebhookAddress};
+use crate::jobs::{InvalidRunId, Queue, RunId, Target, UserId, WebhookAddress};
 use crate::payload::{self, PayloadError};
 use crate::protocol::{EvalConfig, InvalidConfig};
 
@@ -31,7 +31,7 @@ pub struct Submission {
     /// `false` when the caller gave no run id and we generated one.
     pub run_id_given: bool,
     pub gpu: String,
-    pub queue: String,
+    pub queue: Queue,
     pub title: Option<String>,
     /// How long the evaluation may wait for an agent (at most [`MAX_QUEUE_SECS`]).
     pub max_queue_secs: Option<u64>,
@@ -43,7 +43,7 @@ pub struct Submission {
     /// `config.mode == "private"`: Discord shows the verdict only.
     pub private: bool,
     /// Who submitted it (opaque): fair share counts builds in flight per user.
-    pub user: Option<String>,
+    pub user: Option<UserId>,
 }
 
 /// Why a submission was refused. Each variant names its HTTP status in `http::error`.
@@ -128,7 +128,7 @@ fn run_id(obj: &Object) -> Result<(RunId, bool), Invalid> {
 }
 
 /// The GPU and the queue that serves it.
-fn gpu<'a>(obj: &'a Object, queues: &'a QueueMap) -> Result<(&'a str, &'a Queue), Invalid> {
+fn gpu<'a>(obj: &'a Object, queues: &'a QueueMap) -> Result<(&'a str, &'a QueueSpec), Invalid> {
     let gpu = optional_str(obj, "gpu")?.ok_or_else(|| field("gpu", "is required"))?;
     let queue = queues.get(gpu).ok_or_else(|| Invalid::UnknownGpu {
         gpu: gpu.chars().take(64).collect(),
@@ -139,7 +139,7 @@ fn gpu<'a>(obj: &'a Object, queues: &'a QueueMap) -> Result<(&'a str, &'a Queue)
 
 /// A multi-GPU task runs only where each agent holds several GPUs, and only such a task
 /// runs there: on one GPU it cannot run, and a single-GPU one would leave the rest idle.
-fn fits_queue(gpu: &str, queue: &Queue, multi_gpu: bool) -> Result<(), InvalidConfig> {
+fn fits_queue(gpu: &str, queue: &QueueSpec, multi_gpu: bool) -> Result<(), InvalidConfig> {
     let message = match (multi_gpu, queue.gpus) {
         (true, 1) => format!(
             "a multi-GPU task cannot run on {gpu}: its queue `{}` has one GPU per agent; \
@@ -188,7 +188,7 @@ fn title(obj: &Object) -> Result<Option<String>, Invalid> {
 }
 
 /// The submitter, opaque: 1 to 64 printable characters (kernelbot passes its user id).
-fn user(obj: &Object) -> Result<Option<String>, Invalid> {
+fn user(obj: &Object) -> Result<Option<UserId>, Invalid> {
     let Some(user) = optional_str(obj, "user")? else {
         return Ok(None);
     };
@@ -201,7 +201,7 @@ fn user(obj: &Object) -> Result<Option<String>, Invalid> {
             format!("must be 1 to {MAX_USER_CHARS} characters without spaces"),
         ));
     }
-    Ok(Some(user.to_owned()))
+    Ok(Some(UserId::new(user)))
 }
 
 fn max_queue_secs(obj: &Object) -> Result<Option<u64>, Invalid> {
@@ -273,7 +273,7 @@ pub fn parse(
         run_id,
         run_id_given,
         gpu: gpu.to_owned(),
-        queue: queue.name.clone(),
+        queue: Queue::new(queue.name.clone()),
         title,
         max_queue_secs,
         discord,

@@ -75,14 +75,17 @@ fn open_job(item: &Item) -> Result<OpenJob, StoreError> {
     let text = |name: &str| item.get(name).and_then(|v| v.as_s().ok()).cloned();
     let state = text("state").ok_or_else(|| StoreError::corrupt("open job without a state"))?;
     Ok(OpenJob {
-        run_id: text("run_id").unwrap_or_default(),
+        run_id: text("run_id")
+            .unwrap_or_default()
+            .parse()
+            .map_err(StoreError::corrupt)?,
         state: state.parse().map_err(StoreError::corrupt)?,
         created_at: item
             .get("created_at")
             .and_then(|v| v.as_n().ok())
             .and_then(|n| n.parse().ok())
             .unwrap_or(0),
-        user: text("user"),
+        user: text("user").map(Into::into),
         waiting: text("waiting").is_some(),
         scheduled_at: item
             .get("scheduled_at")

@@ -1,11 +1,14 @@
-//! A run id: the idempotency key of a submission, `[A-Za-z0-9_.-]{1,64}`.
+//! The names a job is known by: its run id (the idempotency key of a submission,
+//! `[A-Za-z0-9_.-]{1,64}`), its queue and its user. Each its own type, so fair share, the
+//! deferred lists and the fleet cannot take one for another.
 
 use std::fmt;
+use std::ops::Deref;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct RunId(String);
 
@@ -57,6 +60,74 @@ impl fmt::Display for RunId {
     }
 }
 
+/// A name whose text is whatever the deployment or the submission gave: typed, not checked.
+macro_rules! name {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[serde(transparent)]
+        pub struct $name(String);
+
+        impl $name {
+            pub fn new(name: impl Into<String>) -> Self {
+                Self(name.into())
+            }
+
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        // Read as text wherever text is wanted (logs, keys, messages); never the other way.
+        impl Deref for $name {
+            type Target = str;
+            fn deref(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl From<String> for $name {
+            fn from(name: String) -> Self {
+                Self(name)
+            }
+        }
+
+        impl From<&str> for $name {
+            fn from(name: &str) -> Self {
+                Self(name.to_owned())
+            }
+        }
+
+        impl PartialEq<str> for $name {
+            fn eq(&self, other: &str) -> bool {
+                self.0 == other
+            }
+        }
+
+        impl PartialEq<&str> for $name {
+            fn eq(&self, other: &&str) -> bool {
+                self.0 == *other
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+    };
+}
+
+name!(
+    /// A Buildkite queue: where a GPU type's agents take jobs (the deployment's `QUEUES`).
+    Queue
+);
+
+name!(
+    /// Who submitted a job (opaque, the submission's `user`): fair share counts per user.
+    UserId
+);
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -70,5 +141,14 @@ mod tests {
         assert_eq!("a/b".parse::<RunId>(), Err(InvalidRunId));
         assert_eq!("ünï".parse::<RunId>(), Err(InvalidRunId));
         assert!(RunId::generate().as_str().parse::<RunId>().is_ok());
+    }
+
+    #[test]
+    fn a_queue_and_a_user_are_stored_as_their_text() {
+        let queue = Queue::new("h100");
+        assert_eq!(serde_json::to_string(&queue).unwrap(), r#""h100""#);
+        let user: UserId = serde_json::from_str(r#""alice""#).unwrap();
+        assert_eq!((user.as_str(), user.to_string()), ("alice", "alice".into()));
+        assert!(queue == "h100" && queue != "b200");
     }
 }

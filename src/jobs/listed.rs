@@ -3,7 +3,7 @@
 //! reads one job at a time. Not a [`Job`]: nothing takes it for one, so no write can put a
 //! listing's cut-down view back in the store.
 
-use super::id::RunId;
+use super::id::{Queue, RunId};
 use super::model::{BuildRef, Job, Timeline};
 use super::outbox::{CallbackOutbox, Channel, Delivery, DiscordOutbox, delivery, owes};
 use super::state::JobState;
@@ -13,7 +13,7 @@ use crate::time::Millis;
 pub struct Listed {
     pub run_id: RunId,
     pub state: JobState,
-    pub queue: String,
+    pub queue: Queue,
     pub build: Option<BuildRef>,
     pub discord: Option<DiscordOutbox>,
     pub callback: Option<CallbackOutbox>,

@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 pub use dynamo::DynamoStore;
 pub use error::StoreError;
-pub use id::{InvalidRunId, RunId};
+pub use id::{InvalidRunId, Queue, RunId, UserId};
 pub use listed::{Listed, Listing};
 pub use model::{BuildRef, Creation, Job, Timeline, Transition};
 pub use outbox::{

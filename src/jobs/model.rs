@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::id::RunId;
+use super::id::{Queue, RunId, UserId};
 use super::outbox::{
     CallbackOutbox, Channel, Delivery, DeliveryStatus, DiscordOutbox, Target, delivery, owes,
 };
@@ -43,7 +43,7 @@ pub struct Job {
     pub run_id: RunId,
     pub state: JobState,
     pub gpu: String,
-    pub queue: String,
+    pub queue: Queue,
     pub title: Option<String>,
     /// Where status is shown; `None` when the job reports to no Discord webhook.
     pub discord: Option<DiscordOutbox>,
@@ -66,7 +66,7 @@ pub struct Job {
     pub private: bool,
     /// Who submitted it (opaque, the submission's `user`): fair share counts per user, and a
     /// job without one counts as its own user.
-    pub user: Option<String>,
+    pub user: Option<UserId>,
     /// Held back by its user's limit on builds in flight: no build is created until fair
     /// share releases it (see `flow::fair`).
     pub waiting: bool,
@@ -89,7 +89,7 @@ impl Job {
     pub fn new(
         run_id: RunId,
         gpu: String,
-        queue: String,
+        queue: Queue,
         title: Option<String>,
         discord: Option<Target>,
         now: Millis,

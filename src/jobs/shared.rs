@@ -7,7 +7,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::error::StoreError;
-use super::id::RunId;
+use super::id::{Queue, RunId};
 use super::store::{CacheEntry, JobStore, next_version};
 use crate::time::Millis;
 
@@ -22,11 +22,11 @@ pub enum SharedKey<'a> {
     /// Run `.0`'s profile `.1`: its storage URL while that may be handed out.
     ProfileUrl(&'a RunId, usize),
     /// A queue's fair-share lease.
-    FairLease(&'a str),
+    FairLease(&'a Queue),
     /// A queue's record of its ended jobs.
-    QueueRecord(&'a str),
+    QueueRecord(&'a Queue),
     /// A queue's creates and finishes that Buildkite's rate limit deferred.
-    Deferred(&'a str),
+    Deferred(&'a Queue),
     /// The names of the agents that have a record.
     Fleet,
     /// One agent's record.
@@ -192,8 +192,8 @@ mod tests {
         let cases = [
             (SharedKey::Agent("a"), None, true),
             (SharedKey::Agent("a"), Some(5), false),
-            (SharedKey::QueueRecord("q"), None, true),
-            (SharedKey::Deferred("q"), None, true),
+            (SharedKey::QueueRecord(&Queue::new("q")), None, true),
+            (SharedKey::Deferred(&Queue::new("q")), None, true),
             (SharedKey::ProfileUrl(&run, 0), None, true),
             (SharedKey::Fleet, None, false),
         ];
@@ -212,9 +212,9 @@ mod tests {
             SharedKey::Agents,
             SharedKey::BuildkiteQuota,
             SharedKey::ProfileUrl(&run, 0),
-            SharedKey::FairLease("q"),
-            SharedKey::QueueRecord("q"),
-            SharedKey::Deferred("q"),
+            SharedKey::FairLease(&Queue::new("q")),
+            SharedKey::QueueRecord(&Queue::new("q")),
+            SharedKey::Deferred(&Queue::new("q")),
             SharedKey::Agent("a"),
         ];
         for key in kinds {
@@ -232,9 +232,9 @@ mod tests {
             (SharedKey::Agents, "~agents"),
             (SharedKey::BuildkiteQuota, "~buildkite-quota"),
             (SharedKey::ProfileUrl(&run, 2), "~profile-url/run-7/2"),
-            (SharedKey::FairLease("h100"), "~fair/h100"),
-            (SharedKey::QueueRecord("h100"), "~queue/h100"),
-            (SharedKey::Deferred("h100"), "~deferred/h100"),
+            (SharedKey::FairLease(&Queue::new("h100")), "~fair/h100"),
+            (SharedKey::QueueRecord(&Queue::new("h100")), "~queue/h100"),
+            (SharedKey::Deferred(&Queue::new("h100")), "~deferred/h100"),
             (SharedKey::Fleet, "~fleet"),
             (SharedKey::Agent("node-1-gpu0"), "~agent/node-1-gpu0"),
         ];

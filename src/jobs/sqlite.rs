@@ -337,10 +337,10 @@ impl JobStore for SqliteStore {
                 let (run_id, state, created_at, user, waiting, scheduled_at) =
                     r.map_err(unavailable)?;
                 Ok(OpenJob {
-                    run_id,
+                    run_id: run_id.parse().map_err(StoreError::corrupt)?,
                     state: state.parse().map_err(StoreError::corrupt)?,
                     created_at,
-                    user,
+                    user: user.map(Into::into),
                     waiting: waiting.is_some(),
                     scheduled_at,
                 })

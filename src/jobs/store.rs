@@ -9,7 +9,7 @@
 use async_trait::async_trait;
 
 use super::error::StoreError;
-use super::id::RunId;
+use super::id::{RunId, UserId};
 use super::listed::Listing;
 use super::model::Job;
 use super::state::JobState;
@@ -58,11 +58,11 @@ impl Shard {
 /// are computed from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OpenJob {
-    pub run_id: String,
+    pub run_id: RunId,
     pub state: JobState,
     pub created_at: Millis,
     /// Its submitter, where the submission named one.
-    pub user: Option<String>,
+    pub user: Option<UserId>,
     /// Held back by its user's limit: no build yet.
     pub waiting: bool,
     /// When its build was recorded: Buildkite runs its queue in that order.
@@ -74,7 +74,7 @@ impl From<&Job> for OpenJob {
     /// it before the index does).
     fn from(job: &Job) -> Self {
         Self {
-            run_id: job.run_id.to_string(),
+            run_id: job.run_id.clone(),
             state: job.state,
             created_at: job.created_at,
             user: job.user.clone(),

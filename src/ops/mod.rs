@@ -50,7 +50,7 @@ pub async fn jobs(d: &Deps, query: &JobsQuery, now: Millis) -> Result<Vec<Listed
         .map_or(Millis::MAX, |age| now - age.as_millis() as Millis);
     rows.retain(|j| {
         query.state.is_none_or(|s| j.state == s)
-            && query.queue.as_ref().is_none_or(|q| &j.queue == q)
+            && query.queue.as_ref().is_none_or(|q| j.queue == q.as_str())
             && j.created_at <= cutoff
     });
     rows.sort_by(|a, b| (a.created_at, a.run_id.as_str()).cmp(&(b.created_at, b.run_id.as_str())));

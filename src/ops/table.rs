@@ -32,7 +32,7 @@ fn row(job: &Listed, now: Millis) -> [String; 7] {
     [
         job.run_id.as_str().to_owned(),
         job.state.as_str().to_owned(),
-        job.queue.clone(),
+        job.queue.to_string(),
         age(now - job.created_at),
         job.build
             .as_ref()

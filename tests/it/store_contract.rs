@@ -4,8 +4,8 @@
 use crate::support::{StoreKind, inflated_result, open_store};
 use kernelbot_dispatch::jobs::{
     BuildRef, CacheEntry, CallbackOutbox, Created, Creation, Cursor, DeliveryStatus, Job, JobState,
-    JobStore, Listed, Listing, Replaced, RunId, Shard, SharedKey, StoreError, Target, Transition,
-    Updated, WebhookAddress, shared, update, update_seen,
+    JobStore, Listed, Listing, Queue, Replaced, RunId, Shard, SharedKey, StoreError, Target,
+    Transition, Updated, WebhookAddress, shared, update, update_seen,
 };
 use kernelbot_dispatch::result::{EvalResult, FullResult, Outcome, RunResult};
 
@@ -304,7 +304,7 @@ async fn updates_from_a_stale_view_decide_on_the_stored_job(kind: StoreKind) {
     let written = update_seen(store.as_ref(), &seen, |j| {
         saw.push(j.state);
         let mut next = j.clone();
-        next.queue = format!("{}+{}", j.queue, j.state);
+        next.queue = format!("{}+{}", j.queue, j.state).into();
         Some(next)
     })
     .await
@@ -467,11 +467,13 @@ async fn each_bookmark_is_kept_on_its_own(kind: StoreKind) {
 /// entry is kept under the key earlier versions used.
 async fn concurrent_changes_to_a_shared_entry_all_land(kind: StoreKind) {
     let (store, _dir) = open_store(kind).await;
-    let key = SharedKey::Deferred("h100");
+    let queue = Queue::new("h100");
+    let key = SharedKey::Deferred(&queue);
     let writers = (0..6u32).map(|i| {
-        let store = store.clone();
+        let (store, queue) = (store.clone(), queue.clone());
         tokio::spawn(async move {
             let add = |v: &mut Vec<u32>| v.push(i);
+            let key = SharedKey::Deferred(&queue);
             shared::update(store.as_ref(), key, 1_000, Vec::new, add).await
         })
     });
@@ -580,7 +582,8 @@ async fn an_older_entry_gets_its_expiry_at_its_next_change(kind: StoreKind) {
         expires_at: None,
     };
     assert!(store.put_cached("~queue/h100", &old, None).await.unwrap());
-    let key = SharedKey::QueueRecord("h100");
+    let queue = Queue::new("h100");
+    let key = SharedKey::QueueRecord(&queue);
     let same = |v: &mut Vec<u32>| v.len();
     let changed = shared::update(store.as_ref(), key, 5_000, Vec::new, same).await;
     assert_eq!(changed.unwrap().wrote, Some(shared::First::No));

@@ -5,12 +5,14 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::jobs::{Job, JobState, OpenJob};
+use crate::jobs::{Job, JobState, OpenJob, RunId, UserId};
 use crate::time::Millis;
 
 /// Whose job it is: its user, or the job itself when the submission named none.
 pub(crate) fn user_of(job: &OpenJob) -> &str {
-    job.user.as_deref().unwrap_or(&job.run_id)
+    job.user
+        .as_ref()
+        .map_or(job.run_id.as_str(), UserId::as_str)
 }
 
 /// The waiting jobs in the order fair share releases them: round `r` holds each user's
@@ -87,13 +89,13 @@ pub(crate) struct Standing {
 /// agents on the queue and a median run time of `median_ms`; `None` once it runs.
 pub(crate) fn standing(
     open: &[OpenJob],
-    run_id: &str,
+    run_id: &RunId,
     agents: usize,
     median_ms: Option<Millis>,
     now: Millis,
 ) -> Option<Standing> {
     let order = queue_order(open);
-    let ahead = order.iter().position(|j| j.run_id == run_id)?;
+    let ahead = order.iter().position(|j| &j.run_id == run_id)?;
     let waiting = order[ahead].waiting;
     let running = open.iter().filter(|j| j.state == JobState::Running).count();
     let agents = agents.max(1);
@@ -172,17 +174,17 @@ mod tests {
         waiting: bool,
     ) -> OpenJob {
         OpenJob {
-            run_id: run_id.into(),
+            run_id: run_id.parse().expect("a run id"),
             state,
             created_at,
-            user: (!user.is_empty()).then(|| user.to_owned()),
+            user: (!user.is_empty()).then(|| user.into()),
             waiting,
             scheduled_at: (!waiting && state != JobState::Submitted).then_some(created_at),
         }
     }
 
     fn ids(jobs: &[&OpenJob]) -> Vec<String> {
-        jobs.iter().map(|j| j.run_id.clone()).collect()
+        jobs.iter().map(|j| j.run_id.to_string()).collect()
     }
 
     #[test]
@@ -256,7 +258,10 @@ mod tests {
             open("w1", "a", 0, JobState::Submitted, true),
             open("w2", "d", 9, JobState::Submitted, true),
         ];
-        let at = |id: &str, agents| standing(&q, id, agents, Some(30_000), 1_000_000);
+        let at = |id: &str, agents| {
+            let id: RunId = id.parse().expect("a run id");
+            standing(&q, &id, agents, Some(30_000), 1_000_000)
+        };
         assert_eq!(at("r1", 2), None, "running: no position");
         assert_eq!(
             at("s1", 2),
@@ -280,7 +285,7 @@ mod tests {
         );
         assert_eq!(at("s1", 8).and_then(|s| s.expected_start), Some(1_000_000));
         assert_eq!(
-            standing(&q, "w2", 0, None, 5).map(|s| s.expected_start),
+            standing(&q, &"w2".parse().expect("a run id"), 0, None, 5).map(|s| s.expected_start),
             Some(None)
         );
     }

@@ -5,6 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::jobs::Queue;
 use crate::result::{GpuReading, Try};
 use crate::time::Millis;
 
@@ -118,7 +119,7 @@ pub(crate) struct Pending {
 #[serde(default)]
 pub(crate) struct AgentRecord {
     pub(crate) name: String,
-    pub(crate) queue: String,
+    pub(crate) queue: Queue,
     pub(crate) jobs: Vec<SeenJob>,
     /// Paused by its own hook after an infrastructure failure (until it runs a job again).
     pub(crate) paused: Option<Since>,
@@ -151,10 +152,10 @@ pub(crate) struct SeenTry<'a> {
 }
 
 impl AgentRecord {
-    pub(crate) fn new(name: &str, queue: &str) -> Self {
+    pub(crate) fn new(name: &str, queue: &Queue) -> Self {
         Self {
             name: name.to_owned(),
-            queue: queue.to_owned(),
+            queue: queue.clone(),
             ..Self::default()
         }
     }
@@ -409,7 +410,7 @@ mod tests {
 
     #[test]
     fn an_infrastructure_failure_is_told_once_and_pauses_until_a_job_runs() {
-        let mut r = AgentRecord::new("gpu0", "h100");
+        let mut r = AgentRecord::new("gpu0", &Queue::new("h100"));
         let first = note(&mut r, &t("j1", true), "r1", true, 1_000);
         assert_eq!(
             first,
@@ -475,7 +476,7 @@ mod tests {
             reason: "throttled: SwThermalSlowdown".into(),
             ..Try::default()
         };
-        let mut r = AgentRecord::new("gpu0", "h100");
+        let mut r = AgentRecord::new("gpu0", &Queue::new("h100"));
         assert_eq!(note(&mut r, &hot("j1"), "r1", true, 0), None);
         assert_eq!(note(&mut r, &hot("j2"), "r2", true, 1), None);
         let third = note(&mut r, &throttled, "r3", true, 2);
@@ -489,7 +490,7 @@ mod tests {
     /// the agent since it ended: it neither brings it back online nor lifts its pause.
     #[test]
     fn a_job_noted_late_does_not_undo_a_later_event() {
-        let mut r = AgentRecord::new("gpu0", "h100");
+        let mut r = AgentRecord::new("gpu0", &Queue::new("h100"));
         r.saw_event("agent.lost", 10_000);
         r.paused = Some(Since {
             why: "ecc_errors: 1".into(),
@@ -545,7 +546,7 @@ mod tests {
             // A day after it, r4, r5 and r6 are three again: a new one.
             ("j7", "r6", DAY_MS + 4 * hour, true),
         ];
-        let mut r = AgentRecord::new("gpu0", "h100");
+        let mut r = AgentRecord::new("gpu0", &Queue::new("h100"));
         r.paused = Some(Since::default());
         for (job, run, at, incident) in table {
             let got = note(&mut r, &throttled(job), run, true, *at);
@@ -581,7 +582,7 @@ mod tests {
             ("agent.stopped", 6 * grace, false),
             ("due", 6 * grace, true),
         ];
-        let mut r = AgentRecord::new("gpu0", "h100");
+        let mut r = AgentRecord::new("gpu0", &Queue::new("h100"));
         for (i, (what, at, told)) in table.iter().enumerate() {
             let got = match *what {
                 "due" => r.offline_due(*at).is_some(),
@@ -605,7 +606,7 @@ mod tests {
     /// own lease; a day old, it is dropped. The first [`MAX_PENDING`] are kept.
     #[test]
     fn pending_incidents_are_held_by_one_teller_at_a_time_and_bounded() {
-        let mut r = AgentRecord::new("gpu0", "h100");
+        let mut r = AgentRecord::new("gpu0", &Queue::new("h100"));
         note(&mut r, &t("j1", true), "r1", false, 0);
         assert!(
             r.take_overdue(DECIDER_LEASE_MS - 1).is_empty(),
@@ -630,7 +631,7 @@ mod tests {
 
     #[test]
     fn the_last_day_is_counted_and_older_jobs_forgotten() {
-        let mut r = AgentRecord::new("gpu0", "h100");
+        let mut r = AgentRecord::new("gpu0", &Queue::new("h100"));
         note(&mut r, &t("old", true), "r0", false, 0);
         let readings = [GpuReading::default()];
         let ran = t("new", false);

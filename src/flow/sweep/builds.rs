@@ -16,7 +16,7 @@ use super::PASS_RESERVE;
 use super::order::{bookmark, rotate_to};
 use super::report::SweepReport;
 use crate::buildkite::{Build, BuildkiteError, TERMINAL_STATES};
-use crate::jobs::{Cursor, Job, Listed, StoreError};
+use crate::jobs::{Cursor, Job, Listed, Queue, RunId, StoreError};
 use crate::retry::Deadline;
 
 /// Pages one listing reads at most; builds below them are read one by one, in bookmark
@@ -84,7 +84,7 @@ pub(super) async fn buildkite_work(
             j.created_at <= now - min_age
                 || j.cancel_requested
                 || overdue_now(d, j.timeline()).is_some()
-                || deferred.contains(j.run_id.as_str())
+                || deferred.contains(&j.run_id)
         })
         .collect();
     follow_builds(d, &due, &mut pipeline, deadline, report).await
@@ -92,13 +92,13 @@ pub(super) async fn buildkite_work(
 
 /// The open jobs' finishes that Buildkite's rate limit deferred, from their queues' lists
 /// (one that cannot be read is logged: its jobs wait for their age).
-async fn deferred_finishes(d: &Deps, open: &[Listed]) -> HashSet<String> {
-    let queues: BTreeSet<&str> = open.iter().map(|j| j.queue.as_str()).collect();
+async fn deferred_finishes(d: &Deps, open: &[Listed]) -> HashSet<RunId> {
+    let queues: BTreeSet<&Queue> = open.iter().map(|j| &j.queue).collect();
     let mut out = HashSet::new();
     for queue in queues {
         match deferred::finishes(d, queue).await {
             Ok(list) => out.extend(list),
-            Err(e) => warn!(error = %e, queue, "deferred finishes wait for their age"),
+            Err(e) => warn!(error = %e, %queue, "deferred finishes wait for their age"),
         }
     }
     out

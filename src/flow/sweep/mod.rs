@@ -24,7 +24,7 @@ use self::send::deliver_both;
 use super::follow::{PipelineSeen, overdue_now};
 use super::{Deps, DispatchError};
 use crate::buildkite::CallBudget;
-use crate::jobs::{Channel, Listed, RunId, Shard};
+use crate::jobs::{Channel, Listed, Queue, RunId, Shard};
 use crate::retry::Deadline;
 
 /// A pass starts no new job's work with less than this left.
@@ -124,16 +124,16 @@ async fn sweep_fleet(d: &Deps, deadline: Deadline, report: &mut SweepReport) {
 /// without a build: their creates follow in this pass. A queue whose release fails is
 /// logged; the rest of the pass goes on.
 async fn release_waiting(d: &Deps, open: &[Listed]) {
-    let mut queues: Vec<&str> = open
+    let mut queues: Vec<&Queue> = open
         .iter()
         .filter(|j| j.build.is_none())
-        .map(|j| j.queue.as_str())
+        .map(|j| &j.queue)
         .collect();
     queues.sort_unstable();
     queues.dedup();
     for queue in queues {
         if let Err(e) = super::fair::release(d, queue, Default::default()).await {
-            tracing::warn!(error = %e, queue, "the queue's waiting jobs could not be released");
+            tracing::warn!(error = %e, %queue, "the queue's waiting jobs could not be released");
         }
     }
 }
