@@ -190,7 +190,9 @@ async fn start() -> Result<Local, Error> {
     let hook_url = format!("{webhook_url}/webhooks/buildkite");
     // The stand-in agent runs the pipeline's step, which calls `kernelbot-runner`: the runner
     // crate's own binary, as the runner image installs it.
-    let agent = local_agent(runner_program()?);
+    let runner = runner_program()?;
+    tracing::info!(runner = %runner.display(), "the stand-in agent runs this runner");
+    let agent = local_agent(runner);
     buildkite.autorun(&hook_url, &secrets.webhook_secret, agent);
     Ok(Local {
         buildkite,

@@ -23,7 +23,7 @@ pub const RUNNER_VAR: &str = "KERNELBOT_RUNNER";
 /// The runner binary the stand-in agent runs (see the module's doc for the order).
 pub fn runner_program() -> std::io::Result<PathBuf> {
     if let Some(path) = std::env::var_os(RUNNER_VAR).filter(|p| !p.is_empty()) {
-        return Ok(PathBuf::from(path));
+        return named(Path::new(&path));
     }
     // Cargo sets both for the programs it runs; the manifest is this crate's, in the
     // workspace that holds the runner.
@@ -36,7 +36,15 @@ pub fn runner_program() -> std::io::Result<PathBuf> {
             return build(cargo, &manifest);
         }
     }
-    beside_this_program().ok_or_else(|| {
+    let found = beside_this_program();
+    if let Some((runner, true)) = &found {
+        tracing::warn!(
+            runner = %runner.display(),
+            "the runner beside this program is older than it: `cargo build --workspace --bins` \
+             builds both"
+        );
+    }
+    found.map(|(runner, _)| runner).ok_or_else(|| {
         std::io::Error::other(format!(
             "no {RUNNER_COMMAND} binary found: build it with `cargo build --workspace --bins`, \
              run through cargo, or set {RUNNER_VAR} to its path"
@@ -44,9 +52,24 @@ pub fn runner_program() -> std::io::Result<PathBuf> {
     })
 }
 
+/// The runner `path` names, made absolute (the agent links it from a directory of its own);
+/// an error at once when it is no file, rather than every step failing later.
+fn named(path: &Path) -> std::io::Result<PathBuf> {
+    std::fs::canonicalize(path)
+        .ok()
+        .filter(|p| p.is_file())
+        .ok_or_else(|| {
+            std::io::Error::other(format!(
+                "{RUNNER_VAR}={} names no runner binary",
+                path.display()
+            ))
+        })
+}
+
 /// Builds the runner's binary with the profile this program was built with, and returns the
 /// path cargo reports for it.
 fn build(cargo: OsString, manifest: &Path) -> std::io::Result<PathBuf> {
+    eprintln!("Building {RUNNER_COMMAND} (the GPU node's runner, which the local agent runs)...");
     let mut command = Command::new(cargo);
     command
         .args([
@@ -83,14 +106,19 @@ fn executable(messages: &str) -> Option<PathBuf> {
 }
 
 /// `kernelbot-runner` in this program's directory or the one above (a test binary lives in
-/// `target/<profile>/deps/`).
-fn beside_this_program() -> Option<PathBuf> {
+/// `target/<profile>/deps/`), and whether it is older than this program (built before it,
+/// perhaps from older code).
+fn beside_this_program() -> Option<(PathBuf, bool)> {
     let exe = std::env::current_exe().ok()?;
-    exe.ancestors()
+    let runner = exe
+        .ancestors()
         .skip(1)
         .take(2)
         .map(|dir| dir.join(RUNNER_COMMAND))
-        .find(|p| p.is_file())
+        .find(|p| p.is_file())?;
+    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let older = matches!((modified(&runner), modified(&exe)), (Some(r), Some(e)) if r < e);
+    Some((runner, older))
 }
 
 #[cfg(test)]
@@ -113,5 +141,23 @@ mod tests {
         );
         assert_eq!(executable(r#"{"reason":"build-finished"}"#), None);
         assert_eq!(executable("not json\n"), None);
+    }
+
+    #[test]
+    fn a_named_runner_is_made_absolute_and_must_exist() {
+        let dir = tempfile::tempdir().expect("a directory");
+        let runner = dir.path().join("kernelbot-runner");
+        std::fs::write(&runner, "#!/bin/sh\n").expect("written");
+        let relative = dir.path().join("sub/../kernelbot-runner");
+        std::fs::create_dir(dir.path().join("sub")).expect("made");
+        let found = named(&relative).expect("found");
+        assert!(
+            found.is_absolute() && found.ends_with("kernelbot-runner"),
+            "{found:?}"
+        );
+        assert_eq!(found, runner.canonicalize().expect("canonical"));
+        let missing = named(Path::new("no/such/kernelbot-runner")).expect_err("refused");
+        assert!(missing.to_string().contains(RUNNER_VAR), "{missing}");
+        assert!(named(dir.path()).is_err(), "a directory is no runner");
     }
 }

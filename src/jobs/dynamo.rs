@@ -22,7 +22,9 @@ use super::id::RunId;
 use super::listed::Listing;
 use super::model::Job;
 use super::record::{JobRecord, listed_fields};
-use super::store::{CacheEntry, Created, Cursor, JobStore, OpenJob, Replaced, Shard};
+use super::store::{
+    CacheEntry, Created, Cursor, JobStore, OpenJob, Replaced, Shard, readable_run_id,
+};
 use crate::time::Millis;
 
 pub(crate) const OPEN_JOBS_INDEX: &str = "open-jobs";
@@ -70,15 +72,16 @@ fn item_from_record(record: &JobRecord) -> Result<Item, StoreError> {
     serde_dynamo::to_item(record).map_err(StoreError::corrupt)
 }
 
-/// An open job as the queue index's projection holds it.
-fn open_job(item: &Item) -> Result<OpenJob, StoreError> {
+/// An open job as the queue index's projection holds it; `None` (logged) for one whose run
+/// id this version cannot read, which holds back no other.
+fn open_job(item: &Item) -> Result<Option<OpenJob>, StoreError> {
     let text = |name: &str| item.get(name).and_then(|v| v.as_s().ok()).cloned();
     let state = text("state").ok_or_else(|| StoreError::corrupt("open job without a state"))?;
-    Ok(OpenJob {
-        run_id: text("run_id")
-            .unwrap_or_default()
-            .parse()
-            .map_err(StoreError::corrupt)?,
+    let Some(run_id) = readable_run_id(text("run_id").unwrap_or_default()) else {
+        return Ok(None);
+    };
+    Ok(Some(OpenJob {
+        run_id,
         state: state.parse().map_err(StoreError::corrupt)?,
         created_at: item
             .get("created_at")
@@ -91,7 +94,7 @@ fn open_job(item: &Item) -> Result<OpenJob, StoreError> {
             .get("scheduled_at")
             .and_then(|v| v.as_n().ok())
             .and_then(|n| n.parse().ok()),
-    })
+    }))
 }
 
 fn s(v: impl Into<String>) -> AttributeValue {
@@ -270,7 +273,7 @@ impl JobStore for DynamoStore {
                 .await
                 .map_err(|e| unavailable(e.into_service_error()))?;
             for item in out.items.unwrap_or_default() {
-                jobs.push(open_job(&item)?);
+                jobs.extend(open_job(&item)?);
             }
             match out.last_evaluated_key {
                 Some(key) => start = Some(key),
@@ -292,11 +295,18 @@ impl JobStore for DynamoStore {
         };
         let ttl: Millis = number("expires_at");
         let expires_at = (ttl > 0).then(|| ttl.saturating_mul(1000));
+        let claimed_at = number("claimed_at");
+        // An earlier release's entry has no version: its claim was what it compared.
+        let version = if item.contains_key("entry_version") {
+            number("entry_version")
+        } else {
+            claimed_at
+        };
         Ok(Some(CacheEntry {
             value: item.get("cache_value").and_then(|v| v.as_s().ok()).cloned(),
             fetched_at: number("fetched_at"),
-            claimed_at: number("claimed_at"),
-            version: number("entry_version"),
+            claimed_at,
+            version,
             expires_at,
         }))
     }
@@ -326,26 +336,13 @@ impl JobStore for DynamoStore {
                 self.put_if(item, "attribute_not_exists(run_id)", &[], &[])
                     .await?
             }
-            // An entry an earlier release wrote has no version: it reads, and is matched, as 0.
-            Some(0) => {
-                let unversioned =
-                    "attribute_exists(run_id) AND (attribute_not_exists(#v) OR #v = :v)";
-                self.put_if(
-                    item,
-                    unversioned,
-                    &[("#v", "entry_version")],
-                    &[(":v", n(0))],
-                )
-                .await?
-            }
+            // An entry an earlier release wrote has no version and is matched on its claim,
+            // as `cached` reads it (that release writes such entries still, mid-upgrade).
             Some(version) => {
-                self.put_if(
-                    item,
-                    "#v = :v",
-                    &[("#v", "entry_version")],
-                    &[(":v", n(version))],
-                )
-                .await?
+                let matches = "#v = :v OR (attribute_not_exists(#v) AND #c = :v)";
+                let names = [("#v", "entry_version"), ("#c", "claimed_at")];
+                self.put_if(item, matches, &names, &[(":v", n(version))])
+                    .await?
             }
         };
         Ok(written.is_ok())

@@ -19,7 +19,9 @@ use super::id::RunId;
 use super::listed::Listing;
 use super::model::Job;
 use super::record::{JobRecord, UNLISTED};
-use super::store::{CacheEntry, Created, Cursor, JobStore, OpenJob, Replaced, Shard};
+use super::store::{
+    CacheEntry, Created, Cursor, JobStore, OpenJob, Replaced, Shard, readable_run_id,
+};
 use crate::time::Millis;
 
 /// Largest record either store accepts (DynamoDB's item limit): this store enforces it too,
@@ -119,8 +121,20 @@ fn read_cached(conn: &Connection, key: &str) -> Result<Option<CacheEntry>, Store
     .optional()
     .map_err(unavailable)?
     .flatten()
-    .map(|t| serde_json::from_str(&t).map_err(StoreError::corrupt))
+    .map(|t| cache_entry(&t))
     .transpose()
+}
+
+/// A stored entry; one an earlier release wrote has no version, and its claim (what that
+/// release compared) stands for it.
+fn cache_entry(text: &str) -> Result<CacheEntry, StoreError> {
+    let value: serde_json::Value = serde_json::from_str(text).map_err(StoreError::corrupt)?;
+    let versioned = value.get("version").is_some();
+    let mut entry: CacheEntry = serde_json::from_value(value).map_err(StoreError::corrupt)?;
+    if !versioned {
+        entry.version = entry.claimed_at;
+    }
+    Ok(entry)
 }
 
 /// Files written before the outbox had an `open` flag instead of a shard: carry their jobs
@@ -333,17 +347,24 @@ impl JobStore for SqliteStore {
                     ))
                 })
                 .map_err(unavailable)?;
-            rows.map(|r| {
-                let (run_id, state, created_at, user, waiting, scheduled_at) =
-                    r.map_err(unavailable)?;
-                Ok(OpenJob {
-                    run_id: run_id.parse().map_err(StoreError::corrupt)?,
-                    state: state.parse().map_err(StoreError::corrupt)?,
+            rows.filter_map(|r| {
+                let (run_id, state, created_at, user, waiting, scheduled_at) = match r {
+                    Ok(row) => row,
+                    Err(e) => return Some(Err(unavailable(e))),
+                };
+                let run_id = readable_run_id(run_id)?;
+                let state = match state.parse() {
+                    Ok(state) => state,
+                    Err(e) => return Some(Err(StoreError::corrupt(e))),
+                };
+                Some(Ok(OpenJob {
+                    run_id,
+                    state,
                     created_at,
                     user: user.map(Into::into),
                     waiting: waiting.is_some(),
                     scheduled_at,
-                })
+                }))
             })
             .collect()
         })

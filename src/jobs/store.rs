@@ -69,6 +69,18 @@ pub struct OpenJob {
     pub scheduled_at: Option<Millis>,
 }
 
+/// A run id as an index holds it; `None` (logged) for one this version cannot read, so that
+/// one bad row of a listing holds back no other.
+pub(crate) fn readable_run_id(text: String) -> Option<RunId> {
+    match text.parse() {
+        Ok(run_id) => Some(run_id),
+        Err(e) => {
+            tracing::warn!(error = %e, run_id = %text, "an open job's run id cannot be read");
+            None
+        }
+    }
+}
+
 impl From<&Job> for OpenJob {
     /// The job as the queue index would show it (a caller that has just written it knows
     /// it before the index does).

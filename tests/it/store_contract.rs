@@ -1,11 +1,18 @@
 //! One contract, two stores: the embedded SQLite file and DynamoDB (on a moto server, with
 //! the table built from `template.yaml`).
 
+use std::sync::Arc;
+
+use aws_sdk_dynamodb::types::AttributeValue;
+use kernelbot_dispatch::devstack::moto;
+use serde_json::json;
+
 use crate::support::{StoreKind, inflated_result, open_store};
 use kernelbot_dispatch::jobs::{
-    BuildRef, CacheEntry, CallbackOutbox, Created, Creation, Cursor, DeliveryStatus, Job, JobState,
-    JobStore, Listed, Listing, Queue, Replaced, RunId, Shard, SharedKey, StoreError, Target,
-    Transition, Updated, WebhookAddress, shared, update, update_seen,
+    BuildRef, CacheEntry, CallbackOutbox, Created, Creation, Cursor, DeliveryStatus, DynamoStore,
+    Job, JobState, JobStore, Listed, Listing, Queue, Replaced, RunId, Shard, SharedKey,
+    SqliteStore, StoreError, Target, Transition, Updated, WebhookAddress, next_version, shared,
+    update, update_seen,
 };
 use kernelbot_dispatch::result::{EvalResult, FullResult, Outcome, RunResult};
 
@@ -573,7 +580,8 @@ async fn an_expired_shared_entry_is_gone_and_forgotten(kind: StoreKind) {
 /// even when its value does not change.
 async fn an_older_entry_gets_its_expiry_at_its_next_change(kind: StoreKind) {
     let (store, _dir) = open_store(kind).await;
-    // As an earlier release wrote it: no expiry, no version (read as 0).
+    // No expiry, as written before entries had one (for an entry without a version, see
+    // `an_entry_an_earlier_release_wrote_goes_on_from_its_claim`).
     let old = CacheEntry {
         value: Some("[1]".into()),
         fetched_at: 10,
@@ -590,6 +598,80 @@ async fn an_older_entry_gets_its_expiry_at_its_next_change(kind: StoreKind) {
     let entry = store.cached("~queue/h100").await.unwrap().expect("kept");
     assert_eq!((entry.value.as_deref(), entry.version), (Some("[1]"), 1));
     assert!(entry.expires_at.is_some_and(|at| at > 5_000), "{entry:?}");
+}
+
+/// A store of `kind` with the entry under `key` as the release before versions wrote it:
+/// a value, its fetch and claim times, no version and no expiry.
+async fn store_with_unversioned(
+    kind: StoreKind,
+    key: &str,
+    value: &str,
+    claimed_at: i64,
+) -> (Arc<dyn JobStore>, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("a directory");
+    match kind {
+        StoreKind::Sqlite => {
+            let store = SqliteStore::open(dir.path()).expect("the store opens");
+            let conn = rusqlite::Connection::open(dir.path().join("jobs.sqlite3")).expect("opens");
+            let old = json!({"value": value, "fetched_at": 10, "claimed_at": claimed_at});
+            conn.execute(
+                "INSERT INTO meta (key, value) VALUES (?1, ?2)",
+                rusqlite::params![key, old.to_string()],
+            )
+            .expect("written");
+            (Arc::new(store), dir)
+        }
+        StoreKind::Dynamo => {
+            let client = moto::client().expect("a client");
+            let table = format!("jobs-{}", uuid::Uuid::new_v4().simple());
+            moto::create_table(&client, &table).await.expect("created");
+            let n = |v: i64| AttributeValue::N(v.to_string());
+            client
+                .put_item()
+                .table_name(&table)
+                .item("run_id", AttributeValue::S(key.into()))
+                .item("cache_value", AttributeValue::S(value.into()))
+                .item("fetched_at", n(10))
+                .item("claimed_at", n(claimed_at))
+                .send()
+                .await
+                .expect("written");
+            (Arc::new(DynamoStore::new(client, table)), dir)
+        }
+    }
+}
+
+/// An entry the release before versions wrote reads its claim as its version: a writer
+/// that read it wins once on that, the count goes on from there (never back to the start,
+/// where that release's own writers count), and a stale one loses.
+async fn an_entry_an_earlier_release_wrote_goes_on_from_its_claim(kind: StoreKind) {
+    let (store, _dir) = store_with_unversioned(kind, "~fair/q", "123", 41).await;
+    let read = store.cached("~fair/q").await.unwrap().expect("kept");
+    assert_eq!((read.value.as_deref(), read.version), (Some("123"), 41));
+    let next = CacheEntry {
+        value: None,
+        fetched_at: 50,
+        claimed_at: 42,
+        version: next_version(Some(read.version), 50),
+        expires_at: None,
+    };
+    let put = |expected| store.put_cached("~fair/q", &next, expected);
+    assert!(!put(Some(0)).await.unwrap(), "not 0");
+    assert!(!put(Some(40)).await.unwrap(), "stale");
+    assert!(put(Some(41)).await.unwrap());
+    assert!(!put(Some(41)).await.unwrap(), "once");
+    let kept = store.cached("~fair/q").await.unwrap().expect("kept");
+    assert_eq!((kept.value, kept.version), (None, 42));
+
+    // The read-modify-write on such an entry goes on from its claim too.
+    let (store, _dir) = store_with_unversioned(kind, "~queue/h100", "[1]", 3).await;
+    let queue = Queue::new("h100");
+    let key = SharedKey::QueueRecord(&queue);
+    let add = |v: &mut Vec<u32>| v.push(2);
+    let changed = shared::update(store.as_ref(), key, 5_000, Vec::new, add).await;
+    assert_eq!(changed.unwrap().wrote, Some(shared::First::No));
+    let entry = store.cached("~queue/h100").await.unwrap().expect("kept");
+    assert_eq!((entry.value.as_deref(), entry.version), (Some("[1,2]"), 4));
 }
 
 /// A shared entry's compare-and-swap is on its version, never on its times: a writer naming
@@ -639,28 +721,10 @@ async fn a_shared_entry_is_swapped_on_its_version_alone(kind: StoreKind) {
     );
     let kept = store.cached(key).await.unwrap().expect("kept");
     assert_eq!((kept.value.as_deref(), kept.version), (Some("b"), 6));
-    // An entry without a version (an earlier release's) is matched as 0, once.
-    assert!(
-        store
-            .put_cached("~fair/q", &entry("x", 7, 0), None)
-            .await
-            .unwrap()
-    );
-    assert!(
-        store
-            .put_cached("~fair/q", &entry("y", 7, 1), Some(0))
-            .await
-            .unwrap()
-    );
-    assert!(
-        !store
-            .put_cached("~fair/q", &entry("z", 7, 1), Some(0))
-            .await
-            .unwrap()
-    );
 }
 
 on_both_stores!(
+    an_entry_an_earlier_release_wrote_goes_on_from_its_claim,
     an_older_entry_gets_its_expiry_at_its_next_change,
     a_shared_entry_is_swapped_on_its_version_alone,
     an_expired_shared_entry_is_gone_and_forgotten,
