@@ -10,7 +10,7 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use super::buildkite::{BuildkiteStandin, deliver, unix_now};
+use super::buildkite::{BuildkiteStandin, deliver};
 use super::discord::{DiscordCall, DiscordStandin};
 use super::env::{Secrets, function_env};
 use super::receiver::ReceiverStandin;
@@ -297,7 +297,8 @@ impl Stack {
     /// the answer's status (`None`: no answer).
     pub async fn event(&self, event: &str, number: u64) -> Option<StatusCode> {
         let body = self.buildkite.webhook_body(event, number);
-        let sent = deliver(&self.webhook_url, SECRET, event, body, unix_now()).await;
+        let at = self.buildkite.now_secs();
+        let sent = deliver(&self.webhook_url, SECRET, event, body, at).await;
         sent.ok().map(|r| r.status())
     }
 

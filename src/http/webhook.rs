@@ -37,7 +37,8 @@ async fn receive(
     BuildkiteHeaders(claimed): BuildkiteHeaders,
     Body(body): Body,
 ) -> Result<Response, ApiError> {
-    let now = crate::time::now_secs();
+    // The signature's window is judged on the service's clock, as every other time is.
+    let now = d.clock.now().div_euclid(1000);
     let (view, outcome) = match events::receive(&d, &claimed, &body, now, deadline).await? {
         EventOutcome::Advanced(state) => (EventView::advanced(state), "advanced"),
         EventOutcome::Ignored(reason) => (EventView::ignored(reason), "ignored"),

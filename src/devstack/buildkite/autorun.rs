@@ -10,7 +10,7 @@ use std::time::Duration;
 use super::BuildkiteStandin;
 use super::StepOutcome;
 use super::state::{AutoRun, Shared, StandinAgent, StandinJob, lock};
-use super::webhooks::{deliver, unix_now};
+use super::webhooks::deliver;
 
 /// The agent's side of a build: webhooks for scheduled and running, each try of the step
 /// with its uploads, and build.finished.
@@ -32,13 +32,11 @@ pub(super) async fn play_agent(inner: Shared, run: AutoRun, number: u64) {
 async fn send(bk: &BuildkiteStandin, run: &AutoRun, event: &'static str, number: u64) {
     let body = bk.webhook_body(event, number);
     let post = {
-        let run = run.clone();
+        let (run, bk) = (run.clone(), bk.clone());
         move || {
-            let (run, body) = (run.clone(), body.clone());
+            let (run, body, at) = (run.clone(), body.clone(), bk.now_secs());
             async move {
-                if let Err(e) =
-                    deliver(&run.webhook_url, &run.secret, event, body, unix_now()).await
-                {
+                if let Err(e) = deliver(&run.webhook_url, &run.secret, event, body, at).await {
                     tracing::warn!(error = %e.without_url(), event, "stand-in could not deliver webhook");
                 }
             }

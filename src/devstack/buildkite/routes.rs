@@ -17,7 +17,7 @@ use super::BuildkiteStandin;
 use super::autorun::play_agent;
 use super::faults::{create_fault, rate_limit_headers};
 use super::state::{Inner, Shared, StandinBuild, bk_error, lock};
-use super::webhooks::{deliver, unix_now};
+use super::webhooks::deliver;
 
 /// The REST API's routes, on the stand-in's state.
 pub(super) fn router(inner: Shared) -> Router {
@@ -258,14 +258,8 @@ async fn cancel_build(
         let bk = BuildkiteStandin::from_shared(inner);
         tokio::spawn(async move {
             let body = bk.webhook_body("build.finished", n);
-            let _ = deliver(
-                &run.webhook_url,
-                &run.secret,
-                "build.finished",
-                body,
-                unix_now(),
-            )
-            .await;
+            let at = bk.now_secs();
+            let _ = deliver(&run.webhook_url, &run.secret, "build.finished", body, at).await;
         });
     }
     response

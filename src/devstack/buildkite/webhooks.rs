@@ -7,6 +7,12 @@ use crate::buildkite::sign;
 use crate::time::rfc3339;
 
 impl BuildkiteStandin {
+    /// Now on the stand-in's clock, in whole seconds: what its webhooks' signatures say, as
+    /// Buildkite's say its time (the functions verify on the clock they share with it).
+    pub fn now_secs(&self) -> i64 {
+        self.lock().clock.now().div_euclid(1000)
+    }
+
     /// The webhook body Buildkite would send for `event` on build `number` now.
     pub fn webhook_body(&self, event: &str, number: u64) -> Vec<u8> {
         let s = self.lock();
@@ -48,7 +54,7 @@ impl BuildkiteStandin {
             )
         };
         let Some(run) = run else { return false };
-        deliver(&run.webhook_url, &run.secret, event, body, unix_now())
+        deliver(&run.webhook_url, &run.secret, event, body, self.now_secs())
             .await
             .is_ok_and(|r| r.status().is_success())
     }
@@ -75,6 +81,7 @@ pub async fn deliver(
         .await
 }
 
+/// The wall clock in whole seconds: what a webhook sent from outside a stack signs with.
 pub fn unix_now() -> i64 {
     crate::time::now_secs()
 }
