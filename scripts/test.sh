@@ -46,8 +46,11 @@ cfn-lint template.yaml
 # SAM's own checks of the transformed template (offline, no credentials).
 sam validate --lint --region us-east-1 --template-file template.yaml >/dev/null
 shellcheck -x infra/buildkite/*.sh scripts/test.sh scripts/bench.sh scripts/tools.sh
+# Every binary first, the runner's among them: the local stack runs the runner's own binary
+# (the tests' stacks build it through cargo when it is stale, which is then no work), and the
+# launcher's suite below runs `local` directly.
+cargo build --locked --quiet --workspace --bins
 cargo test --locked --workspace "$@" -- --include-ignored
 # The kernelbot launcher's suite, against the installed package, its round trips through the
 # real local stack included.
-cargo build --locked --quiet --workspace --bins
 KERNELBOT_LOCAL_BIN="${CARGO_TARGET_DIR:-target}/debug/local" python3 -m pytest -q infra/kernelbot/tests
