@@ -46,10 +46,12 @@ cfn-lint template.yaml
 # SAM's own checks of the transformed template (offline, no credentials).
 sam validate --lint --region us-east-1 --template-file template.yaml >/dev/null
 shellcheck -x infra/buildkite/*.sh scripts/test.sh scripts/bench.sh scripts/tools.sh
-# Every binary first, the runner's among them: the local stack runs the runner's own binary
-# (the tests' stacks build it through cargo when it is stale, which is then no work), and the
-# launcher's suite below runs `local` directly.
+# Every binary first. The launcher's suite below runs `local` directly. The tests' local
+# stacks build the runner through cargo as `devstack::runner_program` does (the runner's
+# package alone, whose dependencies' features differ from a workspace build's): built here
+# first, that is no work while they wait to start.
 cargo build --locked --quiet --workspace --bins
+cargo build --locked --quiet -p kernelbot-runner --bin kernelbot-runner
 cargo test --locked --workspace "$@" -- --include-ignored
 # The kernelbot launcher's suite, against the installed package, its round trips through the
 # real local stack included.
