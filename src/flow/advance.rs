@@ -1,13 +1,12 @@
-//! Moving a job forward: a transition written by compare-and-swap, then whatever it owes
-//! delivered.
+//! Moving a job forward: a transition written by compare-and-swap; what it owes (its
+//! messages, its slot when it ended) left to the caller's effects.
 
 use tracing::{info, warn};
 
 use super::effects::Effects;
-use super::{Deps, DispatchError, deliver};
+use super::{Deps, DispatchError};
 use crate::buildkite::Build;
 use crate::jobs::{BuildRef, Job, JobState, StoreError, Transition, Updated, update_seen};
-use crate::retry::Deadline;
 use crate::telemetry::metrics::Unit;
 
 /// What an event (a webhook, a sweep's look at a build) did to its job.
@@ -31,14 +30,13 @@ pub(crate) fn build_ref(build: &Build) -> BuildRef {
     }
 }
 
-/// Moves a job (`seen` as last read) forward and delivers what that owes; a job it ends is
-/// left to `effects` (its slot on the queue is free). An outcome too large for the store is
+/// Moves a job (`seen` as last read) forward; what that owes is left to `effects` (its
+/// messages, and a job it ends frees its slot on the queue). An outcome too large for the store is
 /// stored without its result (the verdict stands), never retried as it is.
 pub(crate) async fn advance(
     d: &Deps,
     seen: &Job,
     t: Transition,
-    deadline: Deadline,
     effects: &mut Effects,
 ) -> Result<EventOutcome, DispatchError> {
     let store = d.store.as_ref();
@@ -63,19 +61,18 @@ pub(crate) async fn advance(
                 d.metrics
                     .put(&verdict, &[("JobsFinished", Unit::Count, 1.0)]);
             }
-            // The user's report and callback (the fleet's notes of its tries are made before
-            // them and told after them: `deliver`); then, above, the queue's waiting jobs.
-            let delivered = deliver::deliver(d, &job, deadline).await;
+            // The user's report and callback (with the fleet's notes of its tries); then,
+            // once they are out, the queue's waiting jobs.
             let state = job.state;
+            effects.deliver(job.clone());
             if state.is_terminal() {
                 effects.ended(job);
             }
-            delivered?;
             Ok(EventOutcome::Advanced(state))
         }
         Updated::Unchanged(job) => {
             if job.owes_delivery() {
-                deliver::deliver(d, &job, deadline).await?;
+                effects.deliver(job);
             }
             Ok(EventOutcome::Ignored("duplicate or out of order"))
         }

@@ -1,10 +1,11 @@
 //! Cancel: a user no longer wants a run. Its build is canceled and the job ends as
 //! `canceled` when `build.finished` says so, or at once when it has no build yet.
 
-use tracing::warn;
-
+use super::effects::Effects;
 use super::rules::ending::request_cancel;
-use super::{Deps, DispatchError, deliver};
+use super::settle::settle;
+use super::stop::stop_build;
+use super::{Deps, DispatchError};
 use crate::jobs::{Job, RunId, Updated, update};
 use crate::retry::Deadline;
 
@@ -36,20 +37,10 @@ pub async fn cancel(
             stop_build(d, b.number, d.buildkite_deadline(deadline)).await;
         }
         _ => {
-            deliver::deliver(d, &job, deadline).await?;
+            let mut effects = Effects::default();
+            effects.deliver(job.clone());
+            settle(d, effects, deadline).await?;
         }
     }
     Ok(Canceled::Accepted(job))
-}
-
-/// Cancels a build; a failure is logged and left to the sweep, which cancels the builds of
-/// canceled and overdue jobs on every pass. Whether it is canceled.
-pub(crate) async fn stop_build(d: &Deps, number: u64, deadline: Deadline) -> bool {
-    match d.buildkite.cancel_build(number, deadline).await {
-        Ok(()) => true,
-        Err(e) => {
-            warn!(build = number, error = %e, "could not cancel the build; the sweep will");
-            false
-        }
-    }
 }

@@ -44,8 +44,8 @@ impl Batch {
         })
     }
 
-    /// Does the next item within `deadline` (a finish that ends its job leaves that to
-    /// `effects`); whether to go on with the rest.
+    /// Does the next item within `deadline` (what it owes left to `effects`); whether to go
+    /// on with the rest.
     pub(crate) async fn do_next(
         &mut self,
         d: &Deps,
@@ -60,7 +60,7 @@ impl Batch {
         };
         let done = match item.work {
             Work::Finish => finish_one(d, item, deadline, effects).await,
-            Work::Create => create_one(d, item, deadline).await,
+            Work::Create => create_one(d, item, deadline, effects).await,
         };
         let on = carry_on(item, done);
         if on {
@@ -76,14 +76,18 @@ impl Batch {
     }
 }
 
-/// The deferred creates of `queue`, taken up after one of its jobs ended (they cannot end
-/// a job, so they leave no effects).
-pub(crate) async fn take_up_creates(d: &Deps, queue: &Queue, deadline: Deadline) {
+/// The deferred creates of `queue`, taken up after one of its jobs ended (what their jobs
+/// owe left to `effects`).
+pub(crate) async fn take_up_creates(
+    d: &Deps,
+    queue: &Queue,
+    deadline: Deadline,
+    effects: &mut Effects,
+) {
     let Some(mut batch) = Batch::take(d, queue, true).await else {
         return;
     };
-    let mut none = Effects::default();
-    while batch.do_next(d, deadline, &mut none).await {}
+    while batch.do_next(d, deadline, effects).await {}
     batch.put_back(d).await;
 }
 
@@ -142,11 +146,16 @@ async fn finish_one(
 }
 
 /// A deferred create, as [`finish_one`].
-async fn create_one(d: &Deps, item: &Deferred, deadline: Deadline) -> Result<bool, DispatchError> {
+async fn create_one(
+    d: &Deps,
+    item: &Deferred,
+    deadline: Deadline,
+    effects: &mut Effects,
+) -> Result<bool, DispatchError> {
     let Some(job) = open_job(d, item).await?.filter(|j| j.build.is_none()) else {
         return Ok(true);
     };
-    match create_if_due(d, &job, d.buildkite_deadline(deadline)).await {
+    match create_if_due(d, &job, d.buildkite_deadline(deadline), effects).await {
         Ok((_, tried)) => Ok(tried == Tried::Created),
         Err(e) if rate_limited(&e) => Ok(false),
         Err(e) => Err(e),

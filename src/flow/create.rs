@@ -8,11 +8,11 @@ use std::collections::BTreeMap;
 use tracing::{info, warn};
 
 use super::advance::{EventOutcome, advance, build_ref};
-use super::cancel::stop_build;
 use super::deferred::{self, Work};
 use super::effects::Effects;
 use super::rules::creation::{CreateMiss, claim_creation, defer_creation};
-use super::{Deps, DispatchError, deliver};
+use super::stop::stop_build;
+use super::{Deps, DispatchError};
 use crate::buildkite::{Build, BuildkiteError, NewBuild};
 use crate::jobs::{Creation, Job, JobState, Transition, Updated, update_seen};
 use crate::retry::Deadline;
@@ -85,12 +85,14 @@ pub(crate) async fn try_create(d: &Deps, job: &Job, payload: &str, deadline: Dea
     }
 }
 
-/// Records what a create try did; returns the job as it is then.
+/// Records what a create try did; returns the job as it is then (a job it failed owes its
+/// report to `effects`).
 pub(crate) async fn settle_creation(
     d: &Deps,
     job: &Job,
     creating: Creating,
     deadline: Deadline,
+    effects: &mut Effects,
 ) -> Result<Job, DispatchError> {
     let now = d.clock.now();
     let written = match creating {
@@ -102,7 +104,7 @@ pub(crate) async fn settle_creation(
             }
             update_seen(d.store.as_ref(), job, |j| defer_creation(j, miss, now)).await?
         }
-        Creating::Refused(source) => return Err(refused(d, job, source, deadline).await),
+        Creating::Refused(source) => return Err(refused(d, job, source, effects).await),
     };
     Ok(written.job().unwrap_or_else(|| job.clone()))
 }
@@ -128,8 +130,14 @@ async fn record_build(
     Ok(written)
 }
 
-/// Buildkite refused the build: the job fails, is reported, and the refusal is returned.
-async fn refused(d: &Deps, job: &Job, source: BuildkiteError, deadline: Deadline) -> DispatchError {
+/// Buildkite refused the build: the job fails, its report is owed to `effects`, and the
+/// refusal is returned. (Its slot is not freed: the sweep's next release covers it.)
+async fn refused(
+    d: &Deps,
+    job: &Job,
+    source: BuildkiteError,
+    effects: &mut Effects,
+) -> DispatchError {
     warn!(error = %source, "Buildkite refused the build");
     // The report names the status only; Buildkite's own text is in the log line above.
     let reason = match source.refused_with() {
@@ -141,9 +149,7 @@ async fn refused(d: &Deps, job: &Job, source: BuildkiteError, deadline: Deadline
         Ok(written) => written.job().unwrap_or_else(|| job.clone()),
         Err(e) => return e.into(),
     };
-    if let Err(e) = deliver::deliver(d, &job, deadline).await {
-        return e.into();
-    }
+    effects.deliver(job.clone());
     DispatchError::BuildRefused {
         job: Box::new(job),
         source,
@@ -167,15 +173,17 @@ pub(crate) async fn create_deferred(
     if job.creation.is_none() || now - job.created_at >= queue_timeout {
         return Ok((too_late(d, job, deadline, effects).await?, Tried::Nothing));
     }
-    create_if_due(d, job, deadline).await
+    create_if_due(d, job, deadline, effects).await
 }
 
 /// Creates the build of a job without one, if its creation is due (and not held or waiting):
-/// claimed by compare-and-swap first, so it is made once whoever else tries.
+/// claimed by compare-and-swap first, so it is made once whoever else tries. What the job
+/// owes then is left to `effects`.
 pub(crate) async fn create_if_due(
     d: &Deps,
     job: &Job,
     deadline: Deadline,
+    effects: &mut Effects,
 ) -> Result<(EventOutcome, Tried), DispatchError> {
     let now = d.clock.now();
     if d.buildkite.over_budget() {
@@ -192,7 +200,7 @@ pub(crate) async fn create_if_due(
     let (Updated::Written(held), Some(was)) = (claimed, was) else {
         return Ok((EventOutcome::Ignored("creation not due"), Tried::Nothing));
     };
-    create_claimed(d, &held, &was, deadline).await
+    create_claimed(d, &held, &was, deadline, effects).await
 }
 
 /// A job past its queue deadline with no build: a create whose answer was lost may have
@@ -211,7 +219,7 @@ async fn too_late(
             .find_build(job.run_id.as_str(), d.buildkite_deadline(deadline))
             .await?
     {
-        return adopt(d, job, build, deadline).await;
+        return adopt(d, job, build, deadline, effects).await;
     }
     let why = if job.waiting {
         "it waited for its turn past the queue deadline: this user's earlier runs held its \
@@ -221,7 +229,7 @@ async fn too_late(
     };
     let t = Transition::to(JobState::Failed, d.clock.now()).with_failure(why);
     // `apply` fails only a job still without a build, as stored now.
-    advance(d, job, t, deadline, effects).await
+    advance(d, job, t, effects).await
 }
 
 /// The create of a job this sweep holds (`was`: its creation as claimed).
@@ -230,6 +238,7 @@ async fn create_claimed(
     held: &Job,
     was: &Creation,
     deadline: Deadline,
+    effects: &mut Effects,
 ) -> Result<(EventOutcome, Tried), DispatchError> {
     if was.look_up_first
         && let Some(build) = d
@@ -241,7 +250,10 @@ async fn create_claimed(
             build = build.number,
             "found the build of an unconfirmed create"
         );
-        return Ok((adopt(d, held, build, deadline).await?, Tried::Nothing));
+        return Ok((
+            adopt(d, held, build, deadline, effects).await?,
+            Tried::Nothing,
+        ));
     }
     let bk_deadline = d.buildkite_deadline(deadline);
     let creating = match try_create(d, held, &was.payload, bk_deadline).await {
@@ -250,13 +262,13 @@ async fn create_claimed(
         other => other,
     };
     let created = matches!(creating, Creating::Created(_));
-    let after = settle_creation(d, held, creating, deadline).await?;
+    let after = settle_creation(d, held, creating, deadline, effects).await?;
     let tried = match after.state {
         _ if created => Tried::Created,
         JobState::Submitted => Tried::Deferred,
         _ => Tried::Nothing,
     };
-    deliver::deliver(d, &after, deadline).await?;
+    effects.deliver(after.clone());
     let outcome = if after.state == held.state {
         EventOutcome::Ignored("creation deferred")
     } else {
@@ -272,10 +284,11 @@ async fn adopt(
     job: &Job,
     build: Build,
     deadline: Deadline,
+    effects: &mut Effects,
 ) -> Result<EventOutcome, DispatchError> {
     let before = job.state;
-    let after = settle_creation(d, job, Creating::Created(build), deadline).await?;
-    deliver::deliver(d, &after, deadline).await?;
+    let after = settle_creation(d, job, Creating::Created(build), deadline, effects).await?;
+    effects.deliver(after.clone());
     Ok(if after.state == before {
         EventOutcome::Ignored("build found; the job had moved on")
     } else {

@@ -13,7 +13,6 @@ use std::time::Duration;
 use tracing::{info, warn};
 
 use super::Deps;
-use super::fleet;
 use super::present;
 use super::rules::outbox::{self, Answer, LEASE_SLACK_MS};
 use crate::callback::CallbackError;
@@ -30,16 +29,13 @@ const RECORD_RESERVE: Duration = Duration::from_secs(2);
 
 /// Drives both outboxes of the job within `deadline`, starting from `seen` (the job as last
 /// read or written: a stale one costs a refused write, not a wrong send); returns the job as
-/// last seen. An ended job's tries are noted on the fleet's records first, once (whether or
-/// not it owes anything: a job without a report counts too), and what that decided is told
-/// to the operators after the sends.
+/// last seen. (The fleet's notes of an ended job's tries are made around this by `settle`,
+/// which runs every delivery the arrows owe.)
 pub async fn deliver(d: &Deps, seen: &Job, deadline: Deadline) -> Result<Option<Job>, StoreError> {
-    let noted = fleet::note_finish(d, seen).await;
     let (discord, callback) = tokio::join!(
-        drain_outbox(d, Channel::Discord, seen, deadline),
-        drain_outbox(d, Channel::Callback, seen, deadline)
+        drain(d, Channel::Discord, seen, deadline),
+        drain(d, Channel::Callback, seen, deadline)
     );
-    fleet::tell_noted(d, noted, deadline).await;
     let newest = [discord?, callback?]
         .into_iter()
         .flatten()
@@ -55,29 +51,8 @@ fn name(channel: Channel) -> &'static str {
     }
 }
 
-/// Drives the job's outbox to `channel` within `deadline` (the sweep's send of one owed
-/// message); returns the job as last seen. Before what an ended job owes goes out, its tries
-/// are noted on the fleet's records (if the function that ended it was killed before it
-/// could: a no-op otherwise), and what that decided is told after the send.
-pub(crate) async fn drain(
-    d: &Deps,
-    channel: Channel,
-    seen: &Job,
-    deadline: Deadline,
-) -> Result<Option<Job>, StoreError> {
-    let ends = seen.outcome.is_some() && seen.owes(channel);
-    let noted = if ends {
-        fleet::note_finish(d, seen).await
-    } else {
-        Vec::new()
-    };
-    let drained = drain_outbox(d, channel, seen, deadline).await;
-    fleet::tell_noted(d, noted, deadline).await;
-    drained
-}
-
 /// The outbox to `channel` driven within `deadline`; the job as last seen.
-async fn drain_outbox(
+pub(crate) async fn drain(
     d: &Deps,
     channel: Channel,
     seen: &Job,

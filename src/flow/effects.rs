@@ -1,39 +1,98 @@
-//! What an arrow of the flow leaves to be done after its own write, rather than calling up
-//! into the arrows above it: a job it ended frees a slot on its queue, and fair share's
-//! waiting jobs may then go. The arrow records it here; `settle`, above every arrow
-//! that ends jobs, runs it once the arrow returns, whether it returned an error or not (the
-//! job has ended either way).
+//! What an arrow of the flow owes once its own write is made, rather than calling up into
+//! the arrows above it or out to the receivers: the job's messages sent (its report, a status
+//! edit, its callback, the fleet's notes of its tries), and, for a job it ended, its queue's
+//! slot freed for fair share's waiting jobs. The arrow records them here; `settle`, above
+//! every arrow, runs them once the arrow returns, whether it returned an error or not (what
+//! it wrote stands either way).
+
+use std::collections::VecDeque;
 
 use crate::jobs::Job;
+
+/// One thing owed.
+#[derive(Debug)]
+pub(crate) enum Effect {
+    /// The job (as written) owes its outboxes a send: a new state, or one not yet sent.
+    Deliver(Job),
+    /// The job was ended by this instance's write: its slot on the queue is free.
+    Ended(Job),
+}
 
 /// Effects owed by the arrows one invocation ran, in the order they arose.
 #[derive(Debug, Default)]
 pub(crate) struct Effects {
-    ended: Vec<Job>,
+    owed: VecDeque<Effect>,
 }
 
 impl Effects {
-    /// `job` was ended by this instance's write: its slot on the queue is free.
-    pub(crate) fn ended(&mut self, job: Job) {
-        self.ended.push(job);
+    /// `job`'s messages are owed (a no-op send when nothing is).
+    pub(crate) fn deliver(&mut self, job: Job) {
+        self.owed.push_back(Effect::Deliver(job));
     }
 
-    /// The jobs ended, oldest first; none are left.
-    pub(crate) fn take_ended(&mut self) -> Vec<Job> {
-        std::mem::take(&mut self.ended)
+    /// `job` was ended by this instance's write: its slot on the queue is free.
+    pub(crate) fn ended(&mut self, job: Job) {
+        self.owed.push_back(Effect::Ended(job));
+    }
+
+    /// The oldest effect not yet run.
+    pub(crate) fn next(&mut self) -> Option<Effect> {
+        self.owed.pop_front()
+    }
+
+    /// How many effects are owed.
+    pub(crate) fn len(&self) -> usize {
+        self.owed.len()
     }
 }
 
 impl Drop for Effects {
-    /// A test that drops effects unrun fails here (a job's slot would stay taken until a
-    /// sweep's release); a panic already under way is not made an abort.
+    /// A test that drops effects unrun fails here (a report would wait for the sweep, a
+    /// job's slot stay taken until a sweep's release); a panic already under way is not made
+    /// an abort.
     fn drop(&mut self) {
         if !std::thread::panicking() {
             debug_assert!(
-                self.ended.is_empty(),
-                "effects dropped without being settled: {} ended job(s)",
-                self.ended.len()
+                self.owed.is_empty(),
+                "effects dropped without being settled: {:?}",
+                self.owed
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::jobs::Job;
+
+    fn job(id: &str) -> Job {
+        Job::new(
+            id.parse().unwrap(),
+            "H100".into(),
+            "h100".into(),
+            None,
+            None,
+            0,
+        )
+    }
+
+    /// Effects come out in the order the arrows owed them: a job's report before its slot.
+    #[test]
+    fn effects_are_run_in_the_order_they_arose() {
+        let mut e = Effects::default();
+        e.deliver(job("a"));
+        e.ended(job("a"));
+        e.deliver(job("b"));
+        assert_eq!(e.len(), 3);
+        let order: Vec<(bool, String)> = std::iter::from_fn(|| e.next())
+            .map(|x| match x {
+                Effect::Deliver(j) => (false, j.run_id.to_string()),
+                Effect::Ended(j) => (true, j.run_id.to_string()),
+            })
+            .collect();
+        let want = [(false, "a"), (true, "a"), (false, "b")].map(|(e, id)| (e, id.to_owned()));
+        assert_eq!(order, want);
+        assert_eq!(e.len(), 0);
     }
 }

@@ -4,12 +4,12 @@
 use tracing::{Instrument, info, warn};
 
 use super::advance::{advance, build_ref};
-use super::cancel::stop_build;
 use super::deferred::{self, Work};
 use super::effects::Effects;
 use super::outcome::read_outcome;
 use super::rules::signal::{Signal, progress_of, signal_of};
-use super::{Deps, DispatchError, catch_up, deliver, fleet, settle};
+use super::stop::stop_build;
+use super::{Deps, DispatchError, catch_up, fleet, settle};
 use crate::buildkite::{Build, VerifyError, WebhookEvent};
 use crate::jobs::{Job, JobState, RunId, Transition};
 use crate::retry::Deadline;
@@ -129,7 +129,7 @@ async fn on_build_signal(
     };
     let mut effects = Effects::default();
     let result = on_job_signal(d, job.clone(), target, build, deadline, &mut effects).await;
-    settle::settle(d, effects, deadline).await;
+    let result = settle::settle_after(d, effects, deadline, result).await;
     if target == JobState::Finished && result.as_ref().is_err_and(deferred::rate_limited) {
         deferred::note(d, &job, Work::Finish, 0).await;
     }
@@ -139,7 +139,9 @@ async fn on_build_signal(
         loop {
             let mut effects = Effects::default();
             let more = batch.do_next(d, deadline, &mut effects).await;
-            settle::settle(d, effects, deadline).await;
+            if let Err(e) = settle::settle(d, effects, deadline).await {
+                warn!(error = %e, "a message of deferred work is left to the sweep");
+            }
             if !more {
                 break;
             }
@@ -171,7 +173,7 @@ async fn on_job_signal(
     // Cheap early exit for duplicates; the conditional write is what decides.
     if target.rank() <= job.state.rank() {
         if job.owes_delivery() {
-            deliver::deliver(d, &job, deadline).await?;
+            effects.deliver(job);
         }
         return Ok(EventOutcome::Ignored("duplicate or out of order"));
     }
@@ -198,8 +200,8 @@ async fn on_job_signal(
         // None: it ended meanwhile; the transition changes nothing, and what it owes is sent.
         if let Some(read) = read {
             t = t.with_outcome(read.outcome?);
-            return advance(d, &read.job, t, deadline, effects).await;
+            return advance(d, &read.job, t, effects).await;
         }
     }
-    advance(d, &job, t, deadline, effects).await
+    advance(d, &job, t, effects).await
 }

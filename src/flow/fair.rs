@@ -11,11 +11,12 @@ use std::time::Duration;
 use tracing::{info, warn};
 
 use super::create::create_if_due;
+use super::effects::Effects;
 use super::queues::{cached_agents, recent_agents};
 use super::rules::fair;
 pub(crate) use super::rules::fair::Standing;
 use super::rules::stats::{Ended, QueueRecord};
-use super::{Deps, DispatchError, deliver};
+use super::{Deps, DispatchError};
 use crate::jobs::{
     CacheEntry, Job, JobState, OpenJob, Queue, RunId, SharedKey, StoreError, Updated, next_version,
     shared, update_seen,
@@ -199,8 +200,9 @@ async fn give_back(d: &Deps, queue: &Queue, version: Millis) {
 
 /// After a job of `job.queue` ended (written by this instance): its run time noted, the
 /// waiting jobs its slot lets go released and created, and the waiting jobs whose standing
-/// moved to another band shown it. Trouble here is logged: the job itself has ended.
-pub(crate) async fn after_end(d: &Deps, job: &Job, deadline: Deadline) {
+/// moved to another band marked; what they owe (their messages) is left to `effects`.
+/// Trouble here is logged: the job itself has ended.
+pub(crate) async fn after_end(d: &Deps, job: &Job, deadline: Deadline, effects: &mut Effects) {
     if let Err(e) = note_end(d, job).await {
         warn!(error = %e, "the ended job could not be noted on its queue's record");
     }
@@ -211,21 +213,28 @@ pub(crate) async fn after_end(d: &Deps, job: &Job, deadline: Deadline) {
     match release(d, &job.queue, fresh).await {
         Ok(released) => {
             // Creates the rate limit deferred are older than these: they go first.
-            super::catch_up::take_up_creates(d, &job.queue, deadline).await;
-            create_released(d, released.others, deadline).await;
+            super::catch_up::take_up_creates(d, &job.queue, deadline, effects).await;
+            create_released(d, released.others, deadline, effects).await;
         }
         Err(e) => warn!(error = %e, queue = %job.queue, "waiting jobs could not be released"),
     }
-    if let Err(e) = place_all(d, &job.queue, deadline).await {
+    if let Err(e) = place_all(d, &job.queue, effects).await {
         warn!(error = %e, queue = %job.queue, "waiting jobs could not be shown their place");
     }
 }
 
-/// Creates the builds of jobs a release let go, one after another; one that fails is left
-/// to the sweep (its creation is due) and holds back no other.
-pub(crate) async fn create_released(d: &Deps, jobs: Vec<Job>, deadline: Deadline) {
+/// Creates the builds of jobs a release let go, one after another (what they owe left to
+/// `effects`); one that fails is left to the sweep (its creation is due) and holds back no
+/// other.
+pub(crate) async fn create_released(
+    d: &Deps,
+    jobs: Vec<Job>,
+    deadline: Deadline,
+    effects: &mut Effects,
+) {
     for job in jobs {
-        if let Err(e) = create_if_due(d, &job, d.buildkite_deadline(deadline)).await {
+        let bk_deadline = d.buildkite_deadline(deadline);
+        if let Err(e) = create_if_due(d, &job, bk_deadline, effects).await {
             warn!(error = %e, run_id = %job.run_id, "a released job's build is left to the sweep");
         }
     }
@@ -292,8 +301,8 @@ pub(crate) async fn place(d: &Deps, job: &Job) -> Result<Job, StoreError> {
 }
 
 /// Every job of the queue not yet running whose standing moved to another band: noted, and
-/// its message edited.
-async fn place_all(d: &Deps, queue: &Queue, deadline: Deadline) -> Result<(), DispatchError> {
+/// its message's edit left to `effects`.
+async fn place_all(d: &Deps, queue: &Queue, effects: &mut Effects) -> Result<(), DispatchError> {
     let open: Vec<OpenJob> = d.store.open_in_queue(queue).await?;
     let (agents, median) = queue_facts(d, queue).await?;
     let now = d.clock.now();
@@ -315,7 +324,7 @@ async fn place_all(d: &Deps, queue: &Queue, deadline: Deadline) -> Result<(), Di
         let written = update_seen(d.store.as_ref(), &job, |j| fair::placed(j, s, now)).await?;
         if let Updated::Written(job) = written {
             edits += 1;
-            deliver::deliver(d, &job, deadline).await?;
+            effects.deliver(job);
         }
     }
     Ok(())

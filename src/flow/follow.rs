@@ -4,12 +4,12 @@
 use tracing::info;
 
 use super::advance::{EventOutcome, advance, build_ref};
-use super::cancel::stop_build;
 use super::effects::Effects;
 use super::outcome::read_outcome;
 use super::rules::ending::{Overdue, overdue};
 use super::rules::signal::progress_of;
-use super::{Deps, DispatchError, deliver};
+use super::stop::stop_build;
+use super::{Deps, DispatchError};
 use crate::buildkite::{Build, BuildkiteError};
 use crate::jobs::{Job, JobState, Timeline, Transition, Updated, update_seen};
 use crate::result::{Outcome, Verdict};
@@ -53,7 +53,7 @@ pub(crate) async fn look_at_build(
                 "the build no longer exists in Buildkite",
             );
             let t = Transition::to(JobState::Finished, d.clock.now()).with_outcome(outcome);
-            return advance(d, job, t, deadline, effects).await;
+            return advance(d, job, t, effects).await;
         }
         Err(e) => return Err(e.into()),
     };
@@ -76,7 +76,7 @@ pub(crate) async fn follow(
         // Numbers start again when a pipeline is recreated: never take another's build. The
         // job's own deadlines still end it (nothing of ours runs under that number).
         return match overdue_now(d, job.timeline()) {
-            Some(overdue) => end_at_deadline(d, job, overdue, deadline, effects).await,
+            Some(overdue) => end_at_deadline(d, job, overdue, effects).await,
             None => Ok(EventOutcome::Ignored(
                 "a different build under the job's number",
             )),
@@ -103,7 +103,7 @@ pub(crate) async fn follow(
         return Ok(EventOutcome::Ignored("build has not moved on"));
     }
     let t = Transition::to(target, d.clock.now()).with_build(build_ref(build));
-    advance(d, job, t, deadline, effects).await
+    advance(d, job, t, effects).await
 }
 
 /// Finishes `job` with its ended build's outcome. A result that Buildkite keeps from us is
@@ -120,7 +120,7 @@ async fn finish(
     let bk_deadline = d.buildkite_deadline(deadline);
     let Some(read) = read_outcome(d, job, build, None, bk_deadline).await? else {
         // It ended meanwhile: the transition changes nothing, and what it owes is sent.
-        return advance(d, job, t, deadline, effects).await;
+        return advance(d, job, t, effects).await;
     };
     let outcome = match read.outcome {
         Ok(outcome) => outcome,
@@ -138,7 +138,7 @@ async fn finish(
         }
         Err(e) => return Err(e),
     };
-    advance(d, &read.job, t.with_outcome(outcome), deadline, effects).await
+    advance(d, &read.job, t.with_outcome(outcome), effects).await
 }
 
 pub(crate) fn overdue_now(d: &Deps, job: Timeline) -> Option<Overdue> {
@@ -174,7 +174,7 @@ async fn end_overdue(
             JobState::Running if overdue == Overdue::QueueTimeout => {
                 let t =
                     Transition::to(JobState::Running, d.clock.now()).with_build(build_ref(&fresh));
-                return advance(d, job, t, deadline, effects).await;
+                return advance(d, job, t, effects).await;
             }
             _ => {}
         }
@@ -186,7 +186,7 @@ async fn end_overdue(
         }
         info!(?overdue, "job overdue; its build is canceled");
     }
-    end_at_deadline(d, job, overdue, deadline, effects).await
+    end_at_deadline(d, job, overdue, effects).await
 }
 
 /// Ends `job` with the verdict of the deadline it passed, only from the state the decision
@@ -195,7 +195,6 @@ async fn end_at_deadline(
     d: &Deps,
     job: &Job,
     overdue: Overdue,
-    deadline: Deadline,
     effects: &mut Effects,
 ) -> Result<EventOutcome, DispatchError> {
     let t = Transition::to(JobState::Finished, d.clock.now())
@@ -207,11 +206,10 @@ async fn end_at_deadline(
     .await?;
     match written {
         Updated::Written(j) => {
-            let delivered = deliver::deliver(d, &j, deadline).await;
             let state = j.state;
+            effects.deliver(j.clone());
             // Its slot on the queue is free: fair share's waiting jobs may go.
             effects.ended(j);
-            delivered?;
             Ok(EventOutcome::Advanced(state))
         }
         _ => Ok(EventOutcome::Ignored("the job moved on meanwhile")),

@@ -1,21 +1,23 @@
 //! The job's path through the system, one module per arrow of the flow (see
 //! `docs/architecture.md`), each a few functions over the shared [`Deps`]. An arrow calls
-//! only arrows below it; what it would otherwise call back up for (a job it ended frees its
-//! queue's slot) it records in an [`effects::Effects`] that its caller hands to [`settle`].
+//! only arrows below it; what its write owes (the job's messages, the fleet's notes of its
+//! tries, its queue's slot when it ended the job) it records in an [`effects::Effects`] that
+//! its caller hands to [`settle`].
 //!
 //! - [`submit`]: record a job, then create its build ([`create`]) or leave that to the sweep;
 //! - [`events`]: a signed Buildkite webhook moves the job forward;
-//! - [`advance`]: a transition written by compare-and-swap, then what it owes delivered;
+//! - [`advance`]: a transition written by compare-and-swap, and what it owes;
 //! - [`deliver`]: the Discord and callback outboxes, until nothing is owed;
 //! - [`follow`]: the sweep reads a build the webhooks said nothing about;
 //! - [`sweep`]: one pass that finishes whatever the others left undone;
-//! - [`cancel`]: a user no longer wants a run;
+//! - [`cancel`]: a user no longer wants a run; [`stop`]: a build that must not hold a GPU;
 //! - [`resend`]: an operator sends an ended job's report and callback again;
 //! - [`queues`]: who can run a queue's jobs and how many wait;
 //! - [`fair`]: fair share's waiting jobs, released as slots free;
 //! - [`deferred`]: the creates and finishes Buildkite's rate limit deferred, per queue;
 //! - [`catch_up`]: a webhook or a job's end takes that deferred work up;
-//! - [`settle`]: the one place that runs what the arrows left (their [`effects`]);
+//! - [`settle`]: the one place that runs what the arrows owe (their [`effects`]): deliveries
+//!   with the fleet's notes, then fair share's release after an end;
 //! - [`fleet`]: the agents' records, incidents, and the operators told once;
 //! - [`profiles`], [`clicks`], [`status`]: profile reports, Discord's buttons, the status page.
 //!
@@ -45,6 +47,7 @@ pub mod resend;
 pub mod rules;
 mod settle;
 pub mod status;
+mod stop;
 pub mod submission;
 pub mod submit;
 pub mod sweep;

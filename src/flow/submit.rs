@@ -4,9 +4,11 @@
 use tracing::{Instrument, info, warn};
 
 use super::create::{settle_creation, try_create};
+use super::effects::Effects;
 use super::rules::creation::CREATE_HOLD_MS;
+use super::settle::{deliver, settle_after};
 use super::submission::Submission;
-use super::{Deps, DispatchError, deliver, fair};
+use super::{Deps, DispatchError, fair};
 use crate::jobs::{CallbackOutbox, Created, Creation, Job, RunId};
 use crate::retry::Deadline;
 
@@ -61,21 +63,11 @@ pub async fn submit(
             info!(state = %existing.state, "run id already known; nothing created");
             return Ok(Submitted::Existing(*existing));
         }
-        let (turn, others) = take_turn(d, job).await?;
-        let job = match turn {
-            Turn::Go(job) => {
-                let bk_deadline = d.buildkite_deadline(deadline);
-                let creating = try_create(d, &job, &sub.payload, bk_deadline).await;
-                settle_creation(d, &job, creating, deadline).await?
-            }
-            Turn::Wait(job) => {
-                info!(user = ?job.user, "waiting: its user has builds in flight");
-                job
-            }
-        };
-        // Others the release let go: best effort (the sweep creates what this does not), and
-        // never this submission's failure.
-        fair::create_released(d, others, deadline).await;
+        let mut effects = Effects::default();
+        let made = make(d, job, &sub.payload, deadline, &mut effects).await;
+        // What the create owed (a refused build's report, released jobs' first messages)
+        // goes out before this submission's answer, whether or not its own create went well.
+        let job = settle_after(d, effects, deadline, made).await?;
         let job = match fair::place(d, &job).await {
             Ok(placed) => placed,
             Err(e) => {
@@ -83,11 +75,39 @@ pub async fn submit(
                 job
             }
         };
-        let job = deliver::deliver(d, &job, deadline).await?.unwrap_or(job);
+        let job = deliver(d, &job, deadline).await?.unwrap_or(job);
         Ok(Submitted::New(job))
     }
     .instrument(span)
     .await
+}
+
+/// Takes the new job's turn, and creates its build when it has one; creates the builds of
+/// the others its release let go. The job as it is then; what it owes is left to `effects`.
+async fn make(
+    d: &Deps,
+    job: Job,
+    payload: &str,
+    deadline: Deadline,
+    effects: &mut Effects,
+) -> Result<Job, DispatchError> {
+    let (turn, others) = take_turn(d, job).await?;
+    let job = match turn {
+        Turn::Go(job) => {
+            let bk_deadline = d.buildkite_deadline(deadline);
+            let creating = try_create(d, &job, payload, bk_deadline).await;
+            // A refused build ends here: the others are left to the sweep, as at any failure.
+            settle_creation(d, &job, creating, deadline, effects).await?
+        }
+        Turn::Wait(job) => {
+            info!(user = ?job.user, "waiting: its user has builds in flight");
+            job
+        }
+    };
+    // Others the release let go: best effort (the sweep creates what this does not), and
+    // never this submission's failure.
+    fair::create_released(d, others, deadline, effects).await;
+    Ok(job)
 }
 
 /// Whether a new job's build is made now.

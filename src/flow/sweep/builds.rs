@@ -11,7 +11,7 @@ use super::super::create::{Tried, create_deferred};
 use super::super::deferred;
 use super::super::effects::Effects;
 use super::super::follow::{PipelineSeen, follow, look_at_build, overdue_now};
-use super::super::{Deps, DispatchError, settle::settle};
+use super::super::{Deps, DispatchError, settle::settle_after};
 use super::PASS_RESERVE;
 use super::order::{bookmark, rotate_to};
 use super::report::SweepReport;
@@ -131,7 +131,7 @@ pub(super) async fn sweep_open(
     } else {
         return Ok(());
     };
-    settle(d, effects, deadline).await;
+    let result = settle_after(d, effects, deadline, result).await;
     count(job, result, report)?;
     Ok(())
 }
@@ -165,7 +165,7 @@ async fn follow_builds(
         report.checked += 1;
         let mut effects = Effects::default();
         let result = follow(d, &job, &live[&number(listed)], deadline, &mut effects).await;
-        settle(d, effects, deadline).await;
+        let result = settle_after(d, effects, deadline, result).await;
         if !count(&job, result, report)? {
             return Ok(());
         }
@@ -210,7 +210,7 @@ async fn follow_ended(
             Some(build) => follow(d, &job, build, deadline, &mut effects).await,
             None => look_at_build(d, &job, pipeline, deadline, &mut effects).await,
         };
-        settle(d, effects, deadline).await;
+        let result = settle_after(d, effects, deadline, result).await;
         if !count(&job, result, report)? {
             return set_cursor(d, Some(&bookmark(listed))).await;
         }

@@ -1,7 +1,7 @@
 //! One delivery of a pass: a job read whole, what it owes one receiver sent within a short
 //! slice of the pass, the job let go.
 
-use super::super::{Deps, DispatchError, deliver};
+use super::super::{Deps, DispatchError, settle};
 use super::PASS_RESERVE;
 use super::report::Delivered;
 use crate::jobs::{Channel, Delivery, DeliveryStatus, Job, RunId};
@@ -65,7 +65,7 @@ async fn deliver_one(
     if !job.owes(channel) {
         return Ok(None);
     }
-    let delivered = deliver::drain(d, channel, job, deadline).await?;
+    let delivered = settle::drain(d, channel, job, deadline).await?;
     // Nothing seen when it had no time to try: the job as stored says.
     let after = match delivered {
         Some(after) => after,
