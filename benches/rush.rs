@@ -98,6 +98,10 @@ struct Side {
 
 #[tokio::main]
 async fn main() {
+    // The functions' logs, when asked for (`RUST_LOG=warn`): what they gave up on, and why.
+    if std::env::var_os("RUST_LOG").is_some() {
+        kernelbot_dispatch::telemetry::init();
+    }
     let arrivals = arrivals();
     let fair = run_side(true, RUSH_QUEUE_TIMEOUT, &arrivals).await;
     let fcfs = run_side(false, RUSH_QUEUE_TIMEOUT, &arrivals).await;

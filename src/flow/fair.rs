@@ -176,14 +176,8 @@ async fn take_lease(d: &Deps, queue: &Queue) -> Result<Option<Millis>, StoreErro
 
 /// The queue's lease entry at `version`: held until `until`, or free.
 fn lease_entry(until: Option<Millis>, queue: &Queue, version: Millis, now: Millis) -> CacheEntry {
-    CacheEntry {
-        value: until.map(|t| t.to_string()),
-        fetched_at: now,
-        // Mirrors the version: what the release before versions compared.
-        claimed_at: version,
-        version,
-        expires_at: SharedKey::FairLease(queue).expires(now),
-    }
+    let expires_at = SharedKey::FairLease(queue).expires(now);
+    CacheEntry::unclaimed(until.map(|t| t.to_string()), now, version, expires_at)
 }
 
 async fn give_back(d: &Deps, queue: &Queue, version: Millis) {

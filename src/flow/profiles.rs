@@ -217,14 +217,12 @@ async fn spend(d: &Deps, now: Millis) -> Result<(), ProfileError> {
             ..quota
         };
         let version = next_version(Some(entry.version), now);
-        let write = CacheEntry {
-            value: serde_json::to_string(&less).ok(),
-            fetched_at: entry.fetched_at,
-            // Mirrors the version: what the release before versions compared.
-            claimed_at: version,
+        let write = CacheEntry::unclaimed(
+            serde_json::to_string(&less).ok(),
+            entry.fetched_at,
             version,
-            expires_at: SharedKey::BuildkiteQuota.expires(now),
-        };
+            SharedKey::BuildkiteQuota.expires(now),
+        );
         let put = d.store.put_cached(&key, &write, Some(entry.version));
         if put.await.map_err(DispatchError::from)? {
             taken = true;
@@ -281,13 +279,12 @@ async fn fetch(
         let old = d.store.cached(&quota_key).await.ok().flatten();
         let expected = old.map(|e| e.version);
         let version = next_version(expected, now);
-        let entry = CacheEntry {
-            value: serde_json::to_string(&quota).ok(),
-            fetched_at: now,
-            claimed_at: version,
+        let entry = CacheEntry::unclaimed(
+            serde_json::to_string(&quota).ok(),
+            now,
             version,
-            expires_at: SharedKey::BuildkiteQuota.expires(now),
-        };
+            SharedKey::BuildkiteQuota.expires(now),
+        );
         let _ = d.store.put_cached(&quota_key, &entry, expected).await;
     }
     let url = url.map_err(DispatchError::from)?;

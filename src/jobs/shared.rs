@@ -159,15 +159,8 @@ where
             return Ok(Changed { said, wrote: None });
         }
         let version_next = next_version(version, now);
-        let next = CacheEntry {
-            value: Some(serde_json::to_string(&value).map_err(StoreError::corrupt)?),
-            fetched_at: now,
-            // Nobody claims these entries; the version, mirrored, is what the release
-            // before versions compared, so its instances still meet this write mid-upgrade.
-            claimed_at: version_next,
-            version: version_next,
-            expires_at: key.expires(now),
-        };
+        let json = serde_json::to_string(&value).map_err(StoreError::corrupt)?;
+        let next = CacheEntry::unclaimed(Some(json), now, version_next, key.expires(now));
         if store.put_cached(&stored, &next, version).await? {
             let first = if existed { First::No } else { First::Yes };
             return Ok(Changed {

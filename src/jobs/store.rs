@@ -115,6 +115,26 @@ pub struct CacheEntry {
     pub expires_at: Option<Millis>,
 }
 
+impl CacheEntry {
+    /// An entry nobody claims (a lease, a count, a shared list), written at `version`: its
+    /// claim time mirrors the version, which is what the release before versions compared,
+    /// so that release's instances still meet this write mid-upgrade.
+    pub fn unclaimed(
+        value: Option<String>,
+        fetched_at: Millis,
+        version: Millis,
+        expires_at: Option<Millis>,
+    ) -> Self {
+        Self {
+            value,
+            fetched_at,
+            claimed_at: version,
+            version,
+            expires_at,
+        }
+    }
+}
+
 /// The version an entry's next write carries, given the version read (`None`: no entry):
 /// one more, or for an entry made anew the time, so a writer who read an earlier entry of
 /// that key, since expired and forgotten, cannot match the new one's.
