@@ -64,9 +64,10 @@ pub(crate) async fn advance(
             // The user's report and callback (with the fleet's notes of its tries); then,
             // once they are out, the queue's waiting jobs.
             let state = job.state;
-            effects.deliver(job.clone());
             if state.is_terminal() {
                 effects.ended(job);
+            } else {
+                effects.deliver(job);
             }
             Ok(EventOutcome::Advanced(state))
         }

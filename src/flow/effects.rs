@@ -30,8 +30,10 @@ impl Effects {
         self.owed.push_back(Effect::Deliver(job));
     }
 
-    /// `job` was ended by this instance's write: its slot on the queue is free.
+    /// `job` was ended by this instance's write: its messages are owed, and then (never
+    /// before they are tried) its slot on the queue is free.
     pub(crate) fn ended(&mut self, job: Job) {
+        self.owed.push_back(Effect::Deliver(job.clone()));
         self.owed.push_back(Effect::Ended(job));
     }
 
@@ -51,13 +53,19 @@ impl Drop for Effects {
     /// job's slot stay taken until a sweep's release); a panic already under way is not made
     /// an abort.
     fn drop(&mut self) {
-        if !std::thread::panicking() {
-            debug_assert!(
-                self.owed.is_empty(),
-                "effects dropped without being settled: {:?}",
-                self.owed
-            );
+        if self.owed.is_empty() || std::thread::panicking() {
+            return;
         }
+        // A deployment logs it (the sweep sends what is owed, and releases at its next pass).
+        tracing::warn!(
+            owed = self.owed.len(),
+            "effects dropped without being settled; the sweep takes them up"
+        );
+        debug_assert!(
+            self.owed.is_empty(),
+            "effects dropped without being settled: {:?}",
+            self.owed
+        );
     }
 }
 
@@ -81,10 +89,9 @@ mod tests {
     #[test]
     fn effects_are_run_in_the_order_they_arose() {
         let mut e = Effects::default();
-        e.deliver(job("a"));
         e.ended(job("a"));
         e.deliver(job("b"));
-        assert_eq!(e.len(), 3);
+        assert_eq!(e.len(), 3, "an end owes its messages first");
         let order: Vec<(bool, String)> = std::iter::from_fn(|| e.next())
             .map(|x| match x {
                 Effect::Deliver(j) => (false, j.run_id.to_string()),

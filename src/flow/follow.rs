@@ -207,8 +207,7 @@ async fn end_at_deadline(
     match written {
         Updated::Written(j) => {
             let state = j.state;
-            effects.deliver(j.clone());
-            // Its slot on the queue is free: fair share's waiting jobs may go.
+            // Its report, then its slot on the queue freed: fair share's waiting jobs may go.
             effects.ended(j);
             Ok(EventOutcome::Advanced(state))
         }

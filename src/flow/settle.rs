@@ -9,10 +9,10 @@
 //!   waiting jobs whose place moved marked. What that owes (the released jobs' and the moved
 //!   ones' messages) joins the end of the list and is run in turn.
 //!
-//! A job's report always goes out before its slot is given to another (an arrow owes the
-//! delivery first). A failure to record a delivery the arrows owed is the caller's to return
-//! (the sweep sends the message later); trouble with what the ends owed is logged: the jobs
-//! themselves have ended.
+//! A job's report is always tried before its slot is given to another ([`Effects::ended`]
+//! owes the delivery first). A failure to record a delivery the arrows owed is the caller's
+//! to return (the sweep sends the message later); trouble with what the ends owed is logged:
+//! the jobs themselves have ended.
 
 use tracing::warn;
 
@@ -57,9 +57,16 @@ pub(crate) async fn settle_after<T>(
     result: Result<T, DispatchError>,
 ) -> Result<T, DispatchError> {
     let settled = settle(d, effects, deadline).await;
-    let done = result?;
-    settled?;
-    Ok(done)
+    match (result, settled) {
+        (Ok(done), Ok(())) => Ok(done),
+        (Ok(_), Err(e)) => Err(e.into()),
+        (Err(failed), settled) => {
+            if let Err(e) = settled {
+                warn!(error = %e, "a message is left to the sweep");
+            }
+            Err(failed)
+        }
+    }
 }
 
 /// Sends what `job` owes both its receivers within `deadline`, starting from `job` as last

@@ -6,7 +6,7 @@ use tracing::{Instrument, info, warn};
 use super::create::{settle_creation, try_create};
 use super::effects::Effects;
 use super::rules::creation::CREATE_HOLD_MS;
-use super::settle::{deliver, settle_after};
+use super::settle::{deliver, settle, settle_after};
 use super::submission::Submission;
 use super::{Deps, DispatchError, fair};
 use crate::jobs::{CallbackOutbox, Created, Creation, Job, RunId};
@@ -63,11 +63,15 @@ pub async fn submit(
             info!(state = %existing.state, "run id already known; nothing created");
             return Ok(Submitted::Existing(*existing));
         }
-        let mut effects = Effects::default();
-        let made = make(d, job, &sub.payload, deadline, &mut effects).await;
-        // What the create owed (a refused build's report, released jobs' first messages)
-        // goes out before this submission's answer, whether or not its own create went well.
-        let job = settle_after(d, effects, deadline, made).await?;
+        let (mut own, mut others) = (Effects::default(), Effects::default());
+        let made = make(d, job, &sub.payload, deadline, &mut own, &mut others).await;
+        // What its own create owed (a refused build's report) goes out before the answer;
+        // then the released jobs' first messages, never this submission's failure.
+        let made = settle_after(d, own, deadline, made).await;
+        if let Err(e) = settle(d, others, deadline).await {
+            warn!(error = %e, "a released job's message is left to the sweep");
+        }
+        let job = made?;
         let job = match fair::place(d, &job).await {
             Ok(placed) => placed,
             Err(e) => {
@@ -83,21 +87,23 @@ pub async fn submit(
 }
 
 /// Takes the new job's turn, and creates its build when it has one; creates the builds of
-/// the others its release let go. The job as it is then; what it owes is left to `effects`.
+/// the others its release let go. The job as it is then; what its create owes is left to
+/// `own`, what the others' owe to `others`.
 async fn make(
     d: &Deps,
     job: Job,
     payload: &str,
     deadline: Deadline,
-    effects: &mut Effects,
+    own: &mut Effects,
+    others: &mut Effects,
 ) -> Result<Job, DispatchError> {
-    let (turn, others) = take_turn(d, job).await?;
+    let (turn, released) = take_turn(d, job).await?;
     let job = match turn {
         Turn::Go(job) => {
             let bk_deadline = d.buildkite_deadline(deadline);
             let creating = try_create(d, &job, payload, bk_deadline).await;
             // A refused build ends here: the others are left to the sweep, as at any failure.
-            settle_creation(d, &job, creating, deadline, effects).await?
+            settle_creation(d, &job, creating, deadline, own).await?
         }
         Turn::Wait(job) => {
             info!(user = ?job.user, "waiting: its user has builds in flight");
@@ -106,7 +112,7 @@ async fn make(
     };
     // Others the release let go: best effort (the sweep creates what this does not), and
     // never this submission's failure.
-    fair::create_released(d, others, deadline, effects).await;
+    fair::create_released(d, released, deadline, others).await;
     Ok(job)
 }
 
