@@ -93,6 +93,8 @@ struct Side {
     /// How the runs that did not pass ended, and how many.
     endings: BTreeMap<String, usize>,
     built_twice: usize,
+    /// The webhook function's answers by outcome (`advanced`, `ignored`, `refused`, `error`…).
+    webhooks: BTreeMap<String, usize>,
     real_secs: f64,
 }
 
@@ -325,6 +327,10 @@ async fn measure(d: &Driver, real: Instant) -> Side {
     side.bk_429 = app.buildkite.rate_limited_calls();
     side.discord_calls = app.discord_calls().len();
     (side.discord_429, side.discord_busiest) = app.discord.rate_limit_seen();
+    for (m, _) in app.metric("WebhookRequests") {
+        let outcome = m["Outcome"].as_str().unwrap_or("unnamed").to_owned();
+        *side.webhooks.entry(outcome).or_default() += 1;
+    }
     side
 }
 
@@ -488,6 +494,14 @@ fn limit_rows(s: &Side) -> Vec<(&'static str, String)> {
         (
             "last run reported (simulated min)",
             format!("{:.1}", s.span / 60.0),
+        ),
+        (
+            "webhooks refused / answered 5xx",
+            format!(
+                "{} / {}",
+                s.webhooks.get("refused").copied().unwrap_or(0),
+                s.webhooks.get("error").copied().unwrap_or(0)
+            ),
         ),
     ]
 }
