@@ -264,7 +264,7 @@ async fn fetch(
     artifact: &Artifact<'_>,
     deadline: Deadline,
 ) -> Result<String, ProfileError> {
-    let budget = CallBudget::new(1);
+    let budget = CallBudget::new(1, d.clock.clone());
     let buildkite = d.buildkite.with_budget(budget.clone());
     let at = (artifact.job_id, artifact.artifact_id);
     let bk_deadline = d.buildkite_deadline(deadline);

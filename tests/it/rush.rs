@@ -194,8 +194,86 @@ async fn a_burst_to_one_webhook_keeps_to_its_bucket(kind: StoreKind) {
     );
 }
 
+/// The used calls of Buildkite's current window (the stand-in's count).
+fn used_now(app: &TestApp) -> u32 {
+    app.buildkite
+        .rate_limit_windows()
+        .last()
+        .copied()
+        .unwrap_or(0)
+}
+
+/// A window spent to its last call, then quiet past its end: the next answer, whatever the
+/// call (the agents list's too), tells a new window, and the sweep's pass goes on to create
+/// the build of the job fair share released while the window was spent. (The rush once
+/// stalled here for an hour: the agents list answered the old window's 0, and each pass
+/// stopped its Buildkite work at its first call.)
+async fn a_window_that_ended_quietly_holds_back_no_pass(kind: StoreKind) {
+    let app = TestApp::spawn_with(kind, &[("SWEEP_MIN_AGE_SECS", "0")]).await;
+    app.buildkite.add_agent("h100-gpu0", "h100", &[]);
+    app.buildkite.enforce_rate_limit(20);
+    for i in 0..4 {
+        let mut body = submission(&format!("heavy-{i}"));
+        body["user"] = "heavy".into();
+        let (status, answer) = app.submit(&body).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{answer}");
+    }
+    assert_eq!(
+        app.buildkite.builds().len(),
+        2,
+        "two in flight, two waiting"
+    );
+    // Runs of nobody in particular take the window down to the 3 calls kept for a finish.
+    let mut i = 0;
+    while used_now(&app) < 17 {
+        let (status, answer) = app.submit(&submission(&format!("anyone-{i}"))).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{answer}");
+        i += 1;
+        assert!(
+            i < 40,
+            "the window fills: {:?}",
+            app.buildkite.rate_limit_windows()
+        );
+    }
+    app.buildkite.start_eval(1);
+    app.finish(1, "passed", Some(sample_result(false))).await;
+    assert_eq!(app.job("heavy-0").await.state, JobState::Finished);
+    assert_eq!(
+        used_now(&app),
+        20,
+        "the finish took the window's last calls"
+    );
+    let released = app.job("heavy-2").await;
+    assert!(
+        !released.waiting && released.build.is_none(),
+        "released, its create left for a window with room: {released:?}"
+    );
+    // Nobody calls until well past the window's end; then one pass.
+    app.advance_clock(Duration::from_secs(120));
+    let calls_before = app.buildkite.api_calls().len();
+    app.sweep().await;
+    let created = app.job("heavy-2").await;
+    assert!(created.build.is_some(), "the pass created it: {created:?}");
+    let pass_calls = app.buildkite.api_calls()[calls_before..].to_vec();
+    assert!(
+        pass_calls.iter().any(|c| c.ends_with("/agents")),
+        "the pass read the agents list (fair share counts idle GPUs by it): {pass_calls:?}"
+    );
+    assert_eq!(
+        used_now(&app) as usize,
+        pass_calls.len(),
+        "each of the pass's calls counted in a new window, the agents list's too: {pass_calls:?}"
+    );
+    assert_eq!(
+        app.buildkite.rate_limited_calls(),
+        0,
+        "nothing called past the window"
+    );
+}
+
 on_both_stores!(
     twelve_runs_of_three_users_fit_a_small_limit_and_none_is_lost,
     a_told_limit_is_kept_and_creates_come_first,
-    a_burst_to_one_webhook_keeps_to_its_bucket
+    a_burst_to_one_webhook_keeps_to_its_bucket,
+    a_window_that_ended_quietly_holds_back_no_pass
 );

@@ -141,7 +141,8 @@ pub(super) async fn rate_limit_headers(
 ) -> Response {
     let mut s = lock(&inner);
     let now = s.clock.now();
-    if let Some(l) = &s.limit {
+    if let Some(l) = s.limit.as_mut() {
+        l.roll(now);
         let headers = [
             ("ratelimit-limit", l.calls.to_string()),
             (

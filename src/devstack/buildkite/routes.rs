@@ -76,6 +76,21 @@ fn over_limit() -> Response {
     (StatusCode::TOO_MANY_REQUESTS, headers, Json(body)).into_response()
 }
 
+/// The call counted against the enforced limit; Buildkite's 429 when it is past it.
+fn over_enforced_limit(s: &mut Inner) -> Option<Response> {
+    let now = s.clock.now();
+    let Some(Err(reset)) = s.limit.as_mut().map(|l| l.take(now)) else {
+        return None;
+    };
+    let body = json!({"message": format!("You have exceeded your API rate limit. Please wait {reset} seconds before making more requests."),
+        "scope": "rest_user", "reset": reset});
+    let headers = [
+        ("ratelimit-reset", reset.to_string()),
+        ("ratelimit-remaining", "0".to_owned()),
+    ];
+    Some((StatusCode::TOO_MANY_REQUESTS, headers, Json(body)).into_response())
+}
+
 /// Common checks for REST calls: auth, then an injected failure if one is queued.
 fn gate(s: &mut Inner, req: &Request, read: bool) -> Option<Response> {
     s.api_calls
@@ -86,21 +101,8 @@ fn gate(s: &mut Inner, req: &Request, read: bool) -> Option<Response> {
             "No valid API token provided",
         ));
     }
-    let now = s.clock.now();
-    if let Some(Err(reset)) = s.limit.as_mut().map(|l| l.take(now)) {
-        let body = json!({"message": format!("You have exceeded your API rate limit. Please wait {reset} seconds before making more requests."),
-            "scope": "rest_user", "reset": reset});
-        return Some(
-            (
-                StatusCode::TOO_MANY_REQUESTS,
-                [
-                    ("ratelimit-reset", reset.to_string()),
-                    ("ratelimit-remaining", "0".to_owned()),
-                ],
-                Json(body),
-            )
-                .into_response(),
-        );
+    if let Some(refused) = over_enforced_limit(s) {
+        return Some(refused);
     }
     let pipeline = format!("/v2/organizations/{}/pipelines/{}", s.org, s.pipeline);
     let path = req.uri().path();
@@ -367,6 +369,10 @@ async fn list_agents(
         .push(format!("{} {}", req.method(), req.uri().path()));
     if !authorized(&s, &req) {
         return bk_error(StatusCode::UNAUTHORIZED, "No valid API token provided");
+    }
+    // Every REST call of the token counts against its limit, the agents list's too.
+    if let Some(refused) = over_enforced_limit(&mut s) {
+        return refused;
     }
     if org != s.org {
         return bk_error(StatusCode::NOT_FOUND, "Not Found");

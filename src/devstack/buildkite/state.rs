@@ -119,17 +119,23 @@ pub(super) struct Limit {
 impl Limit {
     /// Counts a call at `now`; `Err(reset seconds)` when it is over the limit.
     pub(super) fn take(&mut self, now: Millis) -> Result<(), u64> {
-        if now - self.started >= self.window {
-            self.history.push(self.used);
-            self.started = now;
-            self.used = 0;
-        }
+        self.roll(now);
         if self.used >= self.calls {
             self.refused += 1;
             return Err(self.reset_secs(now));
         }
         self.used += 1;
         Ok(())
+    }
+
+    /// Past its end, a new window begins (counted from its first call, as Buildkite's are):
+    /// what an answer says of the window is never a window already over.
+    pub(super) fn roll(&mut self, now: Millis) {
+        if now - self.started >= self.window {
+            self.history.push(self.used);
+            self.started = now;
+            self.used = 0;
+        }
     }
 
     /// Whole seconds until the window ends (at least one, as Buildkite says it).

@@ -44,7 +44,7 @@ pub const SWEEP_BATCH: usize = 1000;
 /// of the pass, and the pass starts no new work when its deadline is near; where it stops,
 /// a bookmark lets the next pass go on.
 pub async fn sweep(d: &Deps, deadline: Deadline) -> Result<SweepReport, DispatchError> {
-    let budget = CallBudget::new(d.config.timing.sweep_max_calls);
+    let budget = CallBudget::new(d.config.timing.sweep_max_calls, d.clock.clone());
     let pass = Deps {
         buildkite: d.buildkite.with_budget(budget.clone()),
         ..sliced(d)
