@@ -328,6 +328,9 @@ pub struct Config {
     /// `USER_MAX_IN_FLIGHT`: at most this many of a user's jobs per queue have a build at
     /// once (0: no fair share, first come first served).
     pub user_max_in_flight: usize,
+    /// `USER_MAX_WAITING`: at most this many of a user's jobs per queue wait for fair share
+    /// (0: no limit); a submission past it is refused (429, `Retry-After`), nothing recorded.
+    pub user_max_waiting: usize,
 }
 
 struct Env<'a>(&'a dyn Fn(&str) -> Option<String>);
@@ -503,6 +506,8 @@ impl Config {
             profile_links: env.profile_links()?,
             user_max_in_flight: usize::try_from(env.number("USER_MAX_IN_FLIGHT", 2)?)
                 .map_err(|_| ConfigError::invalid("USER_MAX_IN_FLIGHT", "too large"))?,
+            user_max_waiting: usize::try_from(env.number("USER_MAX_WAITING", 20)?)
+                .map_err(|_| ConfigError::invalid("USER_MAX_WAITING", "too large"))?,
         })
     }
 

@@ -1,5 +1,6 @@
 //! Cancel: a user no longer wants a run. Its build is canceled and the job ends as
-//! `canceled` when `build.finished` says so, or at once when it has no build yet.
+//! `canceled` when `build.finished` says so, or at once when it has no build yet (and then
+//! its slot on the queue is free at once).
 
 use super::effects::Effects;
 use super::rules::ending::request_cancel;
@@ -25,20 +26,31 @@ pub async fn cancel(
     deadline: Deadline,
 ) -> Result<Canceled, DispatchError> {
     let now = d.clock.now();
-    let job = match update(d.store.as_ref(), run_id, |j| request_cancel(j, now)).await? {
-        Updated::Missing => return Ok(Canceled::Unknown),
-        Updated::Unchanged(j) if j.state.is_terminal() && !j.cancel_requested => {
-            return Ok(Canceled::AlreadyFinished(j));
-        }
-        Updated::Unchanged(j) | Updated::Written(j) => j,
-    };
+    let (job, ended_here) =
+        match update(d.store.as_ref(), run_id, |j| request_cancel(j, now)).await? {
+            Updated::Missing => return Ok(Canceled::Unknown),
+            Updated::Unchanged(j) if j.state.is_terminal() && !j.cancel_requested => {
+                return Ok(Canceled::AlreadyFinished(j));
+            }
+            Updated::Written(j) => {
+                let ended = j.state.is_terminal();
+                (j, ended)
+            }
+            Updated::Unchanged(j) => (j, false),
+        };
     match &job.build {
         Some(b) if !job.state.is_terminal() => {
             stop_build(d, b.number, d.buildkite_deadline(deadline)).await;
         }
         _ => {
             let mut effects = Effects::default();
-            effects.deliver(job.clone());
+            if ended_here {
+                // A job released to run held its user's slot, even without a build yet: the
+                // next one goes now, not at the next end on the queue.
+                effects.ended(job.clone());
+            } else {
+                effects.deliver(job.clone());
+            }
             settle(d, effects, deadline).await?;
         }
     }

@@ -1,11 +1,13 @@
 //! Submit: record the job, then create its build (or leave that to the sweep), then show it
 //! in Discord. The record comes first so a webhook never arrives for a job we do not know.
+//! A submission that would wait past its user's `USER_MAX_WAITING` is refused before it.
 
 use tracing::{Instrument, info, warn};
 
 use super::create::{settle_creation, try_create};
 use super::effects::Effects;
 use super::rules::creation::CREATE_HOLD_MS;
+use super::rules::fair as fair_rules;
 use super::settle::{deliver, settle, settle_after};
 use super::submission::Submission;
 use super::{Deps, DispatchError, fair};
@@ -18,6 +20,17 @@ pub enum Submitted {
     New(Job),
     /// The run id was known: nothing was created.
     Existing(Job),
+    /// Its user has as many jobs waiting on the queue as allowed: nothing was recorded.
+    TooManyWaiting(TooManyWaiting),
+}
+
+/// A submission refused at its user's `USER_MAX_WAITING` on its queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TooManyWaiting {
+    pub waiting: usize,
+    pub limit: usize,
+    /// About when one of them should have started (the queue's median run time).
+    pub retry_after_secs: u64,
 }
 
 /// The job a submission starts, its create held while this function makes it: if the
@@ -59,6 +72,17 @@ pub async fn submit(
     let span = tracing::info_span!("submit", run_id = %sub.run_id, gpu = %sub.gpu);
     async move {
         let job = job_of(d, &sub);
+        if let Some(refused) = over_waiting(d, &job).await? {
+            // A retry of a submission already recorded is answered as it was.
+            if let Some(existing) = d.store.get(&job.run_id).await? {
+                return Ok(Submitted::Existing(existing));
+            }
+            info!(
+                waiting = refused.waiting,
+                "refused: its user has too many jobs waiting"
+            );
+            return Ok(Submitted::TooManyWaiting(refused));
+        }
         if let Created::Existing(existing) = d.store.create(&job).await? {
             info!(state = %existing.state, "run id already known; nothing created");
             return Ok(Submitted::Existing(*existing));
@@ -84,6 +108,25 @@ pub async fn submit(
     }
     .instrument(span)
     .await
+}
+
+/// The refusal of a job that would wait past its user's `USER_MAX_WAITING` on its queue
+/// (one read of the queue's open jobs, only for a job of a named user under fair share).
+async fn over_waiting(d: &Deps, job: &Job) -> Result<Option<TooManyWaiting>, DispatchError> {
+    let limit = d.config.user_max_waiting;
+    let Some(user) = job.user.as_ref().filter(|_| job.waiting && limit > 0) else {
+        return Ok(None);
+    };
+    let open = d.store.open_in_queue(&job.queue).await?;
+    let Err(waiting) = fair_rules::may_wait(&open, user.as_str(), limit) else {
+        return Ok(None);
+    };
+    let median = fair::queue_record(d, &job.queue).await?.median_run();
+    Ok(Some(TooManyWaiting {
+        waiting,
+        limit,
+        retry_after_secs: fair_rules::retry_waiting_after(median),
+    }))
 }
 
 /// Takes the new job's turn, and creates its build when it has one; creates the builds of

@@ -56,6 +56,16 @@ async fn create(
     let (status, job) = match submit::submit(&d, sub, deadline).await? {
         Submitted::New(job) => (StatusCode::ACCEPTED, job),
         Submitted::Existing(job) => (StatusCode::OK, job),
+        Submitted::TooManyWaiting(r) => {
+            return Err(ApiError::TooManyRequests {
+                message: format!(
+                    "this user already has {} submissions waiting for a GPU of this queue (at \
+                     most {}); try again in about {} s",
+                    r.waiting, r.limit, r.retry_after_secs
+                ),
+                retry_after: r.retry_after_secs,
+            });
+        }
     };
     Ok((status, Json(SubmittedView::of(&job))).into_response())
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use kernelbot_dispatch::devstack::buildkite::sample_result;
 use kernelbot_dispatch::jobs::{CacheEntry, JobState};
+use kernelbot_dispatch::result::Verdict;
 use reqwest::StatusCode;
 use serde_json::Value;
 
@@ -32,6 +33,15 @@ fn built(app: &TestApp) -> Vec<String> {
         .iter()
         .map(|b| b.meta_data.get("run_id").cloned().unwrap_or_default())
         .collect()
+}
+
+/// The verdict `run_id` ended with, once it has.
+async fn verdict(app: &TestApp, run_id: &str) -> Option<Verdict> {
+    let job = app.job(run_id).await;
+    job.state
+        .is_terminal()
+        .then(|| job.outcome.map(|o| o.verdict))
+        .flatten()
 }
 
 async fn build_of(app: &TestApp, run_id: &str) -> u64 {
@@ -191,6 +201,86 @@ async fn cancel_and_the_queue_deadline_reach_waiting_jobs(kind: StoreKind) {
     assert_eq!(built(&app), ["a1"], "neither got a build");
 }
 
+/// A canceled job that held its user's slot lets the next one go: at once when it had no
+/// build yet (its create had failed), and when its canceled build's `build.finished` comes
+/// when it had one.
+async fn a_cancel_of_a_job_holding_a_slot_releases_the_next_one(kind: StoreKind) {
+    let app = TestApp::spawn_with(kind, &[("USER_MAX_IN_FLIGHT", "1")]).await;
+    // Buildkite unavailable for a1's create: released, deferred, no build.
+    app.buildkite.fail_creates(&[(503, false)], 30);
+    submit(&app, "alice", "a1").await;
+    submit(&app, "alice", "a2").await;
+    submit(&app, "alice", "a3").await;
+    let a1 = app.job("a1").await;
+    assert!(
+        !a1.waiting && a1.build.is_none(),
+        "a1 holds the slot: {a1:?}"
+    );
+    assert!(app.job("a2").await.waiting, "a2 waits behind it");
+    let (status, answer) = app.cancel("a1").await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{answer}");
+    assert_eq!(verdict(&app, "a1").await, Some(Verdict::Canceled));
+    assert_eq!(built(&app), ["a2"], "a1's slot went to a2 at once");
+    assert!(app.job("a3").await.waiting, "one slot, one release");
+    // a2 has a build: its cancel ends it when Buildkite says the build was canceled.
+    let (status, answer) = app.cancel("a2").await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{answer}");
+    assert!(app.job("a3").await.waiting, "a2 still holds its slot");
+    let a2 = build_of(&app, "a2").await;
+    assert_eq!(
+        app.buildkite.build(a2).expect("a2's build").state,
+        "canceled"
+    );
+    assert_eq!(app.event("build.finished", a2).await, StatusCode::OK);
+    assert_eq!(verdict(&app, "a2").await, Some(Verdict::Canceled));
+    assert_eq!(built(&app), ["a2", "a3"], "then a3");
+}
+
+/// At most `USER_MAX_WAITING` of a user's jobs wait on a queue: the next is refused with
+/// 429 and `Retry-After`, and nothing of it is recorded; a retry of one already recorded is
+/// answered as before, another user is not held back, and once one of the user's jobs
+/// starts the user may submit again.
+async fn a_user_past_the_waiting_limit_is_refused_and_no_one_else(kind: StoreKind) {
+    let vars = [("USER_MAX_IN_FLIGHT", "1"), ("USER_MAX_WAITING", "2")];
+    let app = TestApp::spawn_with(kind, &vars).await;
+    for run_id in ["a1", "a2", "a3"] {
+        submit(&app, "alice", run_id).await;
+    }
+    let refused = app
+        .client
+        .post(format!("{}/submissions", app.submit_url))
+        .bearer_auth(crate::support::API_TOKEN)
+        .json(&from("alice", "a4"))
+        .send()
+        .await
+        .expect("the submit API answers");
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    let retry_after = refused.headers()[reqwest::header::RETRY_AFTER]
+        .to_str()
+        .unwrap();
+    assert_eq!(retry_after, "60", "no run times yet: a minute");
+    let body: Value = refused.json().await.expect("a JSON error");
+    assert_eq!(body["error"], "rate_limited", "{body}");
+    let message = body["message"].as_str().unwrap_or_default();
+    assert!(message.contains("2 submissions waiting"), "{body}");
+    let (status, _) = app.status("a4").await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "nothing of a4 recorded");
+    let (status, again) = app.submit(&from("alice", "a2")).await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "a retry of a2 is answered as before: {again}"
+    );
+    assert_eq!(again["run_id"], "a2", "{again}");
+    submit(&app, "bob", "b1").await;
+    let a1 = build_of(&app, "a1").await;
+    app.buildkite.start_eval(a1);
+    app.finish(a1, "passed", Some(sample_result(false))).await;
+    assert!(!app.job("a2").await.waiting, "a2 took a1's slot");
+    let answer = submit(&app, "alice", "a4").await;
+    assert_eq!(answer["state"], "submitted", "a4 waits now: {answer}");
+}
+
 /// With run times to go by, the place and the expected start show in the API and in the
 /// first message, in Discord's self-updating time markup.
 async fn the_place_and_expected_start_show_in_the_api_and_the_message(kind: StoreKind) {
@@ -265,5 +355,7 @@ on_both_stores!(
     waiting_jobs_start_round_robin_over_users,
     two_finishes_at_once_create_each_waiting_job_once,
     cancel_and_the_queue_deadline_reach_waiting_jobs,
+    a_cancel_of_a_job_holding_a_slot_releases_the_next_one,
+    a_user_past_the_waiting_limit_is_refused_and_no_one_else,
     the_place_and_expected_start_show_in_the_api_and_the_message,
 );

@@ -15,6 +15,27 @@ pub(crate) fn user_of(job: &OpenJob) -> &str {
         .map_or(job.run_id.as_str(), UserId::as_str)
 }
 
+/// Whether `user` may have one more job waiting on a queue whose open jobs are `open`, at
+/// most `limit` of theirs waiting (0: no limit): `Err` with how many wait when they may not.
+pub(crate) fn may_wait(open: &[OpenJob], user: &str, limit: usize) -> Result<(), usize> {
+    let waiting = open
+        .iter()
+        .filter(|j| j.waiting && user_of(j) == user)
+        .count();
+    if limit == 0 || waiting < limit {
+        Ok(())
+    } else {
+        Err(waiting)
+    }
+}
+
+/// When a user refused for waiting too much may try again: about when the queue's next
+/// run ends (its median run time; a minute before it has one), 1 s to an hour.
+pub(crate) fn retry_waiting_after(median_run: Option<Millis>) -> u64 {
+    let ms = median_run.unwrap_or(60_000).max(0);
+    u64::try_from((ms + 999) / 1000).unwrap_or(1).clamp(1, 3600)
+}
+
 /// The waiting jobs in the order fair share releases them: round `r` holds each user's
 /// `r`-th oldest waiting job, and within a round users come in the order of their oldest
 /// waiting job.
@@ -165,6 +186,48 @@ pub(crate) fn release_job(job: &Job, now: Millis, held: bool) -> Option<Job> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_user_may_wait_up_to_the_limit() {
+        let o = |run_id: &str, user: &str, waiting: bool| {
+            open(run_id, user, 0, JobState::Submitted, waiting)
+        };
+        let queue = [
+            o("a1", "ann", false),
+            o("a2", "ann", true),
+            o("a3", "ann", true),
+            o("b1", "ben", true),
+        ];
+        // (user, limit, expected)
+        let cases = [
+            ("ann", 3, Ok(())),
+            ("ann", 2, Err(2)),
+            ("ann", 1, Err(2)),
+            ("ann", 0, Ok(())),
+            ("ben", 1, Err(1)),
+            ("ben", 2, Ok(())),
+            ("cy", 1, Ok(())),
+        ];
+        for (user, limit, expected) in cases {
+            assert_eq!(may_wait(&queue, user, limit), expected, "{user} at {limit}");
+        }
+        assert_eq!(may_wait(&[], "ann", 1), Ok(()));
+    }
+
+    #[test]
+    fn a_refused_user_is_told_to_come_back_about_one_run_later() {
+        let cases = [
+            (None, 60),
+            (Some(30_000), 30),
+            (Some(30_001), 31),
+            (Some(0), 1),
+            (Some(-5), 1),
+            (Some(99_000_000), 3600),
+        ];
+        for (median, expected) in cases {
+            assert_eq!(retry_waiting_after(median), expected, "{median:?}");
+        }
+    }
 
     fn open(
         run_id: &str,
