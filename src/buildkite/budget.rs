@@ -70,8 +70,12 @@ impl CallBudget {
         if let Some(n) = lowest {
             self.0.remaining.store(n, Ordering::Relaxed);
         }
-        let reset = headers.get("ratelimit-reset").and_then(|v| v.to_str().ok());
-        let reset = reset.and_then(|v| v.trim().parse::<i64>().ok());
+        // The later of the organization's and the token's resets: the lower count may be
+        // either's, and the pass waits for both.
+        let reset = ["ratelimit-reset", "ratelimit-user-reset"]
+            .iter()
+            .filter_map(|n| headers.get(*n)?.to_str().ok()?.trim().parse::<i64>().ok())
+            .max();
         if let Some(secs) = reset {
             self.0.reset.store(secs, Ordering::Relaxed);
         }
@@ -139,6 +143,13 @@ mod tests {
             budget.spent(),
             "a count without its reset holds for the pass"
         );
+        let mut both = told("1", Some("5"));
+        both.insert("ratelimit-user-reset", "40".parse().unwrap());
+        budget.observe(&both);
+        clock.advance(std::time::Duration::from_secs(39));
+        assert!(budget.spent(), "the later of the two resets");
+        clock.advance(std::time::Duration::from_secs(1));
+        assert!(!budget.spent());
         budget.observe(&told("0", Some("99999999")));
         clock.advance(std::time::Duration::from_secs(3_599));
         assert!(budget.spent(), "a reset past an hour is read as an hour");

@@ -4,20 +4,25 @@
 //! webhooks), while Buildkite's window resets every minute. Any function instance whose
 //! window has room takes up to a few of them, finishes first. A create is claimed in the
 //! store first ([`create_if_due`]) and a finish is a forward-only write, so whoever takes
-//! one up does it once.
+//! one up does it once. One item holds back no other: one not yet due goes back with its
+//! time, one that fails goes to the back with its attempt counted and a growing wait
+//! (dropped after a few); only Buildkite deferring one again (its rate limit, a create not
+//! sent) stops a batch.
 
 use std::time::Duration;
 
 use tracing::{info, warn};
 
 use super::create::{Tried, create_if_due};
-use super::deferred::{Deferred, Work, claim, put, rate_limited};
+use super::deferred::{Deferred, MAX_ATTEMPTS, Work, claim, put, rate_limited};
 use super::effects::Effects;
 use super::follow::{PipelineSeen, look_at_build};
 use super::{Deps, DispatchError};
 use crate::buildkite::Priority;
-use crate::jobs::{Job, Queue};
+use crate::jobs::{Job, Queue, RunId};
 use crate::retry::Deadline;
+use crate::telemetry::metrics::Unit;
+use crate::time::Millis;
 
 /// Below this much of its deadline left, a call takes up nothing more: an item claimed
 /// when the function stops is off the list until the sweep finds its job.
@@ -31,6 +36,55 @@ pub(crate) struct Batch {
     queue: Queue,
     /// Not yet done, in order.
     left: std::collections::VecDeque<Deferred>,
+    /// Taken but not done, for the list's end: not yet due, or failed once more.
+    later: Vec<Deferred>,
+}
+
+/// What taking up one item did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Done {
+    /// Off the list: done, or nothing left to do.
+    Off,
+    /// Buildkite deferred it again (its rate limit, a create not sent or unconfirmed): the
+    /// batch stops, the item back at the front.
+    Again,
+    /// Not due before then (its create is held).
+    NotBefore(Millis),
+    /// It failed (logged).
+    Failed,
+}
+
+/// Where an item goes after `done`.
+#[derive(Debug, PartialEq, Eq)]
+enum Next {
+    Off,
+    /// Back at the front, and the batch stops.
+    Stop(Deferred),
+    /// To the list's end, and the batch goes on.
+    Later(Deferred),
+    /// Dropped: failed too often (the sweep finds its job by age).
+    Dropped(Deferred),
+}
+
+/// The first wait after a failure; each further failure doubles it.
+const FAILED_WAIT_MS: Millis = 30_000;
+
+/// The pure decision: where `item` goes after `done` at `now`.
+fn next_of(mut item: Deferred, done: Done, now: Millis) -> Next {
+    match done {
+        Done::Off => Next::Off,
+        Done::Again => Next::Stop(item),
+        Done::NotBefore(at) => {
+            item.not_before = item.not_before.max(at);
+            Next::Later(item)
+        }
+        Done::Failed if item.attempts + 1 >= MAX_ATTEMPTS => Next::Dropped(item),
+        Done::Failed => {
+            item.not_before = now.saturating_add(FAILED_WAIT_MS << item.attempts.min(8));
+            item.attempts += 1;
+            Next::Later(item)
+        }
+    }
 }
 
 impl Batch {
@@ -41,6 +95,7 @@ impl Batch {
         Some(Self {
             queue: queue.clone(),
             left: taken.into(),
+            later: Vec::new(),
         })
     }
 
@@ -55,24 +110,35 @@ impl Batch {
         if deadline.remaining() < TIME_FLOOR {
             return false;
         }
-        let Some(item) = self.left.front() else {
+        let Some(item) = self.left.pop_front() else {
             return false;
         };
         let done = match item.work {
-            Work::Finish => finish_one(d, item, deadline, effects).await,
-            Work::Create => create_one(d, item, deadline, effects).await,
+            Work::Finish => finish_one(d, &item, deadline, effects).await,
+            Work::Create => create_one(d, &item, deadline, effects).await,
         };
-        let on = carry_on(item, done);
-        if on {
-            self.left.pop_front();
+        match next_of(item, logged(&self.queue, done), d.clock.now()) {
+            Next::Off => {}
+            Next::Stop(item) => {
+                self.left.push_front(item);
+                return false;
+            }
+            Next::Later(item) => self.later.push(item),
+            Next::Dropped(item) => {
+                warn!(run_id = %item.run_id, work = ?item.work, attempts = MAX_ATTEMPTS,
+                    "deferred work dropped after failing; the sweep finds its job by age");
+                d.metrics.put(&[], &[("DeferredDropped", Unit::Count, 1.0)]);
+            }
         }
-        on && !self.left.is_empty()
+        !self.left.is_empty()
     }
 
-    /// Puts what was not done back at the front of the list.
+    /// Puts what was not done back: the untried at the front of the list, in their order
+    /// (they are older than what came since), the rest at its end.
     pub(crate) async fn put_back(self, d: &Deps) {
         let left: Vec<Deferred> = self.left.into();
         put(d, &self.queue, &left, true).await;
+        put(d, &self.queue, &self.later, false).await;
     }
 }
 
@@ -91,18 +157,13 @@ pub(crate) async fn take_up_creates(
     batch.put_back(d).await;
 }
 
-/// Whether to go on after `item`: it is off the list; else it was deferred again or failed
-/// (logged), and it and the rest go back.
-fn carry_on(item: &Deferred, done: Result<bool, DispatchError>) -> bool {
+/// What taking up an item did, its failure logged.
+fn logged(queue: &Queue, done: Result<Done, (RunId, DispatchError)>) -> Done {
     match done {
-        Ok(true) => {
-            info!(run_id = %item.run_id, work = ?item.work, "deferred work taken up");
-            true
-        }
-        Ok(false) => false,
-        Err(e) => {
-            warn!(error = %e, run_id = %item.run_id, "deferred work is left to the sweep");
-            false
+        Ok(done) => done,
+        Err((run_id, e)) => {
+            warn!(error = %e, %run_id, %queue, "deferred work failed; tried again later");
+            Done::Failed
         }
     }
 }
@@ -127,37 +188,106 @@ async fn open_job(d: &Deps, item: &Deferred) -> Result<Option<Job>, DispatchErro
         .filter(|j| !j.state.is_terminal()))
 }
 
-/// A deferred finish: `Ok(true)` when it is off the list, `Ok(false)` when the window
-/// deferred it again.
+/// A deferred finish taken up.
 async fn finish_one(
     d: &Deps,
     item: &Deferred,
     deadline: Deadline,
     effects: &mut Effects,
-) -> Result<bool, DispatchError> {
-    let Some(job) = open_job(d, item).await? else {
-        return Ok(true);
+) -> Result<Done, (RunId, DispatchError)> {
+    let failed = |e| (item.run_id.clone(), e);
+    let Some(job) = open_job(d, item).await.map_err(failed)? else {
+        return Ok(Done::Off);
     };
     match look_at_build(d, &job, &mut PipelineSeen::default(), deadline, effects).await {
-        Ok(_) => Ok(true),
-        Err(e) if rate_limited(&e) => Ok(false),
-        Err(e) => Err(e),
+        Ok(_) => {
+            info!(run_id = %item.run_id, "deferred finish taken up");
+            Ok(Done::Off)
+        }
+        Err(e) if rate_limited(&e) => Ok(Done::Again),
+        Err(e) => Err(failed(e)),
     }
 }
 
-/// A deferred create, as [`finish_one`].
+/// A deferred create taken up: one whose create is held (another instance's claim, a
+/// reset Buildkite gave) goes back with its time rather than holding back the list.
 async fn create_one(
     d: &Deps,
     item: &Deferred,
     deadline: Deadline,
     effects: &mut Effects,
-) -> Result<bool, DispatchError> {
-    let Some(job) = open_job(d, item).await?.filter(|j| j.build.is_none()) else {
-        return Ok(true);
+) -> Result<Done, (RunId, DispatchError)> {
+    let failed = |e| (item.run_id.clone(), e);
+    let job = open_job(d, item).await.map_err(failed)?;
+    let Some(job) = job.filter(|j| j.build.is_none() && !j.waiting) else {
+        return Ok(Done::Off);
     };
+    if let Some(after) = job.creation.as_ref().map(|c| c.after)
+        && after > d.clock.now()
+    {
+        return Ok(Done::NotBefore(after));
+    }
     match create_if_due(d, &job, d.buildkite_deadline(deadline), effects).await {
-        Ok((_, tried)) => Ok(tried == Tried::Created),
-        Err(e) if rate_limited(&e) => Ok(false),
-        Err(e) => Err(e),
+        Ok((_, Tried::Created)) => {
+            info!(run_id = %item.run_id, "deferred create taken up");
+            Ok(Done::Off)
+        }
+        Ok((_, Tried::Deferred)) => Ok(Done::Again),
+        // Not sent for the pass's budget: the window may have room for the next caller.
+        Ok((_, Tried::Nothing)) if d.buildkite.over_budget() => Ok(Done::Again),
+        // Nothing made: nothing left to do, or another instance claimed it meanwhile.
+        Ok((_, Tried::Nothing)) => still_to_do(d, item).await.map_err(failed),
+        Err(e) if rate_limited(&e) => Ok(Done::Again),
+        Err(e) => Err(failed(e)),
+    }
+}
+
+/// After a create try that made nothing: off the list when nothing is left to do; else
+/// (another instance's claim holds it) back with the time that claim lasts, so that the
+/// create is not left to the sweep alone should that instance die.
+async fn still_to_do(d: &Deps, item: &Deferred) -> Result<Done, DispatchError> {
+    let job = open_job(d, item).await?;
+    Ok(match job.filter(|j| j.build.is_none() && !j.waiting) {
+        None => Done::Off,
+        Some(j) => Done::NotBefore(j.creation.as_ref().map_or(0, |c| c.after)),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn item(attempts: u32, not_before: Millis) -> Deferred {
+        Deferred {
+            run_id: "r1".parse().expect("a run id"),
+            work: Work::Create,
+            user: None,
+            not_before,
+            attempts,
+        }
+    }
+
+    #[test]
+    fn one_item_holds_back_no_other() {
+        let now = 1_000;
+        // (item, what taking it did, where it goes)
+        let cases = [
+            (item(0, 0), Done::Off, Next::Off),
+            (item(2, 5), Done::Again, Next::Stop(item(2, 5))),
+            (item(0, 5), Done::NotBefore(90), Next::Later(item(0, 90))),
+            (item(0, 95), Done::NotBefore(90), Next::Later(item(0, 95))),
+            (item(0, 0), Done::Failed, Next::Later(item(1, 31_000))),
+            (item(1, 0), Done::Failed, Next::Later(item(2, 61_000))),
+            (item(2, 0), Done::Failed, Next::Later(item(3, 121_000))),
+            (item(3, 0), Done::Failed, Next::Dropped(item(3, 0))),
+        ];
+        for (i, done, expected) in cases {
+            let before = i.clone();
+            assert_eq!(next_of(i, done, now), expected, "{before:?} after {done:?}");
+        }
+        assert_eq!(
+            MAX_ATTEMPTS, 4,
+            "the table above drops at the fourth failure"
+        );
     }
 }

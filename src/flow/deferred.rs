@@ -36,7 +36,18 @@ pub(crate) struct Deferred {
     /// Not before then (the reset Buildkite gave a create): nobody claims it for nothing.
     #[serde(default)]
     pub(crate) not_before: Millis,
+    /// Takings that failed (not for the rate limit); at the [`MAX_ATTEMPTS`]th failure it
+    /// is dropped, and the sweep finds its job (a create at once, a finish by its age).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub(crate) attempts: u32,
 }
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+/// Failures of one item at which it is dropped from the list (logged and counted).
+pub(crate) const MAX_ATTEMPTS: u32 = 4;
 
 /// The next jobs to take up: finishes (a report waits) oldest first, then creates
 /// round-robin over users, oldest first within a user (a job without a user is its own).
@@ -95,6 +106,7 @@ pub(crate) async fn note(d: &Deps, job: &Job, work: Work, not_before: Millis) {
         work,
         user: job.user.clone(),
         not_before,
+        attempts: 0,
     };
     put(d, &job.queue, std::slice::from_ref(&item), false).await;
 }
@@ -182,6 +194,7 @@ mod tests {
             work,
             user: user.map(UserId::from),
             not_before: 0,
+            attempts: 0,
         }
     }
 

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use kernelbot_dispatch::devstack::buildkite::sample_result;
-use kernelbot_dispatch::jobs::{Channel, JobState};
+use kernelbot_dispatch::jobs::{Channel, JobState, RunId, update};
 use kernelbot_dispatch::result::Verdict;
 use reqwest::StatusCode;
 
@@ -203,6 +203,18 @@ fn used_now(app: &TestApp) -> u32 {
         .unwrap_or(0)
 }
 
+/// Submits runs of nobody in particular until `used` calls of the window are spent.
+async fn fill_window_to(app: &TestApp, used: u32) {
+    for i in 0..40 {
+        if used_now(app) >= used {
+            return;
+        }
+        let (status, answer) = app.submit(&submission(&format!("anyone-{i}"))).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{answer}");
+    }
+    panic!("the window fills: {:?}", app.buildkite.rate_limit_windows());
+}
+
 /// A window spent to its last call, then quiet past its end: the next answer, whatever the
 /// call (the agents list's too), tells a new window, and the sweep's pass goes on to create
 /// the build of the job fair share released while the window was spent. (The rush once
@@ -224,17 +236,7 @@ async fn a_window_that_ended_quietly_holds_back_no_pass(kind: StoreKind) {
         "two in flight, two waiting"
     );
     // Runs of nobody in particular take the window down to the 3 calls kept for a finish.
-    let mut i = 0;
-    while used_now(&app) < 17 {
-        let (status, answer) = app.submit(&submission(&format!("anyone-{i}"))).await;
-        assert_eq!(status, StatusCode::ACCEPTED, "{answer}");
-        i += 1;
-        assert!(
-            i < 40,
-            "the window fills: {:?}",
-            app.buildkite.rate_limit_windows()
-        );
-    }
+    fill_window_to(&app, 17).await;
     app.buildkite.start_eval(1);
     app.finish(1, "passed", Some(sample_result(false))).await;
     assert_eq!(app.job("heavy-0").await.state, JobState::Finished);
@@ -271,7 +273,56 @@ async fn a_window_that_ended_quietly_holds_back_no_pass(kind: StoreKind) {
     );
 }
 
+/// Two creates the rate limit deferred; the first one's create is then held (another
+/// instance claimed it and has not finished): the next webhook of the queue creates the
+/// second rather than stop at the first, and the first is kept on the list for when its
+/// hold has passed.
+async fn a_held_create_holds_back_no_deferred_create_behind_it(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    submit_ok(&app, "first-built").await;
+    // One 429 with a 30 s reset: the submit function defers this create and the next.
+    app.buildkite.fail_creates(&[(429, false)], 30);
+    submit_ok(&app, "held").await;
+    submit_ok(&app, "behind").await;
+    for run_id in ["held", "behind"] {
+        assert!(app.job(run_id).await.build.is_none(), "{run_id} deferred");
+    }
+    app.advance_clock(Duration::from_secs(31));
+    // Claimed by another instance, as a create is claimed, for 90 s.
+    let id: RunId = "held".parse().unwrap();
+    let until = app.clock.now() + 90_000;
+    update(app.store.as_ref(), &id, |j| {
+        let mut next = j.clone();
+        next.creation.as_mut()?.after = until;
+        Some(next)
+    })
+    .await
+    .unwrap();
+    assert_eq!(app.event("build.running", 1).await, StatusCode::OK);
+    assert!(
+        app.job("behind").await.build.is_some(),
+        "the second was created"
+    );
+    assert!(
+        app.job("held").await.build.is_none(),
+        "the held one waits its hold"
+    );
+    app.advance_clock(Duration::from_secs(90));
+    assert_eq!(app.event("build.running", 1).await, StatusCode::OK);
+    assert!(
+        app.job("held").await.build.is_some(),
+        "kept on the list and created once its hold passed"
+    );
+    assert_eq!(app.buildkite.builds().len(), 3, "each built once");
+}
+
+async fn submit_ok(app: &TestApp, run_id: &str) {
+    let (status, answer) = app.submit(&submission(run_id)).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{answer}");
+}
+
 on_both_stores!(
+    a_held_create_holds_back_no_deferred_create_behind_it,
     twelve_runs_of_three_users_fit_a_small_limit_and_none_is_lost,
     a_told_limit_is_kept_and_creates_come_first,
     a_burst_to_one_webhook_keeps_to_its_bucket,
