@@ -26,15 +26,16 @@ pub async fn cancel(
     deadline: Deadline,
 ) -> Result<Canceled, DispatchError> {
     let now = d.clock.now();
-    let (job, ended_here) =
+    let (job, freed_slot) =
         match update(d.store.as_ref(), run_id, |j| request_cancel(j, now)).await? {
             Updated::Missing => return Ok(Canceled::Unknown),
             Updated::Unchanged(j) if j.state.is_terminal() && !j.cancel_requested => {
                 return Ok(Canceled::AlreadyFinished(j));
             }
             Updated::Written(j) => {
-                let ended = j.state.is_terminal();
-                (j, ended)
+                // A waiting job held no slot: ending it frees none (and notes no run).
+                let freed = j.state.is_terminal() && !j.waiting;
+                (j, freed)
             }
             Updated::Unchanged(j) => (j, false),
         };
@@ -44,7 +45,7 @@ pub async fn cancel(
         }
         _ => {
             let mut effects = Effects::default();
-            if ended_here {
+            if freed_slot {
                 // A job released to run held its user's slot, even without a build yet: the
                 // next one goes now, not at the next end on the queue.
                 effects.ended(job.clone());

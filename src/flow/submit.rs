@@ -121,7 +121,14 @@ async fn over_waiting(d: &Deps, job: &Job) -> Result<Option<TooManyWaiting>, Dis
     let Err(waiting) = fair_rules::may_wait(&open, user.as_str(), limit) else {
         return Ok(None);
     };
-    let median = fair::queue_record(d, &job.queue).await?.median_run();
+    // Without the queue's record the answer is still a refusal, with the default wait.
+    let median = match fair::queue_record(d, &job.queue).await {
+        Ok(record) => record.median_run(),
+        Err(e) => {
+            warn!(error = %e, "the queue's record could not be read; Retry-After is a guess");
+            None
+        }
+    };
     Ok(Some(TooManyWaiting {
         waiting,
         limit,

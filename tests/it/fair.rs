@@ -278,7 +278,7 @@ async fn a_user_past_the_waiting_limit_is_refused_and_no_one_else(kind: StoreKin
     app.finish(a1, "passed", Some(sample_result(false))).await;
     assert!(!app.job("a2").await.waiting, "a2 took a1's slot");
     let answer = submit(&app, "alice", "a4").await;
-    assert_eq!(answer["state"], "submitted", "a4 waits now: {answer}");
+    assert_eq!(answer["waiting"], "user_limit", "a4 waits now: {answer}");
 }
 
 /// With run times to go by, the place and the expected start show in the API and in the

@@ -108,6 +108,16 @@ async def test_callbacks_drive_the_status_and_the_finished_one_is_the_result():
             (502, {"error": "buildkite_error", "message": "Buildkite did not create the build"}),
             ["Buildkite did not create the build"],
         ),
+        (
+            (
+                429,
+                {
+                    "error": "rate_limited",
+                    "message": "this user already has 20 submissions waiting for a GPU",
+                },
+            ),
+            ["20 submissions waiting", "429"],
+        ),
     ],
 )
 async def test_a_refusal_is_a_failed_result_naming_why_without_retrying(answer, expected):

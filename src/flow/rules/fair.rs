@@ -33,7 +33,9 @@ pub(crate) fn may_wait(open: &[OpenJob], user: &str, limit: usize) -> Result<(),
 /// run ends (its median run time; a minute before it has one), 1 s to an hour.
 pub(crate) fn retry_waiting_after(median_run: Option<Millis>) -> u64 {
     let ms = median_run.unwrap_or(60_000).max(0);
-    u64::try_from((ms + 999) / 1000).unwrap_or(1).clamp(1, 3600)
+    u64::try_from(ms.saturating_add(999) / 1000)
+        .unwrap_or(1)
+        .clamp(1, 3600)
 }
 
 /// The waiting jobs in the order fair share releases them: round `r` holds each user's
@@ -223,6 +225,7 @@ mod tests {
             (Some(0), 1),
             (Some(-5), 1),
             (Some(99_000_000), 3600),
+            (Some(Millis::MAX), 3600),
         ];
         for (median, expected) in cases {
             assert_eq!(retry_waiting_after(median), expected, "{median:?}");

@@ -397,8 +397,13 @@ class DispatchLauncher(_Base):
                 return _json_object(answer)
             maybe_created |= answer.status_code >= 500
             code, problem = _api_error(answer)
-            # A 502 `buildkite_error` is Buildkite's final refusal (the job is kept failed).
-            final = answer.status_code not in RETRYABLE or code == "buildkite_error"
+            # A 502 `buildkite_error` is Buildkite's final refusal (the job is kept failed);
+            # a 429 `rate_limited` is the user's waiting limit (nothing was recorded): trying
+            # again within seconds only asks again. A bare 429 (a gateway's) is retried.
+            final = answer.status_code not in RETRYABLE or code in (
+                "buildkite_error",
+                "rate_limited",
+            )
             if final:
                 raise DispatchError(f"kernelbot-dispatch refused the submission: {problem}")
             log.warning("submitting %s: %s (attempt %d)", run_id, problem, attempt + 1)
