@@ -3,10 +3,12 @@
 //! two), on one queue of 8 GPUs whose runs take about 30 s, through the whole stack (submit,
 //! webhook and sweep functions, the Buildkite and Discord stand-ins enforcing their limits)
 //! on a clock that runs ×30. The same seeded arrivals and run times feed both sides. Prints
-//! Markdown tables; `cargo bench --bench rush`.
+//! Markdown tables; `cargo bench --bench rush`. The rush's shape comes from `RUSH_AGENTS`,
+//! `RUSH_SUBMISSIONS`, `RUSH_LIGHT_USERS`, `RUSH_HEAVY` and `RUSH_SEED` (defaults: the rush
+//! above), and `RUSH_JSON=<path>` writes its summary there as well.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use kernelbot_dispatch::devstack::buildkite::sample_result;
@@ -18,17 +20,12 @@ use tokio::task::JoinSet;
 
 /// Simulated seconds per real second. Real work is not scaled: a call's 10 ms count 0.3 s.
 const SCALE: f64 = 30.0;
-const AGENTS: usize = 8;
-const SUBMISSIONS: usize = 240;
-const LIGHT_USERS: usize = 29;
-/// The heavy user's submissions, all in the first [`HEAVY_SECS`].
-const HEAVY: usize = 100;
+/// The heavy user's submissions all come in the first [`HEAVY_SECS`].
 const HEAVY_SECS: f64 = 120.0;
 /// Everyone else's arrive over the rush's 10 minutes.
 const RUSH_SECS: f64 = 600.0;
 /// Run times: 30 s ± 10 s (the sum of two uniform draws), seeded.
 const RUN_SECS: f64 = 30.0;
-const SEED: u64 = 0x5eed_0033;
 /// Buildkite's REST limit of one token, per minute; Discord's per webhook, per 2 s.
 const TOKEN_LIMIT: u32 = 50;
 const DISCORD_CALLS: u32 = 5;
@@ -43,6 +40,52 @@ const DEFAULT_QUEUE_TIMEOUT: &str = "900";
 /// The driver's tick, in real time.
 const TICK: Duration = Duration::from_millis(20);
 
+/// The rush's shape: GPUs, submissions, light users, the heavy user's share, the seed.
+#[derive(Clone, Copy, Debug)]
+struct Params {
+    agents: usize,
+    submissions: usize,
+    light_users: usize,
+    heavy: usize,
+    seed: u64,
+}
+
+impl Params {
+    fn from_env() -> Self {
+        let number = |name: &str, default: u64| -> u64 {
+            let Ok(text) = std::env::var(name) else {
+                return default;
+            };
+            let parsed = match text.strip_prefix("0x") {
+                Some(hex) => u64::from_str_radix(&hex.replace('_', ""), 16),
+                None => text.replace('_', "").parse(),
+            };
+            parsed.unwrap_or_else(|_| panic!("{name} is a whole number, not {text:?}"))
+        };
+        let count = |name: &str, default: usize| number(name, default as u64) as usize;
+        let p = Self {
+            agents: count("RUSH_AGENTS", 8),
+            submissions: count("RUSH_SUBMISSIONS", 240),
+            light_users: count("RUSH_LIGHT_USERS", 29),
+            heavy: count("RUSH_HEAVY", 100),
+            seed: number("RUSH_SEED", 0x5eed_0033),
+        };
+        assert!(p.agents > 0, "RUSH_AGENTS: at least one GPU");
+        assert!(p.light_users > 0, "RUSH_LIGHT_USERS: at least one");
+        assert!(
+            p.heavy <= p.submissions,
+            "RUSH_HEAVY: at most RUSH_SUBMISSIONS"
+        );
+        p
+    }
+}
+
+/// The parameters of this run, read once.
+fn params() -> Params {
+    static PARAMS: OnceLock<Params> = OnceLock::new();
+    *PARAMS.get_or_init(Params::from_env)
+}
+
 /// One submission: when (simulated seconds from the start), whose, and how long it runs.
 #[derive(Clone, Debug)]
 struct Arrival {
@@ -53,13 +96,14 @@ struct Arrival {
 }
 
 fn arrivals() -> Vec<Arrival> {
-    let mut rng = fastrand::Rng::with_seed(SEED);
-    let mut all: Vec<Arrival> = (0..SUBMISSIONS)
+    let p = params();
+    let mut rng = fastrand::Rng::with_seed(p.seed);
+    let mut all: Vec<Arrival> = (0..p.submissions)
         .map(|i| {
-            let (user, span) = if i < HEAVY {
+            let (user, span) = if i < p.heavy {
                 ("heavy".to_owned(), HEAVY_SECS)
             } else {
-                (format!("light{:02}", i % LIGHT_USERS), RUSH_SECS)
+                (format!("light{:02}", i % p.light_users), RUSH_SECS)
             };
             Arrival {
                 at: rng.f64() * span,
@@ -93,6 +137,11 @@ struct Side {
     /// How the runs that did not pass ended, and how many.
     endings: BTreeMap<String, usize>,
     built_twice: usize,
+    /// GPU-seconds busy while any submitted run had not started, and the simulated seconds
+    /// during which one had not: how busy fair share and the quota kept the GPUs. (A run
+    /// that never starts counts as waiting until its side ends.)
+    busy_while_waiting: f64,
+    waiting_secs: f64,
     /// The webhook function's answers by outcome (`advanced`, `ignored`, `refused`, `error`…).
     webhooks: BTreeMap<String, usize>,
     real_secs: f64,
@@ -108,6 +157,21 @@ async fn main() {
     let fair = run_side(true, RUSH_QUEUE_TIMEOUT, &arrivals).await;
     let fcfs = run_side(false, RUSH_QUEUE_TIMEOUT, &arrivals).await;
     report(&arrivals, &fair, &fcfs);
+    if let Some(path) = std::env::var_os("RUSH_JSON") {
+        let summary = serde_json::json!({
+            "params": {
+                "agents": params().agents,
+                "submissions": params().submissions,
+                "light_users": params().light_users,
+                "heavy": params().heavy,
+                "seed": params().seed,
+            },
+            "fair_share": summary(&fair, &arrivals),
+            "first_come": summary(&fcfs, &arrivals),
+        });
+        let text = serde_json::to_string_pretty(&summary).expect("a summary");
+        std::fs::write(&path, text).expect("RUSH_JSON is writable");
+    }
     for fair_share in [true, false] {
         let side = run_side(fair_share, DEFAULT_QUEUE_TIMEOUT, &arrivals).await;
         let name = if fair_share {
@@ -116,9 +180,10 @@ async fn main() {
             "first come, first served"
         };
         println!(
-            "\nAt the default queue timeout ({DEFAULT_QUEUE_TIMEOUT} s), {name}: {} of {SUBMISSIONS} \
+            "\nAt the default queue timeout ({DEFAULT_QUEUE_TIMEOUT} s), {name}: {} of {} \
              did not pass; last run reported at {:.1} simulated min.",
             side.lost,
+            arrivals.len(),
             side.span / 60.0
         );
         for (ending, n) in &side.endings {
@@ -139,11 +204,21 @@ struct Driver {
     submitted: HashMap<String, i64>,
     ended: HashMap<String, i64>,
     tasks: JoinSet<()>,
+    busy_while_waiting: f64,
+    waiting_secs: f64,
 }
 
 impl Driver {
     fn sim(&self, at: i64) -> f64 {
         (at - self.t0) as f64 / 1000.0
+    }
+
+    /// Notes `dt` simulated seconds of GPU use, when a submitted run was still waiting.
+    fn note_busy(&mut self, dt: f64) {
+        if self.submitted.len() > self.started.len() {
+            self.waiting_secs += dt;
+            self.busy_while_waiting += self.running.len() as f64 * dt;
+        }
     }
 
     fn submit(&mut self, a: &Arrival) {
@@ -171,7 +246,8 @@ impl Driver {
     }
 
     fn start_free(&mut self, now: i64) {
-        if self.running.len() >= AGENTS {
+        let agents = params().agents;
+        if self.running.len() >= agents {
             return;
         }
         let mut scheduled: Vec<_> = self
@@ -182,7 +258,7 @@ impl Driver {
             .filter(|b| b.state == "scheduled")
             .collect();
         scheduled.sort_by_key(|b| b.number);
-        for b in scheduled.into_iter().take(AGENTS - self.running.len()) {
+        for b in scheduled.into_iter().take(agents - self.running.len()) {
             let run_id = b.meta_data["run_id"].clone();
             let ms = (self.by_run[&run_id].run_secs * 1000.0) as i64;
             self.app.buildkite.start_eval(b.number);
@@ -215,6 +291,9 @@ async fn start_stack(fair: bool, queue_timeout: &str) -> (Arc<Stack>, Clock) {
     let limit = if fair { "2" } else { "0" };
     let vars = [
         ("USER_MAX_IN_FLIGHT", limit),
+        // The heavy user's 100 all wait their turn, as in every run above (the default
+        // refuses those past 20 waiting: a different rush).
+        ("USER_MAX_WAITING", "0"),
         ("QUEUE_TIMEOUT_SECS", queue_timeout),
     ];
     let app = Stack::spawn_on(
@@ -225,7 +304,7 @@ async fn start_stack(fair: bool, queue_timeout: &str) -> (Arc<Stack>, Clock) {
     )
     .await
     .expect("stack");
-    for i in 0..AGENTS {
+    for i in 0..params().agents {
         app.buildkite
             .add_agent(&format!("h100-gpu{i}"), "h100", &[]);
     }
@@ -252,11 +331,16 @@ async fn run_side(fair: bool, queue_timeout: &str, arrivals: &[Arrival]) -> Side
         submitted: HashMap::new(),
         ended: HashMap::new(),
         tasks: JoinSet::new(),
+        busy_while_waiting: 0.0,
+        waiting_secs: 0.0,
     };
     let (mut next, mut next_sweep, mut ticks) = (0, SWEEP_SECS, 0u64);
+    let mut last = 0.0;
     let mut sweeping: Option<tokio::task::JoinHandle<()>> = None;
     loop {
         let now = clock.now();
+        d.note_busy(d.sim(now) - last);
+        last = d.sim(now);
         while next < arrivals.len() && arrivals[next].at <= d.sim(now) {
             d.submit(&arrivals[next]);
             next += 1;
@@ -266,11 +350,19 @@ async fn run_side(fair: bool, queue_timeout: &str, arrivals: &[Arrival]) -> Side
         if d.sim(now) >= next_sweep && sweeping.as_ref().is_none_or(|s| s.is_finished()) {
             next_sweep += SWEEP_SECS;
             let app = app.clone();
+            let at = d.sim(now);
             sweeping = Some(tokio::spawn(async move {
-                let _ = app.sweep().await;
+                let report = app.sweep().await;
+                // What each pass did, beside the functions' logs when they are asked for.
+                if std::env::var_os("RUST_LOG").is_some() {
+                    eprintln!("sweep pass at {at:.0} simulated s: {report:?}");
+                }
             }));
         }
-        while d.tasks.try_join_next().is_some() {}
+        // A driver's task that failed (a submission refused) fails the benchmark, loudly.
+        while let Some(done) = d.tasks.try_join_next() {
+            done.expect("a submission or build end of the driver");
+        }
         ticks += 1;
         let quiet = next == arrivals.len() && d.running.is_empty();
         if (quiet && ticks % 25 == 0 && d.all_reported().await) || d.sim(now) > GIVE_UP_SECS {
@@ -278,7 +370,9 @@ async fn run_side(fair: bool, queue_timeout: &str, arrivals: &[Arrival]) -> Side
         }
         tokio::time::sleep(TICK).await;
     }
-    while d.tasks.join_next().await.is_some() {}
+    while let Some(done) = d.tasks.join_next().await {
+        done.expect("a submission or build end of the driver");
+    }
     measure(&d, real).await
 }
 
@@ -287,6 +381,8 @@ async fn measure(d: &Driver, real: Instant) -> Side {
     let mut side = Side {
         span: d.sim(d.clock.now()),
         real_secs: real.elapsed().as_secs_f64(),
+        busy_while_waiting: d.busy_while_waiting,
+        waiting_secs: d.waiting_secs,
         ..Side::default()
     };
     for (run_id, a) in &d.by_run {
@@ -332,6 +428,35 @@ async fn measure(d: &Driver, real: Instant) -> Side {
         *side.webhooks.entry(outcome).or_default() += 1;
     }
     side
+}
+
+impl Side {
+    /// The share of the GPUs' time they were busy while a run waited (1: never idle then).
+    fn busy_share(&self) -> f64 {
+        self.busy_while_waiting
+            / (params().agents as f64 * self.waiting_secs).max(f64::MIN_POSITIVE)
+    }
+}
+
+/// One side's summary as `RUSH_JSON` writes it (store units are not counted yet: null).
+fn summary(side: &Side, arrivals: &[Arrival]) -> serde_json::Value {
+    let jobs = arrivals.len() as f64;
+    let reported = sorted(side.to_record.clone());
+    serde_json::json!({
+        "jobs": arrivals.len(),
+        "lost": side.lost,
+        "built_twice": side.built_twice,
+        "rest_calls_per_job": side.bk_calls as f64 / jobs,
+        "rest_429s": side.bk_429,
+        "discord_calls_per_job": side.discord_calls as f64 / jobs,
+        "discord_429s": side.discord_429,
+        "gpu_busy_while_waiting": side.busy_share(),
+        "report_latency_p95_s": quantile(&reported, 0.95),
+        "light_p95_wait_s": quantile(&waits_of(side, arrivals, None), 0.95),
+        "last_reported_s": side.span,
+        "store_read_units_per_job": null,
+        "store_write_units_per_job": null,
+    })
 }
 
 /// How a run that did not pass ended, in a few words.
@@ -384,10 +509,14 @@ fn waits_of(side: &Side, arrivals: &[Arrival], who: Option<&str>) -> Vec<f64> {
 }
 
 fn report(arrivals: &[Arrival], fair: &Side, fcfs: &Side) {
+    let p = params();
     println!(
-        "One run: {SUBMISSIONS} submissions, {} users, {AGENTS} GPUs, ×{SCALE} clock; \
+        "One run: {} submissions, {} users, {} GPUs, ×{SCALE} clock, seed {:#x}; \
          fair share took {:.0} s real, first come first served {:.0} s.\n",
-        LIGHT_USERS + 1,
+        p.submissions,
+        p.light_users + 1,
+        p.agents,
+        p.seed,
         fair.real_secs,
         fcfs.real_secs
     );
@@ -399,6 +528,20 @@ fn report(arrivals: &[Arrival], fair: &Side, fcfs: &Side) {
     waits_table(arrivals, fair, fcfs);
     limits_table(fair, fcfs);
     ceiling_table(fair, fcfs);
+}
+
+/// Each light user's own p95 wait: the median user's and the worst.
+fn light_users_p95s(side: &Side, arrivals: &[Arrival]) -> (f64, f64) {
+    let users: Vec<String> = (0..params().light_users)
+        .map(|u| format!("light{u:02}"))
+        .collect();
+    let p95s = sorted(
+        users
+            .iter()
+            .map(|u| quantile(&waits_of(side, arrivals, Some(u)), 0.95))
+            .collect(),
+    );
+    (quantile(&p95s, 0.5), quantile(&p95s, 1.0))
 }
 
 fn waits_table(arrivals: &[Arrival], fair: &Side, fcfs: &Side) {
@@ -440,20 +583,13 @@ fn waits_table(arrivals: &[Arrival], fair: &Side, fcfs: &Side) {
         quantile(&heavy.0, 0.95),
         quantile(&heavy.1, 0.95),
     );
-    let per_user = |side: &Side| -> (f64, f64) {
-        let users: Vec<String> = (0..LIGHT_USERS).map(|u| format!("light{u:02}")).collect();
-        let p95s = sorted(
-            users
-                .iter()
-                .map(|u| quantile(&waits_of(side, arrivals, Some(u)), 0.95))
-                .collect(),
-        );
-        (quantile(&p95s, 0.5), quantile(&p95s, 1.0))
-    };
-    let (a, b) = (per_user(fair), per_user(fcfs));
+    let (a, b) = (
+        light_users_p95s(fair, arrivals),
+        light_users_p95s(fcfs, arrivals),
+    );
     row("light users' own p95, median user", a.0, b.0);
     row("light users' own p95, worst user", a.1, b.1);
-    let heavy_rate = |s: &Side| HEAVY as f64 / s.heavy_done_at * 3600.0;
+    let heavy_rate = |s: &Side| params().heavy as f64 / s.heavy_done_at * 3600.0;
     println!(
         "| heavy user's throughput (runs reported an hour) | {:.0} | {:.0} | {:.2} |\n",
         heavy_rate(fair),
@@ -464,9 +600,13 @@ fn waits_table(arrivals: &[Arrival], fair: &Side, fcfs: &Side) {
 
 /// The limits table's rows for one side.
 fn limit_rows(s: &Side) -> Vec<(&'static str, String)> {
-    let per_job = |n: usize| format!("{:.2}", n as f64 / SUBMISSIONS as f64);
+    let per_job = |n: usize| format!("{:.2}", n as f64 / params().submissions as f64);
     let t = sorted(s.to_record.clone());
     vec![
+        (
+            "GPUs busy while a run waited (share of GPU time)",
+            format!("{:.2}", s.busy_share()),
+        ),
         ("Buildkite calls per job", per_job(s.bk_calls)),
         (
             "Buildkite calls, busiest minute (limit 50)",
@@ -520,20 +660,22 @@ fn limits_table(fair: &Side, fcfs: &Side) {
 /// 10 s from creation to the end, the artifact list and the download).
 fn ceiling_table(fair: &Side, fcfs: &Side) {
     let per_hour = |calls_per_job: f64| f64::from(TOKEN_LIMIT) * 60.0 / calls_per_job;
-    let gpus = AGENTS as f64 * 3600.0 / RUN_SECS;
+    let agents = params().agents;
+    let submissions = params().submissions as f64;
+    let gpus = agents as f64 * 3600.0 / RUN_SECS;
     let polling = 1.0 + (RUN_SECS / 10.0).ceil() + 1.0 + 2.0;
     println!(
-        "| throughput ceiling at {RUN_SECS:.0} s runs | calls per job | jobs an hour, one token | GPUs ({AGENTS}) | bound by |"
+        "| throughput ceiling at {RUN_SECS:.0} s runs | calls per job | jobs an hour, one token | GPUs ({agents}) | bound by |"
     );
     println!("|---|---|---|---|---|");
     for (name, calls) in [
         (
             "events, fair share (measured)",
-            fair.bk_calls as f64 / SUBMISSIONS as f64,
+            fair.bk_calls as f64 / submissions,
         ),
         (
             "events, first come first served (measured)",
-            fcfs.bk_calls as f64 / SUBMISSIONS as f64,
+            fcfs.bk_calls as f64 / submissions,
         ),
         ("seeds' polling launcher, no queue wait (model)", polling),
     ] {
