@@ -103,11 +103,15 @@ impl Window {
     }
 }
 
-fn header(headers: &HeaderMap, names: &[&str]) -> Option<i64> {
+fn numbers<'h>(headers: &'h HeaderMap, names: &'h [&str]) -> impl Iterator<Item = i64> + 'h {
     names
         .iter()
         .filter_map(|n| headers.get(*n)?.to_str().ok()?.trim().parse::<i64>().ok())
-        .min()
+}
+
+/// The lower of the organization's and the token's counts.
+fn header(headers: &HeaderMap, names: &[&str]) -> Option<i64> {
+    numbers(headers, names).min()
 }
 
 /// One instance's view of the limit; clones share it.
@@ -155,7 +159,8 @@ impl RateGate {
             &["ratelimit-remaining", "ratelimit-user-remaining"],
         );
         let limit = header(headers, &["ratelimit-limit", "ratelimit-user-limit"]);
-        let reset = header(headers, &["ratelimit-reset", "ratelimit-user-reset"]);
+        // The later reset: the lower count may be either window's.
+        let reset = numbers(headers, &["ratelimit-reset", "ratelimit-user-reset"]).max();
         self.with(|w, now| w.told((remaining, limit), reset, now));
     }
 
@@ -203,6 +208,29 @@ mod tests {
                 "{window:?} {priority:?} at {now}"
             );
         }
+    }
+
+    #[test]
+    fn the_lower_count_and_the_later_reset_of_the_two_windows_are_kept() {
+        let clock = Clock::default();
+        let gate = RateGate::new(clock.clone());
+        let mut headers = HeaderMap::new();
+        for (name, value) in [
+            ("ratelimit-remaining", "30"),
+            ("ratelimit-user-remaining", "0"),
+            ("ratelimit-reset", "5"),
+            ("ratelimit-user-reset", "40"),
+        ] {
+            headers.insert(name, value.parse().unwrap());
+        }
+        gate.observe(&headers);
+        clock.advance(std::time::Duration::from_secs(39));
+        assert!(
+            !gate.allows(Priority::Finish),
+            "the token's window is still spent"
+        );
+        clock.advance(std::time::Duration::from_secs(1));
+        assert!(gate.allows(Priority::Finish));
     }
 
     #[test]

@@ -26,19 +26,24 @@ pub async fn cancel(
     deadline: Deadline,
 ) -> Result<Canceled, DispatchError> {
     let now = d.clock.now();
-    let (job, freed_slot) =
-        match update(d.store.as_ref(), run_id, |j| request_cancel(j, now)).await? {
-            Updated::Missing => return Ok(Canceled::Unknown),
-            Updated::Unchanged(j) if j.state.is_terminal() && !j.cancel_requested => {
-                return Ok(Canceled::AlreadyFinished(j));
-            }
-            Updated::Written(j) => {
-                // A waiting job held no slot: ending it frees none (and notes no run).
-                let freed = j.state.is_terminal() && !j.waiting;
-                (j, freed)
-            }
-            Updated::Unchanged(j) => (j, false),
-        };
+    // Whether the job waited, as stored when the cancel was written (ending it clears it).
+    let mut was_waiting = false;
+    let cancel = |j: &Job| {
+        was_waiting = j.waiting;
+        request_cancel(j, now)
+    };
+    let (job, freed_slot) = match update(d.store.as_ref(), run_id, cancel).await? {
+        Updated::Missing => return Ok(Canceled::Unknown),
+        Updated::Unchanged(j) if j.state.is_terminal() && !j.cancel_requested => {
+            return Ok(Canceled::AlreadyFinished(j));
+        }
+        Updated::Written(j) => {
+            // A waiting job held no slot: ending it frees none (and notes no run).
+            let freed = j.state.is_terminal() && !was_waiting;
+            (j, freed)
+        }
+        Updated::Unchanged(j) => (j, false),
+    };
     match &job.build {
         Some(b) if !job.state.is_terminal() => {
             stop_build(d, b.number, d.buildkite_deadline(deadline)).await;

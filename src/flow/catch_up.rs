@@ -78,7 +78,7 @@ fn next_of(mut item: Deferred, done: Done, now: Millis) -> Next {
             item.not_before = item.not_before.max(at);
             Next::Later(item)
         }
-        Done::Failed if item.attempts + 1 >= MAX_ATTEMPTS => Next::Dropped(item),
+        Done::Failed if item.attempts.saturating_add(1) >= MAX_ATTEMPTS => Next::Dropped(item),
         Done::Failed => {
             item.not_before = now.saturating_add(FAILED_WAIT_MS << item.attempts.min(8));
             item.attempts += 1;
@@ -238,6 +238,8 @@ async fn create_one(
         // Nothing made: nothing left to do, or another instance claimed it meanwhile.
         Ok((_, Tried::Nothing)) => still_to_do(d, item).await.map_err(failed),
         Err(e) if rate_limited(&e) => Ok(Done::Again),
+        // Refused for good: the job failed and its report is owed; nothing left to do.
+        Err(DispatchError::BuildRefused { .. }) => Ok(Done::Off),
         Err(e) => Err(failed(e)),
     }
 }
@@ -247,9 +249,11 @@ async fn create_one(
 /// create is not left to the sweep alone should that instance die.
 async fn still_to_do(d: &Deps, item: &Deferred) -> Result<Done, DispatchError> {
     let job = open_job(d, item).await?;
-    Ok(match job.filter(|j| j.build.is_none() && !j.waiting) {
+    // A job without its creation is the sweep's to end (its queue deadline), not ours.
+    let held = job.filter(|j| j.build.is_none() && !j.waiting);
+    Ok(match held.and_then(|j| j.creation) {
         None => Done::Off,
-        Some(j) => Done::NotBefore(j.creation.as_ref().map_or(0, |c| c.after)),
+        Some(creation) => Done::NotBefore(creation.after),
     })
 }
 

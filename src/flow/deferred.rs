@@ -118,6 +118,17 @@ pub(crate) async fn put(d: &Deps, queue: &Queue, items: &[Deferred], front: bool
         return;
     }
     let noted = change(d, queue, |list| {
+        // One already listed keeps its place, with the later wait and the higher count of
+        // the two: a note that came meanwhile does not undo a failure's backoff.
+        for item in items {
+            if let Some(w) = list
+                .iter_mut()
+                .find(|w| w.run_id == item.run_id && w.work == item.work)
+            {
+                w.not_before = w.not_before.max(item.not_before);
+                w.attempts = w.attempts.max(item.attempts);
+            }
+        }
         let new: Vec<Deferred> = items
             .iter()
             .filter(|i| {

@@ -186,6 +186,12 @@ async fn cancel_and_the_queue_deadline_reach_waiting_jobs(kind: StoreKind) {
     assert_eq!(status, StatusCode::ACCEPTED, "{answer}");
     let a2 = app.job("a2").await;
     assert!(a2.state.is_terminal(), "{:?}", a2.state);
+    let record = app.store.cached("~queue/h100").await.expect("readable");
+    assert!(
+        record.is_none(),
+        "a waiting job's cancel ends no run on the queue's record: {record:?}"
+    );
+    assert!(app.job("a3").await.waiting, "nor frees a slot");
     // Past the queue deadline (15 min by default), a sweep ends the one still waiting.
     app.advance_clock(Duration::from_secs(16 * 60));
     app.sweep().await;

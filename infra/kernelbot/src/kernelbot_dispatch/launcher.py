@@ -395,7 +395,6 @@ class DispatchLauncher(_Base):
                 continue
             if answer.status_code in (200, 202):
                 return _json_object(answer)
-            maybe_created |= answer.status_code >= 500
             code, problem = _api_error(answer)
             # A 502 `buildkite_error` is Buildkite's final refusal (the job is kept failed);
             # a 429 `rate_limited` is the user's waiting limit (nothing was recorded): trying
@@ -405,7 +404,13 @@ class DispatchLauncher(_Base):
                 "rate_limited",
             )
             if final:
-                raise DispatchError(f"kernelbot-dispatch refused the submission: {problem}")
+                # Only an earlier attempt (timed out, 5xx) may have recorded a job to cancel:
+                # this answer's refusal recorded none, or failed the one it kept.
+                raise DispatchError(
+                    f"kernelbot-dispatch refused the submission: {problem}",
+                    maybe_created=maybe_created,
+                )
+            maybe_created |= answer.status_code >= 500
             log.warning("submitting %s: %s (attempt %d)", run_id, problem, attempt + 1)
         raise DispatchError(
             f"could not submit to kernelbot-dispatch: {problem}", maybe_created=maybe_created
