@@ -8,12 +8,11 @@ use std::sync::atomic::{AtomicI64, Ordering};
 
 use reqwest::header::HeaderMap;
 
+use super::gate::{MAX_RESET_SECS, latest_reset, lowest_remaining};
 use crate::time::{Clock, Millis};
 
 /// Below this many requests left in Buildkite's window, a pass stops calling.
 pub(crate) const RATE_LIMIT_FLOOR: i64 = 10;
-/// The longest reset believed (as the gate believes it): a larger one is a bad header.
-const MAX_RESET_SECS: i64 = 3_600;
 
 #[derive(Clone, Debug)]
 pub(crate) struct CallBudget(Arc<BudgetState>);
@@ -63,19 +62,11 @@ impl CallBudget {
 
     /// Notes the lower of the organisation's and the token's remaining requests.
     pub(super) fn observe(&self, headers: &HeaderMap) {
-        let lowest = ["ratelimit-remaining", "ratelimit-user-remaining"]
-            .iter()
-            .filter_map(|n| headers.get(*n)?.to_str().ok()?.trim().parse::<i64>().ok())
-            .min();
+        let lowest = lowest_remaining(headers);
         if let Some(n) = lowest {
             self.0.remaining.store(n, Ordering::Relaxed);
         }
-        // The later of the organization's and the token's resets: the lower count may be
-        // either's, and the pass waits for both.
-        let reset = ["ratelimit-reset", "ratelimit-user-reset"]
-            .iter()
-            .filter_map(|n| headers.get(*n)?.to_str().ok()?.trim().parse::<i64>().ok())
-            .max();
+        let reset = latest_reset(headers);
         if let Some(secs) = reset {
             self.0.reset.store(secs, Ordering::Relaxed);
         }

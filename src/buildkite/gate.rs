@@ -19,7 +19,7 @@ pub(crate) const FINISH_RESERVE: i64 = 3;
 /// Buildkite's window, when an answer gave no reset to go by.
 const WINDOW_MS: Millis = 60_000;
 /// The longest reset believed: a larger one is a bad header, not a window.
-const MAX_RESET_SECS: i64 = 3_600;
+pub(super) const MAX_RESET_SECS: i64 = 3_600;
 
 /// Which calls come first when the window runs low.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -114,6 +114,19 @@ fn header(headers: &HeaderMap, names: &[&str]) -> Option<i64> {
     numbers(headers, names).min()
 }
 
+/// The fewer requests left of the organization's and the token's windows.
+pub(super) fn lowest_remaining(headers: &HeaderMap) -> Option<i64> {
+    header(
+        headers,
+        &["ratelimit-remaining", "ratelimit-user-remaining"],
+    )
+}
+
+/// The later of the two windows' resets, in seconds: the lower count may be either's.
+pub(super) fn latest_reset(headers: &HeaderMap) -> Option<i64> {
+    numbers(headers, &["ratelimit-reset", "ratelimit-user-reset"]).max()
+}
+
 /// One instance's view of the limit; clones share it.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct RateGate {
@@ -154,13 +167,9 @@ impl RateGate {
 
     /// Notes what an answer's `RateLimit-*` headers say.
     pub(crate) fn observe(&self, headers: &HeaderMap) {
-        let remaining = header(
-            headers,
-            &["ratelimit-remaining", "ratelimit-user-remaining"],
-        );
+        let remaining = lowest_remaining(headers);
         let limit = header(headers, &["ratelimit-limit", "ratelimit-user-limit"]);
-        // The later reset: the lower count may be either window's.
-        let reset = numbers(headers, &["ratelimit-reset", "ratelimit-user-reset"]).max();
+        let reset = latest_reset(headers);
         self.with(|w, now| w.told((remaining, limit), reset, now));
     }
 
