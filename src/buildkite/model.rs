@@ -74,7 +74,7 @@ pub struct Build {
     pub jobs: Vec<BuildJob>,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize)]
 pub struct BuildJob {
     pub id: String,
     #[serde(default, rename = "type")]

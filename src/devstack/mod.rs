@@ -12,7 +12,7 @@ mod discord_bucket;
 pub mod env;
 mod host;
 pub mod moto;
-mod pipeline;
+pub(crate) mod pipeline;
 pub mod receiver;
 pub mod runner_program;
 pub mod stack;

@@ -317,6 +317,31 @@ impl Stack {
         self.event("build.finished", number).await
     }
 
+    /// Ends build `number`'s try on `agent` as a node does today: `result` (which the runner
+    /// stamps with the try) uploaded and, packed, set as the build's meta-data by the hook,
+    /// `job.finished` sent; then the build ends in `state` and `build.finished` is sent.
+    pub async fn finish_riding(
+        &self,
+        number: u64,
+        agent: &str,
+        state: &str,
+        result: &[u8],
+    ) -> Option<StatusCode> {
+        let job_id = self.buildkite.end_try_now(number, agent, 0)?;
+        let mut stamped: Value = serde_json::from_slice(result).ok()?;
+        stamped["written_by"] = json!({"job_id": job_id, "retry_count": 0});
+        let bytes = serde_json::to_vec(&stamped).ok()?;
+        if let Some(value) = crate::protocol::riding::pack_result(&bytes) {
+            let key = crate::protocol::riding::RESULT_META_DATA_KEY;
+            self.buildkite.set_meta_data(number, key, &value);
+        }
+        self.buildkite
+            .upload(number, "result.json", bytes, "finished", false);
+        self.event("job.finished", number).await;
+        self.buildkite.set_state(number, state);
+        self.event("build.finished", number).await
+    }
+
     /// One pass of the sweep function, as its schedule would run it.
     pub async fn sweep(&self) -> Result<sweep::SweepReport, crate::flow::DispatchError> {
         sweep::sweep(&self.sweeper, Deadline::after(Duration::from_secs(30))).await

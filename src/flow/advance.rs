@@ -19,6 +19,8 @@ pub enum EventOutcome {
     Foreign,
     /// An event about an agent of one of our queues, noted on its record.
     AgentNoted,
+    /// A try of the evaluation step ended, noted on its job (see `rules::riding`).
+    TryNoted,
 }
 
 /// The job's record of `build`.

@@ -9,7 +9,7 @@ use super::effects::Effects;
 use super::outcome::read_outcome;
 use super::rules::signal::{Signal, progress_of, signal_of};
 use super::stop::stop_build;
-use super::{Deps, DispatchError, catch_up, fleet, settle};
+use super::{Deps, DispatchError, catch_up, fleet, ridden, settle};
 use crate::buildkite::{Build, VerifyError, WebhookEvent};
 use crate::jobs::{Job, JobState, RunId, Transition};
 use crate::retry::Deadline;
@@ -93,9 +93,10 @@ pub(crate) async fn on_event(
     }
     let target = match signal_of(&event.event, event.job.as_ref()) {
         Signal::Ignore(why) => return Ok(EventOutcome::Ignored(why)),
-        Signal::Scheduled => JobState::Scheduled,
-        Signal::Running => JobState::Running,
-        Signal::Finished => JobState::Finished,
+        Signal::Scheduled => Some(JobState::Scheduled),
+        Signal::Running => Some(JobState::Running),
+        Signal::Finished => Some(JobState::Finished),
+        Signal::TryEnded => None,
     };
     let ours = &d.config.buildkite.pipeline;
     // Buildkite names the pipeline in every build and job event: one that names none is no
@@ -111,9 +112,19 @@ pub(crate) async fn on_event(
         return Ok(EventOutcome::Ignored("build is not ours"));
     };
     let span = tracing::info_span!("webhook", %run_id, event = %event.event, build = build.number);
-    on_build_signal(d, &run_id, target, build, deadline)
-        .instrument(span)
-        .await
+    match (target, &event.job) {
+        (Some(target), _) => {
+            on_build_signal(d, &run_id, target, build, deadline)
+                .instrument(span)
+                .await
+        }
+        (None, Some(try_job)) => {
+            ridden::note_try(d, &run_id, build, try_job)
+                .instrument(span)
+                .await
+        }
+        (None, None) => Ok(EventOutcome::Ignored("a job event without its job")),
+    }
 }
 
 async fn on_build_signal(
@@ -178,6 +189,11 @@ async fn on_job_signal(
         return Ok(EventOutcome::Ignored("duplicate or out of order"));
     }
     let mut t = Transition::to(target, d.clock.now()).with_build(build_ref(build));
+    if target == JobState::Finished
+        && let Ok(outcome) = ridden::outcome_of(d, &job, build)
+    {
+        return advance(d, &job, t.with_outcome(outcome), effects).await;
+    }
     if target == JobState::Finished {
         // Webhook payloads can lag the build; the API's view decides, and only a
         // terminal state finishes a job. The build and its artifacts are read side by side:

@@ -44,6 +44,7 @@ pub mod present;
 pub mod profiles;
 pub mod queues;
 pub mod resend;
+mod ridden;
 pub mod rules;
 mod settle;
 pub mod status;

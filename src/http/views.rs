@@ -189,6 +189,9 @@ pub(crate) struct EventView {
     ignored: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     agent: Option<&'static str>,
+    /// `job.finished`: the try was noted on its job.
+    #[serde(rename = "try", skip_serializing_if = "Option::is_none")]
+    tried: Option<&'static str>,
 }
 
 impl EventView {
@@ -198,6 +201,7 @@ impl EventView {
             state: Some(state),
             ignored: None,
             agent: None,
+            tried: None,
         }
     }
 
@@ -207,6 +211,7 @@ impl EventView {
             state: None,
             ignored: Some(reason),
             agent: None,
+            tried: None,
         }
     }
 
@@ -217,6 +222,18 @@ impl EventView {
             state: None,
             ignored: None,
             agent: Some("noted"),
+            tried: None,
+        }
+    }
+
+    /// A try of the evaluation step, noted on its job for the build's end.
+    pub(crate) fn try_noted() -> Self {
+        Self {
+            ok: true,
+            state: None,
+            ignored: None,
+            agent: None,
+            tried: Some("noted"),
         }
     }
 }

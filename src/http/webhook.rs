@@ -47,6 +47,7 @@ async fn receive(
             "foreign",
         ),
         EventOutcome::AgentNoted => (EventView::agent_noted(), "agent"),
+        EventOutcome::TryNoted => (EventView::try_noted(), "try"),
     };
     let mut response = Json(view).into_response();
     response.extensions_mut().insert(Counted(outcome));

@@ -22,7 +22,8 @@ pub use dynamo::DynamoStore;
 pub use error::StoreError;
 pub use id::{InvalidRunId, Queue, RunId, UserId};
 pub use listed::{Listed, Listing};
-pub use model::{BuildRef, Creation, Job, Timeline, Transition};
+pub(crate) use model::MAX_SEEN_TRIES;
+pub use model::{BuildRef, Creation, Job, SeenTry, Timeline, Transition};
 pub use outbox::{
     CallbackOutbox, Channel, Delivery, DeliveryStatus, DiscordOutbox, Lease, Target, WebhookAddress,
 };

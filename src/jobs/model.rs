@@ -23,6 +23,28 @@ pub struct BuildRef {
     pub web_url: String,
 }
 
+/// A try of the build's evaluation step as its `job.finished` event told it: with the result
+/// that rides `build.finished`, it stands in for the build's jobs as the API would list them.
+/// Its field names are the stored format.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SeenTry {
+    /// The Buildkite job's id.
+    pub job_id: String,
+    /// The agent's name (cut as tries' names are).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_status: Option<i64>,
+    /// RFC 3339, as Buildkite wrote it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<String>,
+}
+
+/// A build's tries beyond this many are not noted: the pipeline retries a step a few times.
+pub(crate) const MAX_SEEN_TRIES: usize = 8;
+
 /// How long a job is kept before the table's TTL removes it.
 pub(crate) const RETENTION_SECS: i64 = 90 * 24 * 3600;
 
@@ -62,6 +84,8 @@ pub struct Job {
     /// begins, so one that never came back (its function crashed or ran out of time) stays
     /// counted, and a job whose reads keep dying ends without one.
     pub finish_attempts: u32,
+    /// The evaluation step's tries its build's `job.finished` events told of, oldest first.
+    pub tries_seen: Vec<SeenTry>,
     /// A `private` run (`config.mode`): Discord shows its verdict and build link only.
     pub private: bool,
     /// Who submitted it (opaque, the submission's `user`): fair share counts per user, and a
@@ -108,6 +132,7 @@ impl Job {
             max_queue_secs: None,
             cancel_requested: false,
             finish_attempts: 0,
+            tries_seen: Vec::new(),
             private: false,
             user: None,
             waiting: false,

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::error::StoreError;
 use super::listed::Listed;
-use super::model::{BuildRef, Creation, Job};
+use super::model::{BuildRef, Creation, Job, SeenTry};
 use super::outbox::{
     CallbackOutbox, Delivery, DeliveryStatus, DiscordOutbox, Lease, Target, WebhookAddress,
 };
@@ -95,6 +95,9 @@ pub struct JobRecord {
     /// Reads of the ended build's result begun (see [`Job::finish_attempts`]).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub(crate) finish_attempts: u32,
+    /// See [`Job::tries_seen`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) tries_seen: Vec<SeenTry>,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub(crate) private: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -244,6 +247,7 @@ impl JobRecord {
             max_queue_secs: job.max_queue_secs,
             cancel_requested: job.cancel_requested,
             finish_attempts: job.finish_attempts,
+            tries_seen: job.tries_seen.clone(),
             private: job.private,
             user: job.user.as_ref().map(ToString::to_string),
             waiting: job.waiting.then(|| WAITING_USER_LIMIT.to_owned()),
@@ -427,6 +431,7 @@ impl JobRecord {
             max_queue_secs: self.max_queue_secs,
             cancel_requested: self.cancel_requested,
             finish_attempts: self.finish_attempts,
+            tries_seen: self.tries_seen,
             private: self.private,
             user: self.user.map(Into::into),
             waiting: self.waiting.is_some(),

@@ -44,6 +44,7 @@ mod packaging;
 mod profiles;
 mod properties;
 mod queues;
+mod riding;
 mod runner;
 mod rush;
 mod secrets;

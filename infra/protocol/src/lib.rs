@@ -2,7 +2,8 @@
 //! ([`payload`]), the evaluation config and the rules it must pass ([`config`]), the
 //! `result.json` the runner writes and the bounded reader and renderer the service reads it
 //! with ([`result`]), and the runner's exit codes ([`exit`]), which the pipeline's retry rules
-//! and the service's reading of a try both name.
+//! and the service's reading of a try both name; and how `result.json` rides the build's
+//! meta-data ([`riding`]).
 //!
 //! A library with no binary and no I/O of its own: `submit` checks a config with the same
 //! rules the runner applies, and each side links only this of the other.
@@ -12,6 +13,7 @@ mod invalid;
 pub mod payload;
 pub mod profile_options;
 pub mod result;
+pub mod riding;
 
 use std::time::Duration;
 

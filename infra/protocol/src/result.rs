@@ -45,6 +45,26 @@ pub struct FullResult {
     /// Ours: a timed run the GPU slowed down on every try it got, so no time is ranked.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub throttled: Option<Throttled>,
+    /// Ours: the try that wrote this file, so a copy of it read from the build's meta-data
+    /// (which every try of a build shares) says whose it is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub written_by: Option<WrittenBy>,
+}
+
+/// The Buildkite job a `result.json` came from, and which try of the step it was.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct WrittenBy {
+    /// `BUILDKITE_JOB_ID`.
+    pub job_id: String,
+    /// `BUILDKITE_RETRY_COUNT`: 0 on the step's first try.
+    pub retry_count: u32,
+}
+
+impl WrittenBy {
+    pub(super) fn cap(&mut self) {
+        cap(&mut self.job_id, caps::SHORT);
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -30,7 +30,8 @@ use std::io::Write;
 use std::path::Path;
 
 use kernelbot_protocol::payload::{self, PayloadError};
-use kernelbot_protocol::result::{FullResult, InfraFailure, Throttled};
+use kernelbot_protocol::result::{FullResult, InfraFailure, Throttled, WrittenBy};
+use kernelbot_protocol::riding::{self, RESULT_META_FILE};
 use kernelbot_protocol::{
     EVALUATION_BUDGET, EvalConfig, INFRA_FILE, InvalidConfig, RESULT_FILE, exit,
 };
@@ -145,6 +146,8 @@ pub fn run(lookup: &dyn Fn(&str) -> Option<String>, out_dir: &Path) -> i32 {
             (failure(why), None, exit::BAD_PAYLOAD)
         }
     };
+    let mut result = result;
+    result.written_by = written_by(lookup);
     let path = out_dir.join(RESULT_FILE);
     match write_result(out_dir, &result, &sandbox.report(), preflight.as_ref()) {
         Ok(()) => {
@@ -182,6 +185,7 @@ fn write_result(
     file.write_all(&json)?;
     file.as_file().sync_all()?;
     file.persist(out_dir.join(RESULT_FILE))?;
+    write_meta(out_dir, &json)?;
     if let Some(infra) = &result.infra {
         let action = if infra.pauses_agent() {
             "pause"
@@ -197,6 +201,35 @@ fn write_result(
         // Never a pause: the kernel may have heated the GPU itself.
         write_infra_line(out_dir, "retry", &throttled_line(t))?;
     }
+    Ok(())
+}
+
+/// The try this is, from the job's environment (`None` outside Buildkite).
+fn written_by(lookup: &dyn Fn(&str) -> Option<String>) -> Option<WrittenBy> {
+    let job_id = lookup("BUILDKITE_JOB_ID").filter(|j| !j.trim().is_empty())?;
+    Some(WrittenBy {
+        job_id: job_id.trim().to_owned(),
+        retry_count: gate::retry_count(lookup),
+    })
+}
+
+/// `result.meta`: `result.json` packed for the build's meta-data, which the hook sets so the
+/// result rides `build.finished`. Not written (and any old one removed) when it is too long.
+fn write_meta(out_dir: &Path, json: &[u8]) -> std::io::Result<()> {
+    let path = out_dir.join(RESULT_META_FILE);
+    let Some(packed) = riding::pack_result(json) else {
+        return match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        };
+    };
+    let mut file = tempfile::Builder::new()
+        .prefix(".result-meta-")
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644))
+        .tempfile_in(out_dir)?;
+    file.write_all(packed.as_bytes())?;
+    file.as_file().sync_all()?;
+    file.persist(path)?;
     Ok(())
 }
 
@@ -255,5 +288,42 @@ mod tests {
             };
             assert_eq!(exit_code(&result), want, "{result:?}");
         }
+    }
+
+    /// The result names its try, and `result.meta` holds the same file packed for the hook.
+    #[test]
+    fn the_result_names_its_try_and_is_packed_beside_it_for_the_hook() {
+        let out = tempfile::tempdir().unwrap();
+        let env = [
+            ("KERNELBOT_PAYLOAD", "not a payload"),
+            ("BUILDKITE_JOB_ID", "0194b7c2-job"),
+            ("BUILDKITE_RETRY_COUNT", "2"),
+        ];
+        let lookup = |name: &str| {
+            env.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| (*v).to_owned())
+        };
+        assert_eq!(run(&lookup, out.path()), exit::BAD_PAYLOAD);
+        let json = std::fs::read(out.path().join(RESULT_FILE)).unwrap();
+        let written = FullResult::parse(&json).unwrap();
+        assert_eq!(
+            written.written_by,
+            Some(WrittenBy {
+                job_id: "0194b7c2-job".into(),
+                retry_count: 2
+            })
+        );
+        let packed = std::fs::read_to_string(out.path().join(RESULT_META_FILE)).unwrap();
+        assert!(packed.len() < json.len(), "{packed}");
+        assert_eq!(riding::unpack_result(&packed, 1 << 20).unwrap(), written);
+        // Outside Buildkite there is no try to name.
+        let bare = tempfile::tempdir().unwrap();
+        run(
+            &|n| (n == "KERNELBOT_PAYLOAD").then(|| "x".into()),
+            bare.path(),
+        );
+        let json = std::fs::read(bare.path().join(RESULT_FILE)).unwrap();
+        assert_eq!(FullResult::parse(&json).unwrap().written_by, None);
     }
 }

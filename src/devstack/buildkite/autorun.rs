@@ -1,5 +1,5 @@
 //! Playing the agent: each new build is scheduled, runs its step, uploads `result.json` and
-//! finishes, with a webhook at every step (dropped, repeated or late at the chaos rate).
+//! finishes, with a webhook at every step (`job.finished` after each try on an agent) (dropped, repeated or late at the chaos rate).
 //! Where the stand-in has agents of the build's queue, each try runs on a free one, what
 //! the job's hooks asked of `buildkite-agent` is applied (meta-data, a pause), and an exit
 //! status the pipeline retries automatically starts a new job of the build, as Buildkite
@@ -103,6 +103,9 @@ async fn run_tries(bk: &BuildkiteStandin, run: &AutoRun, number: u64) -> Option<
                 .iter()
                 .any(|(status, limit)| *status == exit && tries <= *limit as usize);
         bk.end_try(number, agent.as_ref(), &outcome, again);
+        if agent.is_some() {
+            send(bk, run, "job.finished", number).await;
+        }
         if !again {
             return Some(exit);
         }

@@ -225,6 +225,60 @@ impl BuildkiteStandin {
         }
     }
 
+    /// The build's latest job ran on agent `agent` and ended with `exit` (a retry, when
+    /// `again`, follows as a new job), as a test playing the agent by hand has it; its id.
+    /// Try `i` of a build starts `2 + 40 i` s after the build was created and runs 30 s, so
+    /// builds played alike show alike timings.
+    pub fn record_try(&self, number: u64, agent: &str, exit: i32, again: bool) -> Option<String> {
+        let mut s = self.lock();
+        let b = s.build_mut(number)?;
+        let job = b.jobs.last().cloned()?;
+        let started = b.created_at + 2_000 + 40_000 * b.tries.len() as i64;
+        b.started_at.get_or_insert(started);
+        let next = again.then(|| uuid::Uuid::new_v4().to_string());
+        b.tries.insert(
+            job.clone(),
+            StandinJob {
+                agent: Some((format!("id-{agent}"), agent.to_owned())),
+                started_at: Some(started),
+                finished_at: Some(started + 30_000),
+                exit_status: Some(exit),
+                retried_in_job_id: next.clone(),
+            },
+        );
+        b.jobs.extend(next);
+        Some(job)
+    }
+
+    /// The build's latest job, which started with the build's evaluation (or now), ends now
+    /// on agent `agent` with `exit`; its id.
+    pub fn end_try_now(&self, number: u64, agent: &str, exit: i32) -> Option<String> {
+        let mut s = self.lock();
+        let now = s.clock.now();
+        let b = s.build_mut(number)?;
+        let job = b.jobs.last().cloned()?;
+        let started = *b.started_at.get_or_insert(now);
+        let agent = Some((format!("id-{agent}"), agent.to_owned()));
+        b.tries.insert(
+            job.clone(),
+            StandinJob {
+                agent,
+                started_at: Some(started),
+                finished_at: Some(now),
+                exit_status: Some(exit),
+                retried_in_job_id: None,
+            },
+        );
+        Some(job)
+    }
+
+    /// Sets build meta-data `key`, as `buildkite-agent meta-data set` does.
+    pub fn set_meta_data(&self, number: u64, key: &str, value: &str) {
+        if let Some(b) = self.lock().build_mut(number) {
+            b.meta_data.insert(key.to_owned(), value.to_owned());
+        }
+    }
+
     /// Plays the agent for every new build: see the module docs.
     pub fn autorun(&self, webhook_url: &str, secret: &str, step: StepRunner) {
         self.lock().autorun = Some(AutoRun {

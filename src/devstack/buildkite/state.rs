@@ -296,7 +296,7 @@ impl Inner {
 }
 
 /// A job a stand-in agent ran, as the REST API shows it with `include_retried_jobs`.
-fn try_json(id: &str, t: &StandinJob, b: &StandinBuild, api: &str) -> Value {
+pub(super) fn try_json(id: &str, t: &StandinJob, b: &StandinBuild, api: &str) -> Value {
     let state = match (t.retried_in_job_id.is_some(), t.exit_status) {
         (false, Some(0)) => "passed".to_owned(),
         (true, _) | (false, Some(_)) => "failed".to_owned(),

@@ -3,6 +3,7 @@
 use serde_json::json;
 
 use super::BuildkiteStandin;
+use super::state::try_json;
 use crate::buildkite::sign;
 use crate::time::rfc3339;
 
@@ -24,9 +25,19 @@ impl BuildkiteStandin {
         if event.starts_with("job.")
             && let Some(b) = s.index_of(number).map(|i| &s.builds[i])
         {
-            let started = b.started_at.unwrap_or_else(|| s.clock.now());
-            body["job"] = json!({"id": b.jobs.last(), "type": "script", "step_key": "evaluate",
-                "state": "running", "started_at": rfc3339(started)});
+            // job.finished tells of the try that just ended (a retry's job may follow it).
+            let ended = b.jobs.iter().rev().find_map(|j| {
+                let t = b.tries.get(j).filter(|t| t.finished_at.is_some())?;
+                Some(try_json(j, t, b, &s.build_api_url(number)))
+            });
+            body["job"] = match ended {
+                Some(job) if event == "job.finished" => job,
+                _ => {
+                    let started = b.started_at.unwrap_or_else(|| s.clock.now());
+                    json!({"id": b.jobs.last(), "type": "script", "step_key": "evaluate",
+                        "state": "running", "started_at": rfc3339(started)})
+                }
+            };
         }
         serde_json::to_vec(&body).unwrap_or_default()
     }

@@ -1,7 +1,8 @@
 //! The decisions, as pure functions of a job, an event and the time: what an event or a
 //! build's state means ([`signal`]), what an outbox does next ([`outbox`]), when a deferred
 //! create is due ([`creation`]), when a job ends without its build's word ([`ending`]), which
-//! tries of a build ran where ([`tries`]), and what an agent's record says ([`fleet`]).
+//! tries of a build ran where ([`tries`]), whether a finished event carries the whole end
+//! ([`riding`]), and what an agent's record says ([`fleet`]).
 //! Everything that talks to the world lives elsewhere.
 
 pub mod creation;
@@ -9,6 +10,7 @@ pub mod ending;
 pub(crate) mod fair;
 pub(crate) mod fleet;
 pub mod outbox;
+pub(crate) mod riding;
 pub mod signal;
 pub(crate) mod stats;
 pub(crate) mod tries;

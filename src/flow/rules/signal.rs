@@ -15,6 +15,8 @@ pub enum Signal {
     Running,
     /// The build may have ended: read its state from the API to be sure.
     Finished,
+    /// A try of the evaluation step ended (`job.finished`): noted for the build's end.
+    TryEnded,
     Ignore(&'static str),
 }
 
@@ -25,7 +27,10 @@ pub fn signal_of(event: &str, job: Option<&BuildJob>) -> Signal {
         // the evaluation: only `job.started` for that step is.
         "build.scheduled" | "build.running" | "build.failing" => Signal::Scheduled,
         "job.started" if job.is_some_and(is_eval_step) => Signal::Running,
-        "job.started" => Signal::Ignore("a step other than the evaluation"),
+        "job.started" | "job.finished" if job.is_none_or(|j| !is_eval_step(j)) => {
+            Signal::Ignore("a step other than the evaluation")
+        }
+        "job.finished" => Signal::TryEnded,
         "build.finished" | "build.skipped" => Signal::Finished,
         "ping" => Signal::Ignore("ping"),
         _ => Signal::Ignore("event not handled"),
@@ -73,6 +78,17 @@ mod tests {
             (
                 "job.started",
                 Some(&upload),
+                Signal::Ignore("a step other than the evaluation"),
+            ),
+            ("job.finished", Some(&eval), Signal::TryEnded),
+            (
+                "job.finished",
+                Some(&upload),
+                Signal::Ignore("a step other than the evaluation"),
+            ),
+            (
+                "job.finished",
+                None,
                 Signal::Ignore("a step other than the evaluation"),
             ),
             ("build.finished", None, Signal::Finished),

@@ -86,9 +86,10 @@ impl SweepReport {
             EventOutcome::Advanced(JobState::Finished) => self.finished += 1,
             EventOutcome::Advanced(JobState::Failed) => self.failed += 1,
             EventOutcome::Advanced(_) => self.advanced += 1,
-            EventOutcome::Ignored(_) | EventOutcome::Foreign | EventOutcome::AgentNoted => {
-                self.unchanged += 1
-            }
+            EventOutcome::Ignored(_)
+            | EventOutcome::Foreign
+            | EventOutcome::AgentNoted
+            | EventOutcome::TryNoted => self.unchanged += 1,
         }
     }
 

@@ -15,7 +15,7 @@ use serde_json::value::RawValue;
 use super::render::{self, Text};
 use super::{
     CompileResult, Conditions, EvalResult, FullResult, InfraFailure, Preflight, ProfileResult,
-    RunResult, SystemInfo, Throttled, cap, caps, is_report, rank,
+    RunResult, SystemInfo, Throttled, WrittenBy, cap, caps, is_report, rank,
 };
 
 /// Reads `bytes` as a [`FullResult`] within its caps (see [`FullResult::parse`]).
@@ -46,6 +46,8 @@ struct Full {
     preflight: Option<Preflight>,
     #[serde(deserialize_with = "throttled")]
     throttled: Option<Throttled>,
+    #[serde(deserialize_with = "written_by")]
+    written_by: Option<WrittenBy>,
 }
 
 #[derive(Deserialize)]
@@ -182,6 +184,14 @@ fn infra<'de, D: Deserializer<'de>>(d: D) -> Result<Option<InfraFailure>, D::Err
         i.cap();
     }
     Ok(infra)
+}
+
+fn written_by<'de, D: Deserializer<'de>>(d: D) -> Result<Option<WrittenBy>, D::Error> {
+    let mut by: Option<WrittenBy> = small(d)?;
+    if let Some(b) = by.as_mut() {
+        b.cap();
+    }
+    Ok(by)
 }
 
 fn preflight<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Preflight>, D::Error> {

@@ -30,6 +30,9 @@ impl FullResult {
         for eval in self.runs.values_mut() {
             eval.cap();
         }
+        if let Some(by) = self.written_by.as_mut() {
+            by.cap();
+        }
     }
 }
 
