@@ -454,7 +454,9 @@ impl BuildkiteClient {
             let next = self.next_page(resp.headers());
             let page: Vec<Build> = Self::json(resp).await?;
             let done = page.is_empty() || page.iter().any(|b| b.number <= down_to);
-            all.extend(page);
+            // A listing reads no result from the meta-data (up to 100 KB a build): a deep
+            // one must not hold a thousand of them.
+            all.extend(page.into_iter().map(Build::without_result));
             match next {
                 Some(n) if !done => url = n,
                 _ => return Ok(all),

@@ -137,6 +137,15 @@ impl Build {
         }
     }
 
+    /// The build without the result riding its meta-data (`kernelbot-result`), for those
+    /// that keep many builds and never read it.
+    pub(crate) fn without_result(mut self) -> Self {
+        if let Some(meta) = self.meta_data.as_mut() {
+            meta.remove(crate::protocol::riding::RESULT_META_DATA_KEY);
+        }
+        self
+    }
+
     /// The run id we set in the build's meta-data when we created it; builds without it are
     /// not ours.
     pub fn run_id(&self) -> Option<&str> {
@@ -227,6 +236,24 @@ mod tests {
         )
         .unwrap();
         assert_eq!(unstarted.timings(), Timings::default());
+    }
+
+    #[test]
+    fn a_build_kept_without_its_result_keeps_the_rest_of_its_meta_data() {
+        let b: Build = serde_json::from_str(
+            r#"{"id":"x","number":3,"meta_data":{"run_id":"r1","kernelbot-result":"eJy...",
+                "kernelbot-infra:j1":"ecc_errors"}}"#,
+        )
+        .unwrap();
+        let kept = b.without_result();
+        let mut keys: Vec<&str> = kept
+            .meta_data
+            .iter()
+            .flatten()
+            .map(|(k, _)| k.as_str())
+            .collect();
+        keys.sort_unstable();
+        assert_eq!(keys, ["kernelbot-infra:j1", "run_id"]);
     }
 
     #[test]

@@ -173,6 +173,17 @@ async fn an_ecc_fault_is_retried_on_a_healthy_gpu_and_the_agent_paused(kind: Sto
             ("node1-gpu1".into(), Some(0))
         ]
     );
+    // The hook as setup-node.sh writes it put the result into the build's meta-data, and
+    // the job ended from build.finished alone, its two tries noted from job.finished.
+    let meta = app.buildkite.build(number).unwrap().meta_data;
+    let key = kernelbot_dispatch::protocol::riding::RESULT_META_DATA_KEY;
+    assert!(meta.contains_key(key), "{:?}", meta.keys());
+    let paths: Vec<String> = app
+        .metric("FinishesRead")
+        .iter()
+        .map(|(m, _)| m["Path"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(paths, ["event"]);
     let paused = app.buildkite.agent("node1-gpu0").unwrap().paused;
     let (note, minutes) = paused.expect("the faulty agent paused itself");
     assert!(

@@ -185,7 +185,6 @@ fn write_result(
     file.write_all(&json)?;
     file.as_file().sync_all()?;
     file.persist(out_dir.join(RESULT_FILE))?;
-    write_meta(out_dir, &json)?;
     if let Some(infra) = &result.infra {
         let action = if infra.pauses_agent() {
             "pause"
@@ -200,6 +199,11 @@ fn write_result(
     } else if let Some(t) = &result.throttled {
         // Never a pause: the kernel may have heated the GPU itself.
         write_infra_line(out_dir, "retry", &throttled_line(t))?;
+    }
+    // Only a shortcut for the service (it reads the artifact without it): never the run's
+    // failure, nor in the way of the hook's note.
+    if let Err(e) = write_meta(out_dir, &json) {
+        eprintln!("Cannot write {RESULT_META_FILE} (the service reads result.json instead): {e}");
     }
     Ok(())
 }
@@ -317,6 +321,11 @@ mod tests {
         let packed = std::fs::read_to_string(out.path().join(RESULT_META_FILE)).unwrap();
         assert!(packed.len() < json.len(), "{packed}");
         assert_eq!(riding::unpack_result(&packed, 1 << 20).unwrap(), written);
+        // A result.meta that cannot be written is no failure of the run.
+        let blocked = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(blocked.path().join(RESULT_META_FILE).join("in-the-way")).unwrap();
+        assert_eq!(run(&lookup, blocked.path()), exit::BAD_PAYLOAD);
+        assert!(blocked.path().join(RESULT_FILE).is_file());
         // Outside Buildkite there is no try to name.
         let bare = tempfile::tempdir().unwrap();
         run(

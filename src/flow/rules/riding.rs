@@ -1,7 +1,8 @@
 //! Whether a `build.finished` event can finish its job with no API call: the result that
 //! rode its meta-data, and the tries its `job.finished` events told of, stand in for the
 //! build and artifact the API would give only when they are the whole story. Anything less
-//! and the artifact is read, as before: the job ends the same either way.
+//! and the artifact is read, as before: where both hold the result, the job ends the same
+//! either way (where the last try's upload failed, only the event still has its result).
 
 use crate::buildkite::{Build, BuildJob, JobAgent};
 use crate::jobs::{Job, MAX_SEEN_TRIES, SeenTry};
