@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use kernelbot_dispatch::devstack::buildkite::sample_result;
 use kernelbot_dispatch::devstack::stack::{Stack, StoreKind, submission};
+use kernelbot_dispatch::devstack::units::{CountingStore, Units};
 use kernelbot_dispatch::jobs::{Channel, Job, JobState};
 use kernelbot_dispatch::result::Verdict;
 use kernelbot_dispatch::time::Clock;
@@ -132,8 +133,12 @@ struct Side {
     bk_windows: Vec<u32>,
     bk_429: usize,
     discord_calls: usize,
+    /// Of them, posts (first messages); the rest are edits.
+    discord_posts: usize,
     discord_busiest: u32,
     discord_429: usize,
+    /// What the functions' store calls would cost on DynamoDB.
+    store_units: Units,
     lost: usize,
     /// How the runs that did not pass ended, and how many.
     endings: BTreeMap<String, usize>,
@@ -300,7 +305,7 @@ impl Driver {
     }
 }
 
-async fn start_stack(fair: bool, queue_timeout: &str) -> (Arc<Stack>, Clock) {
+async fn start_stack(fair: bool, queue_timeout: &str) -> (Arc<Stack>, Clock, Arc<CountingStore>) {
     let clock = Clock::scaled(SCALE);
     let limit = if fair { "2" } else { "0" };
     let vars = [
@@ -310,7 +315,7 @@ async fn start_stack(fair: bool, queue_timeout: &str) -> (Arc<Stack>, Clock) {
         ("USER_MAX_WAITING", "0"),
         ("QUEUE_TIMEOUT_SECS", queue_timeout),
     ];
-    let app = Stack::spawn_on(
+    let (app, counted) = Stack::spawn_counted(
         StoreKind::Sqlite,
         &vars,
         Duration::from_secs(5),
@@ -325,12 +330,12 @@ async fn start_stack(fair: bool, queue_timeout: &str) -> (Arc<Stack>, Clock) {
     app.buildkite.enforce_rate_limit(TOKEN_LIMIT);
     app.discord
         .enforce_rate_limit(DISCORD_CALLS, Duration::from_secs(2));
-    (Arc::new(app), clock)
+    (Arc::new(app), clock, counted)
 }
 
 async fn run_side(fair: bool, riding: bool, queue_timeout: &str, arrivals: &[Arrival]) -> Side {
     let real = Instant::now();
-    let (app, clock) = start_stack(fair, queue_timeout).await;
+    let (app, clock, counted) = start_stack(fair, queue_timeout).await;
     let t0 = clock.now();
     let mut d = Driver {
         app: app.clone(),
@@ -388,7 +393,11 @@ async fn run_side(fair: bool, riding: bool, queue_timeout: &str, arrivals: &[Arr
     while let Some(done) = d.tasks.join_next().await {
         done.expect("a submission or build end of the driver");
     }
-    measure(&d, real).await
+    // Counted before the benchmark's own reads of the jobs.
+    let units = counted.units();
+    let mut side = measure(&d, real).await;
+    side.store_units = units;
+    side
 }
 
 async fn measure(d: &Driver, real: Instant) -> Side {
@@ -437,6 +446,11 @@ async fn measure(d: &Driver, real: Instant) -> Side {
     side.bk_windows = app.buildkite.rate_limit_windows();
     side.bk_429 = app.buildkite.rate_limited_calls();
     side.discord_calls = app.discord_calls().len();
+    side.discord_posts = app
+        .discord_calls()
+        .iter()
+        .filter(|c| c.method == "POST")
+        .count();
     (side.discord_429, side.discord_busiest) = app.discord.rate_limit_seen();
     for (m, _) in app.metric("WebhookRequests") {
         let outcome = m["Outcome"].as_str().unwrap_or("unnamed").to_owned();
@@ -453,7 +467,7 @@ impl Side {
     }
 }
 
-/// One side's summary as `RUSH_JSON` writes it (store units are not counted yet: null).
+/// One side's summary as `RUSH_JSON` writes it.
 fn summary(side: &Side, arrivals: &[Arrival]) -> serde_json::Value {
     let jobs = arrivals.len() as f64;
     let reported = sorted(side.to_record.clone());
@@ -465,12 +479,13 @@ fn summary(side: &Side, arrivals: &[Arrival]) -> serde_json::Value {
         "rest_429s": side.bk_429,
         "discord_calls_per_job": side.discord_calls as f64 / jobs,
         "discord_429s": side.discord_429,
+        "discord_posts_per_job": side.discord_posts as f64 / jobs,
         "gpu_busy_while_waiting": side.busy_share(),
         "report_latency_p95_s": quantile(&reported, 0.95),
         "light_p95_wait_s": quantile(&waits_of(side, arrivals, None), 0.95),
         "last_reported_s": side.span,
-        "store_read_units_per_job": null,
-        "store_write_units_per_job": null,
+        "store_read_units_per_job": side.store_units.read / jobs,
+        "store_write_units_per_job": side.store_units.write / jobs,
     })
 }
 
@@ -641,10 +656,26 @@ fn limit_rows(s: &Side) -> Vec<(&'static str, String)> {
         ("Buildkite 429s", s.bk_429.to_string()),
         ("Discord calls per job", per_job(s.discord_calls)),
         (
+            "Discord posts / edits per job",
+            format!(
+                "{} / {}",
+                per_job(s.discord_posts),
+                per_job(s.discord_calls - s.discord_posts)
+            ),
+        ),
+        (
             "Discord calls, busiest 2 s of the webhook (limit 5)",
             s.discord_busiest.to_string(),
         ),
         ("Discord 429s", s.discord_429.to_string()),
+        (
+            "store read / write units per job (as DynamoDB bills them)",
+            format!(
+                "{:.1} / {:.1}",
+                s.store_units.read / params().submissions as f64,
+                s.store_units.write / params().submissions as f64
+            ),
+        ),
         (
             "build end → reported, median / p95 (s)",
             format!("{:.1} / {:.1}", quantile(&t, 0.5), quantile(&t, 0.95)),

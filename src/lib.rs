@@ -7,7 +7,7 @@
 //!
 //! ```text
 //! bin → {server, http, ops} → flow → {buildkite, discord, callback, jobs, runner, secrets}
-//!     → {retry, telemetry, tls} → {config, time, text, token, mac, error, payload, result}
+//!     → {retry, telemetry, tls, window} → {config, time, text, token, mac, error, payload, result}
 //! ```
 
 pub mod buildkite;
@@ -31,6 +31,7 @@ mod text;
 pub mod time;
 mod tls;
 mod token;
+mod window;
 
 // What the service and the GPU node's runner agree on (the payload, config rules,
 // result.json, exit codes) is a crate of its own (infra/protocol) that both link.

@@ -5,11 +5,13 @@
 //! retried only when it surely did not reach Buildkite (a refused connection, a 429): after a
 //! timeout or a 5xx it is [`BuildkiteError::Unconfirmed`], for the caller to look up.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use reqwest::{Method, Response, StatusCode, header};
 use secrecy::{ExposeSecret, SecretString};
 use serde::de::DeserializeOwned;
+use sha2::Digest;
 use url::Url;
 
 use super::budget::CallBudget;
@@ -19,6 +21,7 @@ use super::model::{Agent, Artifact, Build, NewBuild};
 use crate::config::BuildkiteConfig;
 use crate::retry::{self, Deadline, Policy};
 use crate::time::Clock;
+use crate::window::SharedWindows;
 
 /// The least time a call is sent with after a wait for a reset.
 const MIN_TRY: Duration = Duration::from_millis(250);
@@ -210,7 +213,17 @@ impl BuildkiteClient {
 
     /// This client, timing Buildkite's rate-limit windows on `clock`.
     pub(crate) fn with_clock(mut self, clock: Clock) -> Self {
-        self.gate = RateGate::new(clock);
+        self.gate = self.gate.with_clock(clock);
+        self
+    }
+
+    /// This client, spending Buildkite's window together with every instance that shares
+    /// `windows` and this token. The window is named by a fingerprint of the token (a hash
+    /// that cannot be turned back into it), as Buildkite counts per token.
+    pub(crate) fn with_windows(mut self, windows: Arc<dyn SharedWindows>) -> Self {
+        let digest = sha2::Sha256::digest(self.token.expose_secret().as_bytes());
+        let name = format!("buildkite/{}", hex::encode(&digest[..8]));
+        self.gate = self.gate.shared(windows, name);
         self
     }
 
@@ -284,7 +297,7 @@ impl BuildkiteClient {
         }
         match req.send().await {
             Ok(resp) => {
-                self.noted(&resp);
+                self.noted(&resp).await;
                 match classify(resp, call).await {
                     // The gate holds the reset now: the retry waits there, on the service's
                     // clock, or comes back at once with the time left.
@@ -304,7 +317,7 @@ impl BuildkiteClient {
     /// the window's reset that the retry policy would also wait, or not at all (a 429 of our
     /// own, with the time to the reset, for the caller to defer the work).
     async fn admit(&self, priority: Priority, deadline: Deadline) -> Result<(), BuildkiteError> {
-        let Err(wait) = self.gate.take(priority) else {
+        let Err(wait) = self.gate.take(priority).await else {
             return Ok(());
         };
         let span = std::time::Duration::from_millis(wait.max(0) as u64);
@@ -313,20 +326,20 @@ impl BuildkiteClient {
             return Err(refused);
         }
         self.gate.wait(wait).await;
-        self.gate.take(priority).map_err(|_| refused)
+        self.gate.take(priority).await.map_err(|_| refused)
     }
 
     /// What an answer says of the rate limit. A 429's own wait is left to [`Self::admit`]
     /// (the retry comes back at once and waits there, on the service's clock).
-    fn noted(&self, resp: &Response) {
+    async fn noted(&self, resp: &Response) {
         if let Some(b) = &self.budget {
             b.observe(resp.headers());
         }
         if resp.status() == StatusCode::TOO_MANY_REQUESTS {
             let reset = rate_limit_reset(resp).map(|d| d.as_secs() as i64);
-            self.gate.refused(reset);
+            self.gate.refused(reset).await;
         } else {
-            self.gate.observe(resp.headers());
+            self.gate.observe(resp.headers()).await;
         }
     }
 

@@ -6,11 +6,12 @@
 //! everything else (the pipeline check, profile links) leaves [`RESERVE`]. What is
 //! refused is taken up later (`flow::catch_up`, the sweep).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use reqwest::header::HeaderMap;
 
 use crate::time::{Clock, Millis};
+use crate::window::{Limiter, News, SharedWindows};
 
 /// Calls of a window kept for creates and finishes.
 pub(crate) const RESERVE: i64 = 10;
@@ -33,73 +34,33 @@ pub(crate) enum Priority {
     Routine,
 }
 
-/// The window as last told: requests left, and when it resets (on the service's clock);
-/// with the limit, so that calls made after the reset, before any answer, are counted too.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Window {
-    pub(crate) remaining: Option<i64>,
-    pub(crate) reset_at: Millis,
-    pub(crate) limit: Option<i64>,
+impl Priority {
+    /// Calls of the window this priority leaves to those above it.
+    pub(crate) fn reserve(self) -> i64 {
+        match self {
+            Self::Finish => 0,
+            Self::Create => FINISH_RESERVE,
+            Self::Routine => RESERVE,
+        }
+    }
 }
 
-impl Window {
-    /// `Ok` if a call of `priority` may be sent at `now`, else how long until the window
-    /// resets (milliseconds).
-    pub(crate) fn admits(&self, priority: Priority, now: Millis) -> Result<(), Millis> {
-        let Some(remaining) = self.remaining else {
-            return Ok(());
-        };
-        if now >= self.reset_at {
-            return Ok(());
-        }
-        let reserve = match priority {
-            Priority::Finish => 0,
-            Priority::Create => FINISH_RESERVE,
-            Priority::Routine => RESERVE,
-        };
-        if remaining > reserve {
-            Ok(())
-        } else {
-            Err(self.reset_at - now)
-        }
-    }
+/// What an answer's `RateLimit-*` headers say of the window: the lower of the
+/// organization's and the token's remaining requests, and the later reset. An answer without
+/// both (an edge's 502) says nothing: what was told before stands until its reset.
+fn news(headers: &HeaderMap) -> Option<News> {
+    let (remaining, reset) = (lowest_remaining(headers)?, latest_reset(headers)?);
+    Some(News::Told {
+        remaining,
+        limit: header(headers, &["ratelimit-limit", "ratelimit-user-limit"]),
+        reset_after: reset.clamp(0, MAX_RESET_SECS) * 1000,
+    })
+}
 
-    /// Past the reset, a new window of the known limit begins: counted from here.
-    fn roll(&mut self, now: Millis) {
-        if self.remaining.is_some() && now >= self.reset_at {
-            self.remaining = self.limit;
-            self.reset_at = now + WINDOW_MS;
-        }
-    }
-
-    /// A call is on its way: one fewer left, until the answer says how many.
-    fn sent(&mut self) {
-        if let Some(r) = &mut self.remaining {
-            *r -= 1;
-        }
-    }
-
-    /// What an answer said: the lower of the organization's and the token's remaining
-    /// requests, and the seconds to the reset. An answer without both (an edge's 502) says
-    /// nothing of the window: what was told before stands until its reset.
-    fn told(
-        &mut self,
-        (remaining, limit): (Option<i64>, Option<i64>),
-        reset_secs: Option<i64>,
-        now: Millis,
-    ) {
-        if let (Some(r), Some(secs)) = (remaining, reset_secs) {
-            self.remaining = Some(r);
-            self.reset_at = now.saturating_add(secs.clamp(0, MAX_RESET_SECS) * 1000);
-            self.limit = limit;
-        }
-    }
-
-    /// A 429: nothing left until the reset it gave (else a minute, Buildkite's window).
-    fn refused(&mut self, reset_secs: Option<i64>, now: Millis) {
-        self.remaining = Some(0);
-        let ms = reset_secs.map_or(WINDOW_MS, |s| s.clamp(1, MAX_RESET_SECS) * 1000);
-        self.reset_at = now.saturating_add(ms);
+/// A 429 and the reset it gave (else a minute, Buildkite's window).
+fn refusal(reset_secs: Option<i64>) -> News {
+    News::Refused {
+        reset_after: reset_secs.map(|s| s.clamp(1, MAX_RESET_SECS) * 1000),
     }
 }
 
@@ -127,66 +88,73 @@ pub(super) fn latest_reset(headers: &HeaderMap) -> Option<i64> {
     numbers(headers, &["ratelimit-reset", "ratelimit-user-reset"]).max()
 }
 
-/// One instance's view of the limit; clones share it.
-#[derive(Clone, Debug, Default)]
+/// Buildkite's window as this instance and (where shared) every instance spend it; clones
+/// share it.
+#[derive(Clone, Debug)]
 pub(crate) struct RateGate {
-    window: Arc<Mutex<Window>>,
-    clock: Clock,
+    limiter: Limiter,
+}
+
+impl Default for RateGate {
+    fn default() -> Self {
+        Self::new(Clock::default())
+    }
 }
 
 impl RateGate {
     pub(crate) fn new(clock: Clock) -> Self {
         Self {
-            window: Arc::default(),
-            clock,
+            limiter: Limiter::new(clock, WINDOW_MS),
         }
     }
 
-    fn with<T>(&self, f: impl FnOnce(&mut Window, Millis) -> T) -> T {
-        let mut w = self.window.lock().unwrap_or_else(|p| p.into_inner());
-        f(&mut w, self.clock.now())
+    /// This gate on `clock`, anew (a shared window stays shared).
+    pub(crate) fn with_clock(&self, clock: Clock) -> Self {
+        Self {
+            limiter: self.limiter.with_clock(clock),
+        }
+    }
+
+    /// This gate, spending the window kept under `name` in `windows` with every instance.
+    pub(crate) fn shared(self, windows: Arc<dyn SharedWindows>, name: String) -> Self {
+        Self {
+            limiter: self.limiter.shared(windows, name),
+        }
     }
 
     /// Takes a call of `priority` if the window allows it; else the milliseconds to wait.
-    pub(crate) fn take(&self, priority: Priority) -> Result<(), Millis> {
-        self.with(|w, now| {
-            w.roll(now);
-            w.admits(priority, now)?;
-            w.sent();
-            Ok(())
-        })
+    pub(crate) async fn take(&self, priority: Priority) -> Result<(), Millis> {
+        self.limiter.take(priority.reserve()).await
     }
 
-    /// Whether a call of `priority` would be let go now (nothing is taken).
+    /// Whether a call of `priority` would be let go now, as this instance sees the window
+    /// (nothing is taken).
     pub(crate) fn allows(&self, priority: Priority) -> bool {
-        self.with(|w, now| {
-            w.roll(now);
-            w.admits(priority, now).is_ok()
-        })
+        self.limiter.allows(priority.reserve())
     }
 
     /// Notes what an answer's `RateLimit-*` headers say.
-    pub(crate) fn observe(&self, headers: &HeaderMap) {
-        let remaining = lowest_remaining(headers);
-        let limit = header(headers, &["ratelimit-limit", "ratelimit-user-limit"]);
-        let reset = latest_reset(headers);
-        self.with(|w, now| w.told((remaining, limit), reset, now));
+    pub(crate) async fn observe(&self, headers: &HeaderMap) {
+        if let Some(news) = news(headers) {
+            self.limiter.hear(news).await;
+        }
     }
 
     /// Notes a 429 and the reset it gave.
-    pub(crate) fn refused(&self, reset_secs: Option<i64>) {
-        self.with(|w, now| w.refused(reset_secs, now));
+    pub(crate) async fn refused(&self, reset_secs: Option<i64>) {
+        self.limiter.hear(refusal(reset_secs)).await;
     }
 
     /// Waits `ms` on the service's clock.
     pub(crate) async fn wait(&self, ms: Millis) {
-        self.clock.sleep_ms(ms).await;
+        self.limiter.wait(ms).await;
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::window::Window;
 
     #[test]
     fn what_a_window_admits() {
@@ -195,6 +163,7 @@ mod tests {
             remaining,
             reset_at,
             limit: Some(50),
+            span: WINDOW_MS,
         };
         // (window, priority, now, expected)
         let cases = [
@@ -212,15 +181,15 @@ mod tests {
         ];
         for (window, priority, now, expected) in cases {
             assert_eq!(
-                window.admits(priority, now),
+                window.admits(priority.reserve(), now),
                 expected,
                 "{window:?} {priority:?} at {now}"
             );
         }
     }
 
-    #[test]
-    fn the_lower_count_and_the_later_reset_of_the_two_windows_are_kept() {
+    #[tokio::test]
+    async fn the_lower_count_and_the_later_reset_of_the_two_windows_are_kept() {
         let clock = Clock::default();
         let gate = RateGate::new(clock.clone());
         let mut headers = HeaderMap::new();
@@ -232,7 +201,7 @@ mod tests {
         ] {
             headers.insert(name, value.parse().unwrap());
         }
-        gate.observe(&headers);
+        gate.observe(&headers).await;
         clock.advance(std::time::Duration::from_secs(39));
         assert!(
             !gate.allows(Priority::Finish),
@@ -244,10 +213,22 @@ mod tests {
 
     #[test]
     fn answers_refusals_and_resets_set_the_window() {
-        let mut w = Window::default();
-        w.told((Some(12), Some(50)), Some(40), 1_000);
+        let told = |pairs: &[(&'static str, &str)]| {
+            let mut h = HeaderMap::new();
+            for (k, v) in pairs {
+                h.insert(*k, v.parse().unwrap());
+            }
+            news(&h)
+        };
+        let mut w = Window::of_span(WINDOW_MS);
+        let answer = [
+            ("ratelimit-remaining", "12"),
+            ("ratelimit-limit", "50"),
+            ("ratelimit-reset", "40"),
+        ];
+        w.hear(told(&answer).unwrap(), 1_000);
         assert_eq!((w.remaining, w.reset_at), (Some(12), 41_000));
-        w.sent();
+        w.take(0, 1_000).unwrap();
         assert_eq!(w.remaining, Some(11));
         w.roll(41_000);
         assert_eq!(
@@ -255,19 +236,23 @@ mod tests {
             (Some(50), 101_000),
             "a new window of the limit, counted before any answer"
         );
-        let before = w;
-        w.told((None, None), None, 2_000);
-        assert_eq!(w, before, "an answer without the headers changes nothing");
-        w.told((Some(5), Some(50)), Some(i64::MAX), 2_000);
+        assert_eq!(
+            told(&[("ratelimit-limit", "50")]),
+            None,
+            "an answer without the headers changes nothing"
+        );
+        let huge = i64::MAX.to_string();
+        let answer = [("ratelimit-remaining", "5"), ("ratelimit-reset", &huge)];
+        w.hear(told(&answer).unwrap(), 2_000);
         assert_eq!(
             w.reset_at,
             2_000 + 3_600_000,
             "a reset past an hour is a bad header"
         );
-        let mut w = Window::default();
-        w.refused(Some(7), 2_000);
-        assert_eq!(w.admits(Priority::Finish, 8_999), Err(1));
-        w.refused(None, 0);
+        let mut w = Window::of_span(WINDOW_MS);
+        w.hear(refusal(Some(7)), 2_000);
+        assert_eq!(w.admits(Priority::Finish.reserve(), 8_999), Err(1));
+        w.hear(refusal(None), 0);
         assert_eq!(
             w.reset_at, 60_000,
             "a 429 without a reset: Buildkite's minute"

@@ -16,6 +16,7 @@ pub(crate) mod pipeline;
 pub mod receiver;
 pub mod runner_program;
 pub mod stack;
+pub mod units;
 
 use std::net::SocketAddr;
 

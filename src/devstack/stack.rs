@@ -14,6 +14,7 @@ use super::buildkite::{BuildkiteStandin, deliver};
 use super::discord::{DiscordCall, DiscordStandin};
 use super::env::{Secrets, function_env};
 use super::receiver::ReceiverStandin;
+use super::units::CountingStore;
 use crate::config::Role;
 use crate::error::BoxError;
 use crate::flow::{Deps, sweep};
@@ -109,6 +110,8 @@ pub struct Stack {
     /// What a function started as a process of its own needs to be one of this stack's:
     /// the stand-ins, the secrets and the store.
     pub env: BTreeMap<String, String>,
+    /// The limit of each outbound call.
+    timeout: Duration,
     _dir: Option<tempfile::TempDir>,
 }
 
@@ -214,6 +217,33 @@ impl Stack {
         timeout: Duration,
         clock: Clock,
     ) -> Result<Self, BoxError> {
+        Self::start(kind, (vars, timeout, clock), |store| store).await
+    }
+
+    /// As `spawn_on`, the functions' store counted as DynamoDB would bill its calls.
+    pub async fn spawn_counted(
+        kind: StoreKind,
+        vars: &[(&str, &str)],
+        timeout: Duration,
+        clock: Clock,
+    ) -> Result<(Self, Arc<CountingStore>), BoxError> {
+        let mut counted = None;
+        let stack = Self::start(kind, (vars, timeout, clock), |store| {
+            let c = Arc::new(CountingStore::new(store));
+            counted = Some(c.clone());
+            c
+        })
+        .await?;
+        let counted = counted.ok_or("the store was not opened")?;
+        Ok((stack, counted))
+    }
+
+    /// Starts the stack over a fresh store of `kind` as `wrap` gives it to the functions.
+    async fn start(
+        kind: StoreKind,
+        (vars, timeout, clock): (&[(&str, &str)], Duration, Clock),
+        wrap: impl FnOnce(Arc<dyn JobStore>) -> Arc<dyn JobStore>,
+    ) -> Result<Self, BoxError> {
         if std::env::var_os("TEST_LOG").is_some() {
             crate::telemetry::init();
         }
@@ -221,8 +251,10 @@ impl Stack {
         let (store, dir, store_env) = fresh_store(kind).await?;
         let mut env = stand_ins.env(vars);
         let metrics = Arc::new(Mutex::new(Vec::new()));
+        // The functions' store as `wrap` gives it; the stack's own reads (the tests' and the
+        // benchmarks') go to the store itself.
         let wiring = Wiring {
-            store: store.clone(),
+            store: wrap(store.clone()),
             clock: clock.clone(),
             metrics: metrics.clone(),
             timeout,
@@ -253,8 +285,23 @@ impl Stack {
             clock,
             metrics,
             env,
+            timeout,
             _dir: dir,
         })
+    }
+
+    /// Another instance of the submit function over this stack's store and clock, with
+    /// dependencies of its own, as a second Lambda instance has (its own view of each rate
+    /// limit): the base URL it is served on.
+    pub async fn another_submit(&self) -> Result<String, BoxError> {
+        let wiring = Wiring {
+            store: self.store.clone(),
+            clock: self.clock.clone(),
+            metrics: self.metrics.clone(),
+            timeout: self.timeout,
+        };
+        let deps = wiring.deps(self.env.clone(), Role::Submit).await?;
+        serve(http::submit::router(deps)).await
     }
 
     pub async fn submit(&self, body: &Value) -> Result<(StatusCode, Value), BoxError> {

@@ -1,6 +1,8 @@
 //! Discord's per-webhook rate limit as its answers tell it (`X-RateLimit-Remaining`,
-//! `X-RateLimit-Reset-After`, a 429's `retry_after`), kept per webhook for this function
-//! instance: a call the bucket has no room for waits for its reset, or is not sent.
+//! `X-RateLimit-Reset-After`, a 429's `retry_after`): one window per webhook, the model
+//! Buildkite's limit uses too, kept by this instance and (where the deployment shares them)
+//! spent together with every instance. A call the bucket has no room for waits for its
+//! reset, or is not sent; calls of lower priority leave room to those above them.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -8,34 +10,40 @@ use std::sync::{Arc, Mutex};
 use reqwest::header::HeaderMap;
 
 use crate::time::{Clock, Millis};
+use crate::window::{Limiter, News, SharedWindows};
 
 /// Webhooks remembered at most; buckets whose reset has passed are dropped first.
 const MAX_BUCKETS: usize = 1_000;
 
-/// One webhook's bucket as last told: with its size and the longest reset it gave (about
-/// its window), so that calls made after a reset, before any answer, are counted too.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Bucket {
-    pub(crate) remaining: i64,
-    pub(crate) reset_at: Millis,
-    pub(crate) limit: Option<i64>,
-    pub(crate) window: Millis,
+/// Which messages come first when a webhook's bucket runs low: a final report may take its
+/// last call; each below leaves one more to those above it. A place edit is sent only while
+/// the bucket has room and never waits: the next place, the start or the report replaces it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Priority {
+    /// A job's final report.
+    Final,
+    /// A job's first message.
+    First,
+    /// A build created or started.
+    Start,
+    /// A waiting job's place in its queue.
+    Place,
 }
 
-impl Bucket {
-    /// How long a call must wait at `now` (milliseconds), if at all.
-    pub(crate) fn wait(&self, now: Millis) -> Option<Millis> {
-        (self.remaining <= 0 && now < self.reset_at).then(|| self.reset_at - now)
+impl Priority {
+    /// Calls of the bucket this priority leaves to those above it.
+    pub(crate) fn reserve(self) -> i64 {
+        match self {
+            Self::Final => 0,
+            Self::First => 1,
+            Self::Start => 2,
+            Self::Place => 3,
+        }
     }
 
-    /// Past the reset, a new window of the known size begins: counted from here.
-    fn roll(&mut self, now: Millis) {
-        if let Some(limit) = self.limit
-            && now >= self.reset_at
-        {
-            self.remaining = limit;
-            self.reset_at = now.saturating_add(self.window);
-        }
+    /// Whether a call of this priority waits for room (else it is not sent).
+    pub(crate) fn waits(self) -> bool {
+        self != Self::Place
     }
 }
 
@@ -46,10 +54,39 @@ fn millis(headers: &HeaderMap, name: &str) -> Option<Millis> {
     (secs.is_finite() && secs >= 0.0).then(|| (secs.min(3_600.0) * 1000.0).ceil() as Millis)
 }
 
-#[derive(Clone, Debug, Default)]
+/// What an answer's headers (and a 429's `retry_after`) say of its bucket.
+fn news(headers: &HeaderMap, retry_after: Option<Millis>) -> Option<News> {
+    let number = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok()?.trim().parse::<i64>().ok())
+    };
+    if let Some(ms) = retry_after {
+        return Some(News::Refused {
+            reset_after: Some(ms.clamp(0, 3_600_000)),
+        });
+    }
+    Some(News::Told {
+        remaining: number("x-ratelimit-remaining")?,
+        limit: number("x-ratelimit-limit"),
+        reset_after: millis(headers, "x-ratelimit-reset-after")?,
+    })
+}
+
+/// Each webhook's bucket; clones share them.
+#[derive(Clone, Default)]
 pub(crate) struct Buckets {
-    map: Arc<Mutex<HashMap<String, Bucket>>>,
+    map: Arc<Mutex<HashMap<String, Limiter>>>,
     clock: Clock,
+    shared: Option<Arc<dyn SharedWindows>>,
+}
+
+impl std::fmt::Debug for Buckets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Buckets")
+            .field("shared", &self.shared.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Buckets {
@@ -57,68 +94,71 @@ impl Buckets {
         Self {
             map: Arc::default(),
             clock,
+            shared: None,
         }
     }
 
-    fn with<T>(&self, f: impl FnOnce(&mut HashMap<String, Bucket>, Millis) -> T) -> T {
-        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        f(&mut map, self.clock.now())
+    /// These buckets anew on `clock`, shared as they were.
+    pub(crate) fn with_clock(&self, clock: Clock) -> Self {
+        Self {
+            shared: self.shared.clone(),
+            ..Self::new(clock)
+        }
     }
 
-    /// Takes a call to `webhook`, or says how long to wait for room.
-    pub(crate) fn take(&self, webhook: &str) -> Result<(), Millis> {
-        self.with(|map, now| {
-            let Some(b) = map.get_mut(webhook) else {
-                return Ok(());
-            };
-            b.roll(now);
-            if let Some(ms) = b.wait(now) {
-                return Err(ms);
-            }
-            b.remaining -= 1;
-            Ok(())
-        })
+    /// These buckets, spent together with every instance through `windows`.
+    pub(crate) fn shared(mut self, windows: Arc<dyn SharedWindows>) -> Self {
+        self.shared = Some(windows);
+        self
+    }
+
+    /// `webhook`'s bucket (made if new, where the map has room or may make it).
+    fn bucket(&self, webhook: &str) -> Option<Limiter> {
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(b) = map.get(webhook) {
+            return Some(b.clone());
+        }
+        if map.len() >= MAX_BUCKETS {
+            let now = self.clock.now();
+            map.retain(|_, b| b.view().reset_at > now);
+        }
+        if map.len() >= MAX_BUCKETS {
+            return None;
+        }
+        let mut b = Limiter::new(self.clock.clone(), 0);
+        if let Some(w) = &self.shared {
+            b = b.shared(w.clone(), format!("discord/{webhook}"));
+        }
+        map.insert(webhook.to_owned(), b.clone());
+        Some(b)
+    }
+
+    /// Takes a call of `priority` to `webhook`, or says how long to wait for room.
+    pub(crate) async fn take(&self, webhook: &str, priority: Priority) -> Result<(), Millis> {
+        match self.bucket(webhook) {
+            Some(b) => b.take(priority.reserve()).await,
+            None => Ok(()),
+        }
+    }
+
+    /// How many calls of `priority` `webhook`'s bucket has room for now, as this instance
+    /// sees it (nothing is taken; `i64::MAX` where nothing was told).
+    pub(crate) fn room(&self, webhook: &str, priority: Priority) -> i64 {
+        let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        map.get(webhook)
+            .map_or(i64::MAX, |b| b.room(priority.reserve()))
     }
 
     /// Notes an answer's bucket headers; a 429 (`retry_after` in its body) empties it.
-    pub(crate) fn observe(&self, webhook: &str, headers: &HeaderMap, retry_after: Option<Millis>) {
-        let number = |name: &str| {
-            headers
-                .get(name)
-                .and_then(|v| v.to_str().ok()?.trim().parse::<i64>().ok())
-        };
-        let after = retry_after
-            .or_else(|| millis(headers, "x-ratelimit-reset-after"))
-            .map(|ms| ms.clamp(0, 3_600_000));
-        let told = match (retry_after, number("x-ratelimit-remaining"), after) {
-            (Some(_), _, Some(ms)) => Some((0, ms)),
-            (None, Some(r), Some(ms)) => Some((r, ms)),
-            _ => None,
-        };
-        let Some((remaining, ms)) = told else {
-            return;
-        };
-        let limit = number("x-ratelimit-limit");
-        self.with(|map, now| {
-            if map.len() >= MAX_BUCKETS {
-                map.retain(|_, b| b.reset_at > now);
-            }
-            if map.len() >= MAX_BUCKETS && !map.contains_key(webhook) {
-                return;
-            }
-            let window = map.get(webhook).map_or(0, |b| b.window).max(ms);
-            let limit = limit.or_else(|| map.get(webhook).and_then(|b| b.limit));
-            let reset_at = now.saturating_add(ms);
-            map.insert(
-                webhook.to_owned(),
-                Bucket {
-                    remaining,
-                    reset_at,
-                    limit,
-                    window,
-                },
-            );
-        });
+    pub(crate) async fn observe(
+        &self,
+        webhook: &str,
+        headers: &HeaderMap,
+        retry_after: Option<Millis>,
+    ) {
+        if let (Some(news), Some(b)) = (news(headers, retry_after), self.bucket(webhook)) {
+            b.hear(news).await;
+        }
     }
 
     /// Waits `ms` on the service's clock.
@@ -141,11 +181,12 @@ mod tests {
 
     #[test]
     fn a_bucket_with_no_room_waits_for_its_reset() {
-        let b = |remaining, reset_at| Bucket {
-            remaining,
+        use crate::window::Window;
+        let b = |remaining, reset_at| Window {
+            remaining: Some(remaining),
             reset_at,
             limit: None,
-            window: 2_000,
+            span: 2_000,
         };
         let cases = [
             (b(1, 2_000), 1_000, None),
@@ -154,28 +195,77 @@ mod tests {
             (b(-1, 2_500), 1_000, Some(1_500)),
         ];
         for (bucket, now, expected) in cases {
-            assert_eq!(bucket.wait(now), expected, "{bucket:?} at {now}");
+            let wait = bucket.admits(Priority::Final.reserve(), now).err();
+            assert_eq!(wait, expected, "{bucket:?} at {now}");
         }
     }
 
     #[test]
-    fn headers_and_429s_fill_the_bucket() {
+    fn each_priority_leaves_room_to_those_above_it() {
+        use Priority::*;
+        // (calls left in the bucket, the priorities it lets go)
+        let cases = [
+            (5, vec![Final, First, Start, Place]),
+            (4, vec![Final, First, Start, Place]),
+            (3, vec![Final, First, Start]),
+            (2, vec![Final, First]),
+            (1, vec![Final]),
+            (0, vec![]),
+        ];
+        let window = |remaining| crate::window::Window {
+            remaining: Some(remaining),
+            reset_at: 2_000,
+            limit: Some(5),
+            span: 2_000,
+        };
+        for (left, expected) in cases {
+            let admitted: Vec<Priority> = [Final, First, Start, Place]
+                .into_iter()
+                .filter(|p| window(left).admits(p.reserve(), 0).is_ok())
+                .collect();
+            assert_eq!(admitted, expected, "{left} left");
+        }
+        assert!(!Place.waits() && Start.waits() && Final.waits());
+    }
+
+    #[tokio::test]
+    async fn headers_and_429s_fill_the_bucket() {
         let buckets = Buckets::default();
-        assert_eq!(buckets.take("1"), Ok(()), "unknown: no wait");
+        assert_eq!(
+            buckets.take("1", Priority::Final).await,
+            Ok(()),
+            "unknown: no wait"
+        );
         let h = headers(&[
             ("x-ratelimit-remaining", "1"),
             ("x-ratelimit-reset-after", "1.5"),
         ]);
-        buckets.observe("1", &h, None);
-        assert_eq!(buckets.take("1"), Ok(()), "one left");
-        let wait = buckets.take("1").expect_err("none left");
+        buckets.observe("1", &h, None).await;
+        assert_eq!(buckets.take("1", Priority::Final).await, Ok(()), "one left");
+        let wait = buckets
+            .take("1", Priority::Final)
+            .await
+            .expect_err("none left");
         assert!((1_400..=1_500).contains(&wait), "{wait}");
-        assert_eq!(buckets.take("2"), Ok(()), "another webhook's bucket");
-        buckets.observe("2", &HeaderMap::new(), Some(700));
-        let wait = buckets.take("2").expect_err("a 429 empties it");
+        assert_eq!(
+            buckets.take("2", Priority::Final).await,
+            Ok(()),
+            "another webhook's bucket"
+        );
+        buckets.observe("2", &HeaderMap::new(), Some(700)).await;
+        let wait = buckets
+            .take("2", Priority::Final)
+            .await
+            .expect_err("a 429 empties it");
         assert!((600..=700).contains(&wait), "{wait}");
-        buckets.observe("3", &headers(&[("x-ratelimit-remaining", "2")]), None);
-        assert_eq!(buckets.take("3"), Ok(()), "no reset: nothing kept");
+        buckets
+            .observe("3", &headers(&[("x-ratelimit-remaining", "2")]), None)
+            .await;
+        assert_eq!(
+            buckets.take("3", Priority::Final).await,
+            Ok(()),
+            "no reset: nothing kept"
+        );
     }
 
     #[tokio::test]
@@ -187,13 +277,20 @@ mod tests {
             ("x-ratelimit-remaining", "0"),
             ("x-ratelimit-reset-after", "2"),
         ]);
-        buckets.observe("1", &h, None);
-        assert!(buckets.take("1").is_err(), "spent");
+        buckets.observe("1", &h, None).await;
+        assert!(buckets.take("1", Priority::Final).await.is_err(), "spent");
         clock.advance(std::time::Duration::from_millis(2_001));
         for i in 0..5 {
-            assert_eq!(buckets.take("1"), Ok(()), "call {i} of the new window");
+            assert_eq!(
+                buckets.take("1", Priority::Final).await,
+                Ok(()),
+                "call {i} of the new window"
+            );
         }
-        let wait = buckets.take("1").expect_err("the sixth waits");
+        let wait = buckets
+            .take("1", Priority::Final)
+            .await
+            .expect_err("the sixth waits");
         assert!((1_900..=2_000).contains(&wait), "{wait}");
     }
 }

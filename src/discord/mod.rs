@@ -7,6 +7,7 @@ mod message;
 mod notifier;
 mod target;
 
+pub use bucket::Priority;
 pub use message::{AllowedMentions, Embed, Field, Message, REPORT_FILENAME, limits};
 pub use notifier::{DiscordError, Notifier};
 pub use target::{DiscordTarget, InvalidWebhookUrl};

@@ -5,6 +5,7 @@
 //! invocation's deadline. 4xx answers are read by their JSON error code: see
 //! [`DiscordError`]. Error texts never include the URL: its path carries the webhook token.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use reqwest::multipart::{Form, Part};
@@ -12,12 +13,13 @@ use reqwest::{Method, Response, StatusCode};
 use serde::Deserialize;
 use url::Url;
 
-use super::bucket::Buckets;
+use super::bucket::{Buckets, Priority};
 use super::message::{Message, REPORT_FILENAME};
 use super::target::DiscordTarget;
 use crate::error::{BoxError, chain};
 use crate::retry::{Again, Deadline, Policy, Transient};
 use crate::time::Clock;
+use crate::window::SharedWindows;
 
 /// Discord answers in well under a second; a slow answer must not hold a function long.
 /// The least time a call is sent with after a wait for its bucket.
@@ -59,6 +61,10 @@ pub enum DiscordError {
         /// an idempotent call may be repeated after it.
         maybe_done: bool,
     },
+    /// A message of low priority (a place in a queue) not sent: the webhook's bucket had no
+    /// room for it. Not tried again within the call; the next message replaces it.
+    #[error("Discord's bucket has no room for this message for {wait:?}")]
+    NoRoom { wait: Duration },
     /// A post whose answer was lost (a 5xx, a timeout): the message may exist. It is not
     /// posted again within the call, as a webhook takes no idempotency key.
     #[error("Discord may have posted the message: {}", chain(source.as_ref()))]
@@ -227,8 +233,21 @@ impl Notifier {
 
     /// This notifier, timing Discord's buckets on `clock`.
     pub(crate) fn with_clock(mut self, clock: Clock) -> Self {
-        self.buckets = Buckets::new(clock);
+        self.buckets = self.buckets.with_clock(clock);
         self
+    }
+
+    /// This notifier, spending each webhook's bucket together with every instance that
+    /// shares `windows`.
+    pub(crate) fn with_windows(mut self, windows: Arc<dyn SharedWindows>) -> Self {
+        self.buckets = self.buckets.shared(windows);
+        self
+    }
+
+    /// How many messages of `priority` `target`'s bucket has room for now, as this instance
+    /// sees it (`i64::MAX` where nothing was told).
+    pub(crate) fn room(&self, target: &DiscordTarget, priority: Priority) -> i64 {
+        self.buckets.room(&target.webhook_id, priority)
     }
 
     pub fn with_retry(mut self, retry: Policy) -> Self {
@@ -272,12 +291,12 @@ impl Notifier {
 
     async fn attempt(
         &self,
-        method: Method,
+        (method, priority): (Method, Priority),
         (target, url): (&DiscordTarget, &Url),
         message: &Message,
         deadline: Deadline,
     ) -> Result<Response, DiscordError> {
-        self.admit(&target.webhook_id, deadline).await?;
+        self.admit(&target.webhook_id, priority, deadline).await?;
         let timeout = deadline
             .call_timeout(self.timeout)
             .ok_or_else(|| DiscordError::unavailable("no time left for the call"))?;
@@ -289,7 +308,8 @@ impl Notifier {
         let resp = request.send().await.map_err(transport)?;
         if resp.status().is_success() {
             self.buckets
-                .observe(&target.webhook_id, resp.headers(), None);
+                .observe(&target.webhook_id, resp.headers(), None)
+                .await;
             return Ok(resp);
         }
         let headers = resp.headers().clone();
@@ -302,7 +322,8 @@ impl Notifier {
             _ => None,
         };
         self.buckets
-            .observe(&target.webhook_id, &headers, retry_after);
+            .observe(&target.webhook_id, &headers, retry_after)
+            .await;
         // The bucket holds the wait now: the retry waits there, on the service's clock.
         Err(match error {
             DiscordError::Unavailable {
@@ -320,8 +341,13 @@ impl Notifier {
 
     /// Lets a call go within the webhook's bucket: at once, after a wait for its reset that
     /// the retry policy would also wait, or not at all (as a 429 that was never sent).
-    async fn admit(&self, webhook: &str, deadline: Deadline) -> Result<(), DiscordError> {
-        let Err(wait) = self.buckets.take(webhook) else {
+    async fn admit(
+        &self,
+        webhook: &str,
+        priority: Priority,
+        deadline: Deadline,
+    ) -> Result<(), DiscordError> {
+        let Err(wait) = self.buckets.take(webhook, priority).await else {
             return Ok(());
         };
         let span = Duration::from_millis(wait.max(0) as u64);
@@ -330,11 +356,17 @@ impl Notifier {
             retry_after: Some(span),
             maybe_done: false,
         };
+        if !priority.waits() {
+            return Err(DiscordError::NoRoom { wait: span });
+        }
         if span > self.retry.max_wait || deadline.remaining() < span + MIN_TRY {
             return Err(refused());
         }
         self.buckets.wait(wait).await;
-        self.buckets.take(webhook).map_err(|_| refused())
+        self.buckets
+            .take(webhook, priority)
+            .await
+            .map_err(|_| refused())
     }
 
     /// Posts a new message and returns its id (`?wait=true`, so Discord confirms it). A
@@ -342,7 +374,7 @@ impl Notifier {
     /// says nothing was done (a 429, no connection), never after one that may have posted.
     pub async fn post(
         &self,
-        target: &DiscordTarget,
+        (target, priority): (&DiscordTarget, Priority),
         message: &Message,
         deadline: Deadline,
     ) -> Result<String, DiscordError> {
@@ -351,7 +383,7 @@ impl Notifier {
             .retry
             .run(deadline, "Discord", || async {
                 let sent = self
-                    .attempt(Method::POST, (target, &url), message, deadline)
+                    .attempt((Method::POST, priority), (target, &url), message, deadline)
                     .await;
                 sent.map_err(DiscordError::for_post)
             })
@@ -366,7 +398,7 @@ impl Notifier {
     /// Replaces the content of a message this webhook posted.
     pub async fn edit(
         &self,
-        target: &DiscordTarget,
+        (target, priority): (&DiscordTarget, Priority),
         message_id: &str,
         message: &Message,
         deadline: Deadline,
@@ -374,7 +406,7 @@ impl Notifier {
         let url = self.url(target, &format!("/messages/{message_id}"), false)?;
         self.retry
             .run(deadline, "Discord", || {
-                self.attempt(Method::PATCH, (target, &url), message, deadline)
+                self.attempt((Method::PATCH, priority), (target, &url), message, deadline)
             })
             .await
             .map(drop)

@@ -16,8 +16,8 @@ use super::Deps;
 use super::present;
 use super::rules::outbox::{self, Answer, LEASE_SLACK_MS};
 use crate::callback::CallbackError;
-use crate::discord::{DiscordError, DiscordTarget};
-use crate::jobs::{Channel, DeliveryStatus, Job, StoreError, Target, Updated, update_seen};
+use crate::discord::{DiscordError, Priority};
+use crate::jobs::{Channel, DeliveryStatus, Job, JobState, StoreError, Updated, update_seen};
 use crate::retry::Deadline;
 use crate::telemetry::metrics::Unit;
 
@@ -179,16 +179,18 @@ async fn send(d: &Deps, channel: Channel, job: &Job, deadline: Deadline) -> Answ
     }
 }
 
-/// The webhook `target` names, as Discord's client takes it; `None` when it names the
-/// deployment's default and there is none any more.
-fn resolve(d: &Deps, target: &Target) -> Option<DiscordTarget> {
-    match target {
-        Target::Default => d.default_discord.clone(),
-        Target::Webhook(a) => Some(DiscordTarget {
-            webhook_id: a.webhook_id.clone(),
-            token: a.token.clone(),
-            thread_id: a.thread_id.clone(),
-        }),
+/// How a job's message ranks in its webhook's bucket: the final report first, then a first
+/// message, then a build created or started; an edit of a job still waiting only shows its
+/// place.
+pub(crate) fn priority(state: JobState, posted: bool) -> Priority {
+    if state.is_terminal() {
+        Priority::Final
+    } else if !posted {
+        Priority::First
+    } else if state.rank() >= JobState::Scheduled.rank() {
+        Priority::Start
+    } else {
+        Priority::Place
     }
 }
 
@@ -201,26 +203,33 @@ async fn send_discord(d: &Deps, job: &Job, deadline: Deadline) -> Answer {
     else {
         return Answer::Refused("no Discord target".into());
     };
-    let Some(target) = resolve(d, target) else {
+    let Some(target) = d.discord_target(target) else {
         return Answer::Gone("DISCORD_WEBHOOK_URL is no longer set".into());
     };
     let message = present::render(job);
+    let priority = priority(job.state, outbox.message_id.is_some());
     let result = match &outbox.message_id {
         Some(id) => d
             .discord
-            .edit(&target, id, &message, deadline)
+            .edit((&target, priority), id, &message, deadline)
             .await
             .map(|()| None),
-        None => d.discord.post(&target, &message, deadline).await.map(Some),
+        None => d
+            .discord
+            .post((&target, priority), &message, deadline)
+            .await
+            .map(Some),
     };
     match result {
         Ok(posted) => Answer::Accepted { posted },
         Err(DiscordError::MessageGone { .. }) => Answer::MessageGone,
         Err(e @ DiscordError::Gone { .. }) => Answer::Gone(e.to_string()),
         Err(e @ DiscordError::Rejected { .. }) => Answer::Refused(e.to_string()),
-        Err(e @ (DiscordError::Unavailable { .. } | DiscordError::Unconfirmed { .. })) => {
-            Answer::Failed(e.to_string())
-        }
+        Err(
+            e @ (DiscordError::Unavailable { .. }
+            | DiscordError::Unconfirmed { .. }
+            | DiscordError::NoRoom { .. }),
+        ) => Answer::Failed(e.to_string()),
     }
 }
 
@@ -233,5 +242,35 @@ async fn send_callback(d: &Deps, job: &Job, deadline: Deadline) -> Answer {
         Ok(()) => Answer::Accepted { posted: None },
         Err(CallbackError::Gone) => Answer::Gone("the receiver answered 410 Gone".into()),
         Err(e) => Answer::Failed(e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_message_ranks_by_what_it_tells() {
+        use JobState::*;
+        use Priority::*;
+        // (state, posted already, priority)
+        let cases = [
+            (Submitted, false, First),
+            (Scheduled, false, First),
+            (Finished, false, Final),
+            (Failed, false, Final),
+            (Submitted, true, Place),
+            (Scheduled, true, Start),
+            (Running, true, Start),
+            (Finished, true, Final),
+            (Failed, true, Final),
+        ];
+        for (state, posted, expected) in cases {
+            assert_eq!(
+                priority(state, posted),
+                expected,
+                "{state:?}, posted {posted}"
+            );
+        }
     }
 }

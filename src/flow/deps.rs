@@ -9,10 +9,10 @@ use secrecy::ExposeSecret;
 use crate::buildkite::{BuildkiteClient, BuildkiteError, WebhookAuth};
 use crate::callback::{CallbackSender, SenderError};
 use crate::config::{Config, ConfigError};
-use crate::discord::{DiscordError, DiscordTarget, Notifier};
+use crate::discord::{DiscordError, DiscordTarget, Notifier, Priority};
 use crate::flow::profiles::ClickCounter;
 use crate::flow::status::PageCache;
-use crate::jobs::JobStore;
+use crate::jobs::{Job, JobStore, StoreWindows, Target};
 use crate::retry::{Deadline, Policy};
 use crate::telemetry::metrics::Metrics;
 use crate::time::Clock;
@@ -87,10 +87,17 @@ fn callbacks(config: &Config) -> Result<Option<CallbackSender>, StartError> {
 
 impl Deps {
     pub fn new(config: Arc<Config>, store: Arc<dyn JobStore>) -> Result<Self, StartError> {
+        let windows = StoreWindows::of(store.clone());
         Ok(Self {
             store,
-            buildkite: BuildkiteClient::new(&config.buildkite).map_err(StartError::Buildkite)?,
-            discord: Notifier::new(config.discord.api_url.clone()).map_err(StartError::Discord)?,
+            // Buildkite's window and each webhook's bucket are spent by every instance
+            // together: counted in the store.
+            buildkite: BuildkiteClient::new(&config.buildkite)
+                .map_err(StartError::Buildkite)?
+                .with_windows(windows.clone()),
+            discord: Notifier::new(config.discord.api_url.clone())
+                .map_err(StartError::Discord)?
+                .with_windows(windows),
             callbacks: callbacks(&config)?,
             webhook_auth: WebhookAuth::new(
                 config.webhook.secrets.clone(),
@@ -117,6 +124,28 @@ impl Deps {
             profile_clicks: ClickCounter::default(),
             status_page: PageCache::default(),
         })
+    }
+
+    /// The webhook `target` names, as Discord's client takes it; `None` when it names the
+    /// deployment's default and there is none any more.
+    pub(crate) fn discord_target(&self, target: &Target) -> Option<DiscordTarget> {
+        match target {
+            Target::Default => self.default_discord.clone(),
+            Target::Webhook(a) => Some(DiscordTarget {
+                webhook_id: a.webhook_id.clone(),
+                token: a.token.clone(),
+                thread_id: a.thread_id.clone(),
+            }),
+        }
+    }
+
+    /// The webhook `job`'s message goes to (its id) and how many messages of `priority` its
+    /// bucket has room for now, as this instance sees it; `None` when the job has none.
+    pub(crate) fn discord_room(&self, job: &Job, priority: Priority) -> Option<(String, i64)> {
+        let target = job.discord.as_ref()?.target.as_ref()?;
+        let target = self.discord_target(target)?;
+        let room = self.discord.room(&target, priority);
+        Some((target.webhook_id, room))
     }
 
     /// These dependencies, on `clock` (tests move it forward).

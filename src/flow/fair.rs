@@ -6,6 +6,7 @@
 //! job's own compare-and-swap (its creation's claim) keeps a build from being made twice.
 //! Also each job's standing on its queue, for the API and its status message.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use tracing::{info, warn};
@@ -17,6 +18,7 @@ use super::rules::fair;
 pub(crate) use super::rules::fair::Standing;
 use super::rules::stats::{Ended, QueueRecord};
 use super::{Deps, DispatchError};
+use crate::discord::Priority;
 use crate::jobs::{
     CacheEntry, Job, JobState, OpenJob, Queue, RunId, SharedKey, StoreError, Updated, next_version,
     shared, update_seen,
@@ -295,12 +297,14 @@ pub(crate) async fn place(d: &Deps, job: &Job) -> Result<Job, StoreError> {
 }
 
 /// Every job of the queue not yet running whose standing moved to another band: noted, and
-/// its message's edit left to `effects`.
+/// its message's edit left to `effects`, while its webhook's bucket has room for a place
+/// edit (the reports, first messages and starts come first; a place not shown now is shown
+/// by a later end or pass).
 async fn place_all(d: &Deps, queue: &Queue, effects: &mut Effects) -> Result<(), DispatchError> {
     let open: Vec<OpenJob> = d.store.open_in_queue(queue).await?;
     let (agents, median) = queue_facts(d, queue).await?;
     let now = d.clock.now();
-    let mut edits = 0;
+    let (mut edits, mut promised) = (0, HashMap::<String, i64>::new());
     for o in fair::queue_order(&open) {
         if edits == MAX_PLACE_EDITS {
             // The rest move on at the next end (or pass): a few edits per invocation.
@@ -314,6 +318,13 @@ async fn place_all(d: &Deps, queue: &Queue, effects: &mut Effects) -> Result<(),
         };
         if job.queue_position.map(fair::band) == Some(fair::band(s.position)) {
             continue;
+        }
+        if let Some((webhook, room)) = d.discord_room(&job, Priority::Place) {
+            let edits_to = promised.entry(webhook).or_default();
+            if *edits_to >= room {
+                continue;
+            }
+            *edits_to += 1;
         }
         let written = update_seen(d.store.as_ref(), &job, |j| fair::placed(j, s, now)).await?;
         if let Updated::Written(job) = written {

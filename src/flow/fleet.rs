@@ -15,7 +15,7 @@ use super::queues::{self, QueueError};
 use super::rules::fleet::{AgentRecord, DAY_MS, Incident, Pending, SeenTry, Since};
 use super::rules::tries::{MAX_NAME_CHARS, clean};
 use crate::buildkite::Agent;
-use crate::discord::{AllowedMentions, Message};
+use crate::discord::{AllowedMentions, Message, Priority};
 use crate::jobs::shared::{self, First};
 use crate::jobs::{Job, Queue, SharedKey, StoreError};
 use crate::result::{GpuReading, Outcome};
@@ -373,7 +373,10 @@ async fn tell(d: &Deps, agent: &str, queue: &Queue, pending: &Pending, deadline:
             ..Policy::default()
         });
         let deadline = Deadline::after(OPS_POST.min(deadline.remaining()));
-        if let Err(e) = once.post(target, &message, deadline).await {
+        if let Err(e) = once
+            .post((target, Priority::First), &message, deadline)
+            .await
+        {
             warn!(error = %e, agent, "the operators' channel could not be told; the sweep will try again");
             return false;
         }

@@ -15,6 +15,7 @@ mod sqlite;
 mod state;
 mod store;
 mod update;
+mod windows;
 
 use std::sync::Arc;
 
@@ -36,6 +37,7 @@ pub use state::JobState;
 pub use store::{CacheEntry, Created, Cursor, JobStore, OpenJob, Replaced, Shard, next_version};
 
 pub use update::{Updated, update, update_seen};
+pub(crate) use windows::StoreWindows;
 
 use crate::config::StoreConfig;
 

@@ -31,6 +31,9 @@ pub enum SharedKey<'a> {
     Fleet,
     /// One agent's record.
     Agent(&'a str),
+    /// A rate-limit window every instance spends (Buildkite's per token, Discord's per
+    /// webhook), by name.
+    Window(&'a str),
 }
 
 impl SharedKey<'_> {
@@ -45,6 +48,7 @@ impl SharedKey<'_> {
             Self::Deferred(queue) => format!("~deferred/{queue}"),
             Self::Fleet => "~fleet".into(),
             Self::Agent(name) => format!("~agent/{name}"),
+            Self::Window(name) => format!("~window/{name}"),
         }
     }
 }
@@ -59,7 +63,7 @@ impl SharedKey<'_> {
     pub fn lifetime(self) -> Option<Millis> {
         match self {
             // Refreshed every few minutes while anyone asks; a window resets each minute.
-            Self::Agents | Self::BuildkiteQuota => Some(DAY_MS),
+            Self::Agents | Self::BuildkiteQuota | Self::Window(_) => Some(DAY_MS),
             // A URL is kept for minutes; a job's deferred work is only a hint to the sweep.
             Self::ProfileUrl(..) | Self::Deferred(_) => Some(2 * DAY_MS),
             // A lease is held for seconds; a day later nobody is waiting on it.

@@ -48,6 +48,7 @@ mod riding;
 mod runner;
 mod rush;
 mod secrets;
+mod shared_limits;
 mod status_page;
 mod store_contract;
 mod submit_api;

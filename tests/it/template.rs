@@ -174,3 +174,60 @@ fn the_gpu_incidents_alarm_sums_every_kind_from_every_function() {
     assert_eq!(series, want);
     assert_eq!(alarm["Threshold"].as_f64(), Some(1.0));
 }
+
+/// The rush benchmark prices store calls by the jobs table's indexes as the counting store
+/// knows them: they are the template's (name, hash key, projected attributes).
+#[test]
+fn the_store_counter_knows_the_jobs_table_s_indexes() {
+    let t = template();
+    let tables = of_type(&t, "AWS::DynamoDB::Table");
+    let (_, table) = tables.first().expect("the jobs table");
+    let mut indexes: Vec<(String, String, Option<Vec<String>>)> =
+        table["Properties"]["GlobalSecondaryIndexes"]
+            .as_sequence()
+            .expect("indexes")
+            .iter()
+            .map(|i| {
+                let name = i["IndexName"].as_str().unwrap().to_owned();
+                let key = i["KeySchema"][0]["AttributeName"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned();
+                let range = i["KeySchema"][1]["AttributeName"]
+                    .as_str()
+                    .map(str::to_owned);
+                let projected = match i["Projection"]["ProjectionType"].as_str() {
+                    Some("ALL") => None,
+                    _ => {
+                        let mut attrs: Vec<String> = i["Projection"]["NonKeyAttributes"]
+                            .as_sequence()
+                            .map(|s| {
+                                s.iter()
+                                    .filter_map(|a| a.as_str().map(str::to_owned))
+                                    .collect()
+                            })
+                            .unwrap_or_default();
+                        attrs.extend(range);
+                        attrs.sort();
+                        Some(attrs)
+                    }
+                };
+                (name, key, projected)
+            })
+            .collect();
+    indexes.sort();
+    let mut counted: Vec<(String, String, Option<Vec<String>>)> =
+        kernelbot_dispatch::devstack::units::INDEXES
+            .iter()
+            .map(|(name, key, projected)| {
+                let projected = projected.map(|p| {
+                    let mut p: Vec<String> = p.iter().map(|a| (*a).to_owned()).collect();
+                    p.sort();
+                    p
+                });
+                ((*name).to_owned(), (*key).to_owned(), projected)
+            })
+            .collect();
+    counted.sort();
+    assert_eq!(counted, indexes);
+}

@@ -1,0 +1,307 @@
+//! A store that counts what its calls would cost on DynamoDB, as DynamoDB bills them: a
+//! strongly consistent read 1 read unit per 4 KB of the item, an index query half a unit per
+//! 4 KB of the index entries it reads, a write 1 write unit per 1 KB of the larger of the
+//! item before and after (a conditional write that fails costs the same), and each index
+//! entry a write adds, changes or removes the same again. It wraps the real store, whatever
+//! it is, and changes nothing it does: the rush benchmark runs on it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use aws_sdk_dynamodb::types::AttributeValue;
+
+use crate::jobs::{
+    CacheEntry, Created, Cursor, Job, JobRecord, JobStore, Listing, OpenJob, Replaced, RunId,
+    Shard, StoreError,
+};
+use crate::time::Millis;
+
+/// The jobs table's global secondary indexes as `template.yaml` defines them: name, the
+/// attribute whose presence puts an item in it (its hash key), and the attributes it
+/// projects (`None`: all). `tests/it/template.rs` checks these against the template.
+pub const INDEXES: [(&str, &str, Option<&[&str]>); 3] = [
+    ("open-jobs", "sweep_shard", None),
+    ("queue-jobs", "open_queue", Some(&["created_at", "state"])),
+    (
+        "queue-fair",
+        "open_queue",
+        Some(&["created_at", "state", "user", "waiting", "scheduled_at"]),
+    ),
+];
+
+/// What every index entry carries beside its attributes (DynamoDB's figure).
+const INDEX_ENTRY_OVERHEAD: usize = 100;
+
+/// Read and write units counted so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Units {
+    pub read: f64,
+    pub write: f64,
+}
+
+type Item = HashMap<String, AttributeValue>;
+
+/// The size DynamoDB counts of one value.
+fn value_size(v: &AttributeValue) -> usize {
+    match v {
+        AttributeValue::S(s) => s.len(),
+        // About one byte per two significant digits, plus one.
+        AttributeValue::N(n) => n.trim_start_matches('-').len().div_ceil(2) + 1,
+        AttributeValue::B(b) => b.as_ref().len(),
+        AttributeValue::M(m) => 3 + item_size(m) + m.len(),
+        AttributeValue::L(l) => 3 + l.iter().map(|v| value_size(v) + 1).sum::<usize>(),
+        AttributeValue::Ss(l) | AttributeValue::Ns(l) => l.iter().map(String::len).sum(),
+        _ => 1,
+    }
+}
+
+/// The size DynamoDB counts of an item: each attribute's name and value.
+fn item_size(item: &Item) -> usize {
+    item.iter().map(|(k, v)| k.len() + value_size(v)).sum()
+}
+
+/// An item's index entries: (index, size) for each index that holds it.
+fn index_entries(item: &Item) -> Vec<(&'static str, usize)> {
+    let attr = |name: &str| item.get(name).map_or(0, |v| name.len() + value_size(v));
+    INDEXES
+        .iter()
+        .filter(|(_, key, _)| item.contains_key(*key))
+        .map(|(name, key, projected)| {
+            let size = match projected {
+                None => item_size(item),
+                Some(attrs) => {
+                    attr(key) + attr("run_id") + attrs.iter().map(|a| attr(a)).sum::<usize>()
+                }
+            };
+            (*name, size + INDEX_ENTRY_OVERHEAD)
+        })
+        .collect()
+}
+
+/// What is known of a stored item: its size and its index entries.
+#[derive(Clone, Default)]
+struct Stored {
+    size: usize,
+    entries: Vec<(&'static str, usize)>,
+}
+
+impl Stored {
+    fn of(item: &Item) -> Self {
+        Self {
+            size: item_size(item),
+            entries: index_entries(item),
+        }
+    }
+}
+
+fn write_units(bytes: usize) -> f64 {
+    bytes.max(1).div_ceil(1024) as f64
+}
+
+fn read_units(bytes: usize) -> f64 {
+    bytes.max(1).div_ceil(4096) as f64
+}
+
+/// The real store, counted.
+pub struct CountingStore {
+    inner: Arc<dyn JobStore>,
+    units: Mutex<Units>,
+    /// Every item written through this store, by key, as last written.
+    items: Mutex<HashMap<String, Stored>>,
+}
+
+impl CountingStore {
+    pub fn new(inner: Arc<dyn JobStore>) -> Self {
+        Self {
+            inner,
+            units: Mutex::default(),
+            items: Mutex::default(),
+        }
+    }
+
+    /// The units counted so far.
+    pub fn units(&self) -> Units {
+        *self.units.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn add(&self, read: f64, write: f64) {
+        let mut u = self.units.lock().unwrap_or_else(|p| p.into_inner());
+        u.read += read;
+        u.write += write;
+    }
+
+    fn stored(&self, key: &str) -> Option<Stored> {
+        let items = self.items.lock().unwrap_or_else(|p| p.into_inner());
+        items.get(key).cloned()
+    }
+
+    /// Counts a write of `item` under `key` (landed or not) and remembers it if it landed.
+    fn wrote(&self, key: &str, item: &Item, landed: bool) {
+        let before = self.stored(key).unwrap_or_default();
+        let after = Stored::of(item);
+        let mut units = write_units(before.size.max(after.size));
+        if landed {
+            for (index, size) in &after.entries {
+                let old = before.entries.iter().find(|(i, _)| i == index);
+                units += write_units(old.map_or(*size, |(_, s)| (*s).max(*size)));
+            }
+            // Entries the write took out of an index are deleted there.
+            for (index, size) in &before.entries {
+                if !after.entries.iter().any(|(i, _)| i == index) {
+                    units += write_units(*size);
+                }
+            }
+            let mut items = self.items.lock().unwrap_or_else(|p| p.into_inner());
+            items.insert(key.to_owned(), after);
+        }
+        self.add(0.0, units);
+    }
+
+    /// Counts a strongly consistent read of the item under `key`.
+    fn read(&self, key: &str) {
+        let size = self.stored(key).map_or(1, |s| s.size);
+        self.add(read_units(size), 0.0);
+    }
+
+    /// Counts a query of `index` that read the entries of `keys`: eventually consistent,
+    /// half a unit per 4 KB of them all.
+    fn queried<'k>(&self, index: &str, keys: impl Iterator<Item = &'k str>) {
+        let mut bytes = 0;
+        for key in keys {
+            let entries = self.stored(key).map(|s| s.entries).unwrap_or_default();
+            bytes += entries
+                .iter()
+                .find(|(i, _)| *i == index)
+                .map_or(0, |(_, s)| *s);
+        }
+        self.add(read_units(bytes) / 2.0, 0.0);
+    }
+}
+
+fn job_item(job: &Job) -> Item {
+    serde_dynamo::to_item(JobRecord::from_job(job, "0123456789abcdef0123456789abcdef"))
+        .unwrap_or_default()
+}
+
+fn cache_item(key: &str, entry: &CacheEntry) -> Item {
+    let n = |v: Millis| AttributeValue::N(v.to_string());
+    let mut item = Item::from([
+        ("run_id".to_owned(), AttributeValue::S(key.to_owned())),
+        ("fetched_at".to_owned(), n(entry.fetched_at)),
+        ("claimed_at".to_owned(), n(entry.claimed_at)),
+        ("entry_version".to_owned(), n(entry.version)),
+    ]);
+    if let Some(v) = &entry.value {
+        item.insert("cache_value".to_owned(), AttributeValue::S(v.clone()));
+    }
+    if let Some(at) = entry.expires_at {
+        item.insert("expires_at".to_owned(), n(at / 1000));
+    }
+    item
+}
+
+#[async_trait]
+impl JobStore for CountingStore {
+    async fn create(&self, job: &Job) -> Result<Created, StoreError> {
+        let created = self.inner.create(job).await?;
+        let landed = matches!(created, Created::New);
+        self.wrote(job.run_id.as_str(), &job_item(job), landed);
+        Ok(created)
+    }
+
+    async fn get(&self, run_id: &RunId) -> Result<Option<Job>, StoreError> {
+        self.read(run_id.as_str());
+        self.inner.get(run_id).await
+    }
+
+    async fn replace(&self, job: &Job, write_id: &str) -> Result<Replaced, StoreError> {
+        let replaced = self.inner.replace(job, write_id).await?;
+        let landed = matches!(replaced, Replaced::Written);
+        self.wrote(job.run_id.as_str(), &job_item(job), landed);
+        Ok(replaced)
+    }
+
+    async fn list(&self, shard: Shard, from: Millis, limit: usize) -> Result<Listing, StoreError> {
+        let listing = self.inner.list(shard, from, limit).await?;
+        self.queried("open-jobs", listing.jobs.iter().map(|j| j.run_id.as_str()));
+        Ok(listing)
+    }
+
+    async fn open_in_queue(&self, queue: &str) -> Result<Vec<OpenJob>, StoreError> {
+        let open = self.inner.open_in_queue(queue).await?;
+        self.queried("queue-fair", open.iter().map(|j| j.run_id.as_str()));
+        Ok(open)
+    }
+
+    async fn cached(&self, key: &str) -> Result<Option<CacheEntry>, StoreError> {
+        self.read(key);
+        self.inner.cached(key).await
+    }
+
+    async fn put_cached(
+        &self,
+        key: &str,
+        entry: &CacheEntry,
+        expected: Option<Millis>,
+    ) -> Result<bool, StoreError> {
+        let landed = self.inner.put_cached(key, entry, expected).await?;
+        self.wrote(key, &cache_item(key, entry), landed);
+        Ok(landed)
+    }
+
+    async fn cursor(&self, which: Cursor) -> Result<Option<String>, StoreError> {
+        self.read(which.key());
+        self.inner.cursor(which).await
+    }
+
+    async fn set_cursor(&self, which: Cursor, at: Option<&str>) -> Result<(), StoreError> {
+        let mut item = Item::from([("run_id".to_owned(), AttributeValue::S(which.key().into()))]);
+        if let Some(c) = at {
+            item.insert("cursor".to_owned(), AttributeValue::S(c.to_owned()));
+        }
+        self.inner.set_cursor(which, at).await?;
+        self.wrote(which.key(), &item, true);
+        Ok(())
+    }
+
+    async fn forget_expired(&self, now: Millis) -> Result<usize, StoreError> {
+        // DynamoDB's TTL deletes cost nothing.
+        self.inner.forget_expired(now).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_are_counted_as_dynamodb_counts_them() {
+        let item = Item::from([
+            ("run_id".to_owned(), AttributeValue::S("abc".into())),
+            ("n".to_owned(), AttributeValue::N("12345".into())),
+            ("flag".to_owned(), AttributeValue::Bool(true)),
+        ]);
+        // "run_id"+"abc" = 9, "n" + 3 bytes for 5 digits + 1 = 1 + 4 = 5, "flag" + 1 = 5.
+        assert_eq!(item_size(&item), 19);
+        assert_eq!(write_units(1024), 1.0);
+        assert_eq!(write_units(1025), 2.0);
+        assert_eq!(read_units(4097), 2.0);
+        let open = Item::from([
+            ("run_id".to_owned(), AttributeValue::S("abc".into())),
+            ("open_queue".to_owned(), AttributeValue::S("h100".into())),
+            ("payload".to_owned(), AttributeValue::S("x".repeat(5_000))),
+        ]);
+        let entries = index_entries(&open);
+        let names: Vec<&str> = entries.iter().map(|(n, _)| *n).collect();
+        assert_eq!(
+            names,
+            ["queue-jobs", "queue-fair"],
+            "no sweep_shard: not in open-jobs"
+        );
+        assert!(
+            entries.iter().all(|(_, s)| *s < 200),
+            "a projected index holds no payload: {entries:?}"
+        );
+    }
+}

@@ -1,0 +1,376 @@
+//! One model of a service's rate-limit window, for Buildkite's REST limit and each Discord
+//! webhook's bucket alike: the calls left and when the window resets (as the service's
+//! answers tell it, each through its own header adapter), the limit and the window's length,
+//! so that calls made after a reset, before any answer, are counted too. A call of lower
+//! priority leaves a reserve of the window to those above it.
+//!
+//! A [`Limiter`] keeps one instance's view and, where the deployment shares one, spends the
+//! window every instance spends ([`SharedWindows`], kept in the store by compare-and-swap):
+//! together they stay within it, where each alone would meet the others' 429s.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use crate::error::BoxError;
+use crate::time::{Clock, Millis};
+
+/// How long a call waits (at least, jittered up to twice) when the shared window could not
+/// be read.
+const UNREAD_WAIT_MS: Millis = 100;
+
+/// A window as last told.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Window {
+    /// Calls left; `None` while nothing was told (every call is let go).
+    pub(crate) remaining: Option<i64>,
+    /// When the window resets, on the service's clock.
+    pub(crate) reset_at: Millis,
+    /// Calls a window allows, once told.
+    pub(crate) limit: Option<i64>,
+    /// The window's length: the longest reset told, or the service's known window.
+    pub(crate) span: Millis,
+}
+
+/// What one answer said of the window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum News {
+    /// Calls left, the limit if given, and the time to the reset (milliseconds).
+    Told {
+        remaining: i64,
+        limit: Option<i64>,
+        reset_after: Millis,
+    },
+    /// A 429: nothing left until the reset it gave (`None`: the window's length).
+    Refused { reset_after: Option<Millis> },
+}
+
+impl Window {
+    /// A window nothing was told of, `span` long once it is.
+    pub(crate) fn of_span(span: Millis) -> Self {
+        Self {
+            span,
+            ..Self::default()
+        }
+    }
+
+    /// `Ok` if a call that leaves `reserve` calls to others may be sent at `now`, else how
+    /// long until the window resets (milliseconds).
+    pub(crate) fn admits(&self, reserve: i64, now: Millis) -> Result<(), Millis> {
+        let Some(remaining) = self.remaining else {
+            return Ok(());
+        };
+        if now >= self.reset_at || remaining > reserve {
+            Ok(())
+        } else {
+            Err(self.reset_at - now)
+        }
+    }
+
+    /// Past the reset, a new window of the known limit begins: counted from here.
+    pub(crate) fn roll(&mut self, now: Millis) {
+        if self.remaining.is_some() && now >= self.reset_at {
+            self.remaining = self.limit;
+            self.reset_at = now.saturating_add(self.span);
+        }
+    }
+
+    /// Takes a call that leaves `reserve`, or says how long to wait for room.
+    pub(crate) fn take(&mut self, reserve: i64, now: Millis) -> Result<(), Millis> {
+        self.roll(now);
+        self.admits(reserve, now)?;
+        if let Some(r) = &mut self.remaining {
+            *r -= 1;
+        }
+        Ok(())
+    }
+
+    /// Notes what an answer said at `now`. Within the window held, the fewer calls left and
+    /// the later reset are kept: an answer counts only the calls that reached the service
+    /// (others may be on their way), and arrives after the service measured its reset. A
+    /// reset well past the held one is a later window: taken as told.
+    pub(crate) fn hear(&mut self, news: News, now: Millis) {
+        match news {
+            News::Told {
+                remaining,
+                limit,
+                reset_after,
+            } => {
+                let reset_at = now.saturating_add(reset_after.max(0));
+                self.span = self.span.max(reset_after);
+                self.limit = limit.or(self.limit);
+                let held = self.remaining.filter(|_| now < self.reset_at);
+                let later = reset_at >= self.reset_at.saturating_add(self.span / 2);
+                match held {
+                    Some(held) if !later => {
+                        self.remaining = Some(held.min(remaining));
+                        self.reset_at = self.reset_at.max(reset_at);
+                    }
+                    _ => {
+                        self.remaining = Some(remaining);
+                        self.reset_at = reset_at;
+                    }
+                }
+            }
+            News::Refused { reset_after } => {
+                self.remaining = Some(0);
+                let after = reset_after.unwrap_or(self.span).max(1);
+                self.reset_at = now.saturating_add(after);
+            }
+        }
+    }
+}
+
+/// The windows every instance shares, by name (the store keeps them).
+#[async_trait]
+pub(crate) trait SharedWindows: Send + Sync {
+    /// Takes a call that leaves `reserve` from the window `name` (one `span` long when it
+    /// is new): `Ok(Err(ms))` when it has no room for that long.
+    async fn take(
+        &self,
+        name: &str,
+        span: Millis,
+        reserve: i64,
+        now: Millis,
+    ) -> Result<Result<(), Millis>, BoxError>;
+
+    /// Notes what an answer said of the window `name`.
+    async fn hear(&self, name: &str, span: Millis, news: News, now: Millis)
+    -> Result<(), BoxError>;
+}
+
+/// A shared window and the name it is kept under.
+#[derive(Clone)]
+struct Shared {
+    windows: Arc<dyn SharedWindows>,
+    name: String,
+}
+
+/// One window as this instance sees it, and (where there is one) as every instance spends it.
+#[derive(Clone)]
+pub(crate) struct Limiter {
+    local: Arc<Mutex<Window>>,
+    shared: Option<Shared>,
+    clock: Clock,
+}
+
+impl fmt::Debug for Limiter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Limiter")
+            .field("local", &self.view())
+            .field("shared", &self.shared.as_ref().map(|s| &s.name))
+            .finish()
+    }
+}
+
+impl Limiter {
+    /// A window of `span` that this instance alone keeps, on `clock`.
+    pub(crate) fn new(clock: Clock, span: Millis) -> Self {
+        Self {
+            local: Arc::new(Mutex::new(Window::of_span(span))),
+            shared: None,
+            clock,
+        }
+    }
+
+    /// This window anew on `clock`, shared as it was.
+    pub(crate) fn with_clock(&self, clock: Clock) -> Self {
+        let span = self.view().span;
+        Self {
+            shared: self.shared.clone(),
+            ..Self::new(clock, span)
+        }
+    }
+
+    /// This window, spent together with every instance through `windows` under `name`.
+    pub(crate) fn shared(mut self, windows: Arc<dyn SharedWindows>, name: String) -> Self {
+        self.shared = Some(Shared { windows, name });
+        self
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut Window, Millis) -> T) -> T {
+        let mut w = self.local.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut w, self.clock.now())
+    }
+
+    /// This instance's view of the window.
+    pub(crate) fn view(&self) -> Window {
+        self.with(|w, _| *w)
+    }
+
+    /// Whether this instance's view has room for a call that leaves `reserve` (nothing
+    /// is taken).
+    pub(crate) fn allows(&self, reserve: i64) -> bool {
+        self.room(reserve) > 0
+    }
+
+    /// How many calls that leave `reserve` this instance's view has room for now
+    /// (`i64::MAX` while nothing was told).
+    pub(crate) fn room(&self, reserve: i64) -> i64 {
+        self.with(|w, now| {
+            w.roll(now);
+            match w.remaining {
+                Some(r) if now < w.reset_at => (r - reserve).max(0),
+                _ => i64::MAX,
+            }
+        })
+    }
+
+    /// Takes a call that leaves `reserve`, or says how long to wait for room. A window this
+    /// instance knows to be spent costs no store read; the shared one decides the rest.
+    pub(crate) async fn take(&self, reserve: i64) -> Result<(), Millis> {
+        self.with(|w, now| {
+            w.roll(now);
+            w.admits(reserve, now)
+        })?;
+        let Some(s) = &self.shared else {
+            return self.with(|w, now| w.take(reserve, now));
+        };
+        let (span, now) = (self.view().span, self.clock.now());
+        match s.windows.take(&s.name, span, reserve, now).await {
+            Ok(Ok(())) => {
+                // Taken where every instance counts: this view counts it too.
+                self.with(|w, now| {
+                    w.roll(now);
+                    w.remaining = w.remaining.map(|r| r - 1);
+                });
+                Ok(())
+            }
+            Ok(Err(wait)) => Err(wait),
+            // Others kept changing it (a burst), or the store is down (then the job's own
+            // writes fail too): a call made on this instance's view alone could go past
+            // what the others spent, so it waits a moment and asks again.
+            Err(e) => {
+                tracing::warn!(window = %s.name, error = %e, "shared window unread");
+                Err(UNREAD_WAIT_MS + fastrand::i64(0..UNREAD_WAIT_MS))
+            }
+        }
+    }
+
+    /// Notes what an answer said. The shared window hears only what this instance's view did
+    /// not already hold (fewer calls left, a later reset, a 429): most answers cost no write.
+    pub(crate) async fn hear(&self, news: News) {
+        let (before, after) = self.with(|w, now| {
+            let before = *w;
+            w.hear(news, now);
+            (before, *w)
+        });
+        let Some(s) = &self.shared else {
+            return;
+        };
+        let refused = matches!(news, News::Refused { .. });
+        let fewer = after.remaining < before.remaining || before.remaining.is_none();
+        // Resets told in whole seconds move by up to a second: not news.
+        let later = after.reset_at >= before.reset_at.saturating_add(1_000);
+        if !(refused || fewer || later) {
+            return;
+        }
+        let now = self.clock.now();
+        if let Err(e) = s.windows.hear(&s.name, after.span, news, now).await {
+            tracing::warn!(window = %s.name, error = %e, "shared window not told");
+        }
+    }
+
+    /// Waits `ms` on the service's clock.
+    pub(crate) async fn wait(&self, ms: Millis) {
+        self.clock.sleep_ms(ms).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn told(remaining: i64, limit: i64, reset_after: Millis) -> News {
+        News::Told {
+            remaining,
+            limit: Some(limit),
+            reset_after,
+        }
+    }
+
+    #[test]
+    fn what_a_window_admits() {
+        let w = |remaining, reset_at| Window {
+            remaining,
+            reset_at,
+            limit: Some(5),
+            span: 2_000,
+        };
+        // (window, reserve, now, expected)
+        let cases = [
+            (w(None, 0), 3, 1_000, Ok(())),
+            (w(Some(0), 2_000), 0, 1_000, Err(1_000)),
+            (w(Some(0), 2_000), 0, 2_000, Ok(())),
+            (w(Some(1), 2_000), 0, 1_000, Ok(())),
+            (w(Some(1), 2_000), 1, 1_000, Err(1_000)),
+            (w(Some(4), 2_000), 3, 1_000, Ok(())),
+            (w(Some(-1), 2_500), 0, 1_000, Err(1_500)),
+        ];
+        for (window, reserve, now, expected) in cases {
+            assert_eq!(
+                window.admits(reserve, now),
+                expected,
+                "{window:?} leaving {reserve} at {now}"
+            );
+        }
+    }
+
+    #[test]
+    fn answers_within_a_window_keep_the_fewer_calls_and_the_later_reset() {
+        let mut w = Window::of_span(2_000);
+        w.hear(told(4, 5, 2_000), 0);
+        assert_eq!((w.remaining, w.reset_at), (Some(4), 2_000));
+        w.take(0, 100).unwrap();
+        w.take(0, 100).unwrap();
+        w.hear(told(3, 5, 1_850), 200);
+        assert_eq!(
+            (w.remaining, w.reset_at),
+            (Some(2), 2_050),
+            "one call still on its way; the service's reset is later than held"
+        );
+        w.hear(told(0, 5, 1_700), 300);
+        assert_eq!(w.remaining, Some(0), "others spent the rest");
+        w.hear(told(4, 5, 2_000), 2_100);
+        assert_eq!(
+            (w.remaining, w.reset_at),
+            (Some(4), 4_100),
+            "past the reset: the new window as told"
+        );
+        let mut w = Window::of_span(60_000);
+        w.hear(told(40, 50, 10_000), 0);
+        w.hear(told(49, 50, 60_000), 30_000);
+        assert_eq!(
+            (w.remaining, w.reset_at),
+            (Some(49), 90_000),
+            "a reset well past the held one is a later window: not the fewer of two windows"
+        );
+    }
+
+    #[test]
+    fn a_refusal_empties_the_window_until_its_reset_or_a_window_s_length() {
+        let mut w = Window::of_span(60_000);
+        w.hear(
+            News::Refused {
+                reset_after: Some(7_000),
+            },
+            2_000,
+        );
+        assert_eq!(w.admits(0, 8_999), Err(1));
+        w.hear(News::Refused { reset_after: None }, 0);
+        assert_eq!(w.reset_at, 60_000);
+    }
+
+    #[test]
+    fn after_a_reset_calls_are_counted_before_any_answer() {
+        let mut w = Window::of_span(0);
+        w.hear(told(0, 5, 2_000), 0);
+        assert!(w.take(0, 1_000).is_err(), "spent");
+        for i in 0..5 {
+            assert_eq!(w.take(0, 2_001), Ok(()), "call {i} of the new window");
+        }
+        assert_eq!(w.take(0, 2_001), Err(2_000), "the sixth waits a window");
+    }
+}
