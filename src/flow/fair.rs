@@ -13,33 +13,28 @@ use tracing::{info, warn};
 
 use super::create::create_if_due;
 use super::effects::Effects;
+use super::lease::{self, Taken};
 use super::queues::{cached_agents, recent_agents};
 use super::rules::fair;
 pub(crate) use super::rules::fair::Standing;
+use super::rules::lease::Asked;
 use super::rules::stats::{Ended, QueueRecord};
 use super::{Deps, DispatchError};
 use crate::discord::Priority;
 use crate::jobs::{
-    CacheEntry, Job, JobState, OpenJob, Queue, RunId, SharedKey, StoreError, Updated, next_version,
-    shared, update_seen,
+    Job, JobState, OpenJob, Queue, RunId, SharedKey, StoreError, Updated, shared, update_seen,
 };
 use crate::result::Verdict;
 use crate::retry::Deadline;
 use crate::time::Millis;
 
-/// How long a queue's lease is held at most (a holder that dies frees it this late).
-const LEASE_MS: Millis = 5_000;
 /// Messages one end edits at most for places that moved (Discord allows a webhook about five
 /// requests per two seconds; the next end or sweep pass goes on).
 const MAX_PLACE_EDITS: usize = 8;
-/// How long to wait for a queue's lease another instance holds.
-const LEASE_WAIT: Duration = Duration::from_secs(3);
+/// Rounds one holder releases at most before it lets go (asks left for the next holder).
+const MAX_ROUNDS: usize = 4;
 /// The longest a release waits for the agents list.
 const AGENTS_WAIT: Duration = Duration::from_secs(2);
-
-fn lease_key(queue: &Queue) -> String {
-    SharedKey::FairLease(queue).key()
-}
 
 /// The jobs a release let go: the submitter's own (which it creates itself), and others.
 #[derive(Debug, Default)]
@@ -61,7 +56,9 @@ pub(crate) struct Fresh<'a> {
 }
 
 /// Releases the queue's waiting jobs that fair share lets go now. With no limit (0), every
-/// waiting job goes (jobs left waiting when fair share was turned off included).
+/// waiting job goes (jobs left waiting when fair share was turned off included). Another
+/// instance holding the queue's lease is asked to release again (this caller's fresh
+/// knowledge with it) rather than waited for; the holder does so before letting go.
 pub(crate) async fn release(
     d: &Deps,
     queue: &Queue,
@@ -71,16 +68,29 @@ pub(crate) async fn release(
         0 => usize::MAX,
         n => n,
     };
-    let Some(lease) = take_lease(d, queue).await? else {
-        warn!(
-            %queue,
-            "the queue's fair-share lease stayed taken; released next time"
-        );
-        return Ok(Released::default());
+    let (mut held, mut asked) = match lease::take(d, queue, &fresh.knew()).await? {
+        Taken::Held(held, asked) => (held, asked),
+        Taken::Asked => {
+            info!(%queue, "the queue's lease is held: its holder releases again");
+            return Ok(Released::default());
+        }
     };
-    let released = release_held(d, queue, fresh, limit).await;
-    give_back(d, queue, lease).await;
-    if released.as_ref().is_ok_and(|r| r.waiting_left) {
+    let mut out = Released::default();
+    for round in 1..=MAX_ROUNDS {
+        let released = release_held(d, queue, (fresh, &asked), limit).await;
+        let last = round == MAX_ROUNDS || released.is_err();
+        let again = lease::leave(d, queue, held, last).await;
+        out.add(released?);
+        match again {
+            Ok(Some((h, a))) => (held, asked) = (h, a),
+            Ok(None) => break,
+            Err(e) => {
+                warn!(error = %e, %queue, "the fair-share lease could not be given back; it expires");
+                break;
+            }
+        }
+    }
+    if out.waiting_left {
         // Whether GPUs would idle is read from the agents list: kept at most a minute old
         // while jobs wait (a call a minute, none when Buildkite's window is low), outside
         // the lease, for the next release.
@@ -88,19 +98,54 @@ pub(crate) async fn release(
             warn!(error = %e, %queue, "the agents list could not be read; the last one serves");
         }
     }
-    released
+    Ok(out)
 }
 
-/// The queue's open jobs as the index shows them, corrected by what this caller knows.
-async fn open_jobs(d: &Deps, queue: &Queue, fresh: Fresh<'_>) -> Result<Vec<OpenJob>, StoreError> {
+impl Released {
+    /// Adds a later round's releases (its word on what still waits is the latest).
+    fn add(&mut self, later: Released) {
+        self.mine = self.mine.take().or(later.mine);
+        self.others.extend(later.others);
+        self.waiting_left = later.waiting_left;
+    }
+}
+
+impl Fresh<'_> {
+    /// What this caller knows, as a lease's ask carries it.
+    fn knew(&self) -> Asked {
+        Asked {
+            ended: self.ended.into_iter().cloned().collect(),
+            new: self.mine.map(|j| j.run_id.clone()).into_iter().collect(),
+        }
+    }
+}
+
+/// The queue's open jobs as the index shows them, corrected by what this caller knows and
+/// what the asks of the lease knew.
+async fn open_jobs(
+    d: &Deps,
+    queue: &Queue,
+    (fresh, asked): (Fresh<'_>, &Asked),
+) -> Result<Vec<OpenJob>, StoreError> {
     let mut open = d.store.open_in_queue(queue).await?;
-    if let Some(ended) = fresh.ended {
-        open.retain(|j| &j.run_id != ended);
+    let ended = fresh.ended.into_iter().chain(&asked.ended);
+    for gone in ended {
+        open.retain(|j| &j.run_id != gone);
     }
     if let Some(mine) = fresh.mine
         && !open.iter().any(|j| j.run_id == mine.run_id)
     {
         open.push(OpenJob::from(mine));
+    }
+    for new in &asked.new {
+        if open.iter().any(|j| &j.run_id == new) {
+            continue;
+        }
+        if let Some(job) = d.store.get(new).await?
+            && !job.state.is_terminal()
+        {
+            open.push(OpenJob::from(&job));
+        }
     }
     Ok(open)
 }
@@ -108,10 +153,10 @@ async fn open_jobs(d: &Deps, queue: &Queue, fresh: Fresh<'_>) -> Result<Vec<Open
 async fn release_held(
     d: &Deps,
     queue: &Queue,
-    fresh: Fresh<'_>,
+    (fresh, asked): (Fresh<'_>, &Asked),
     limit: usize,
 ) -> Result<Released, StoreError> {
-    let open = open_jobs(d, queue, fresh).await?;
+    let open = open_jobs(d, queue, (fresh, asked)).await?;
     let now = d.clock.now();
     // A paused agent takes no job; a list past its age is not counted on.
     let agents = recent_agents(d)
@@ -148,50 +193,6 @@ async fn release_held(
         }
     }
     Ok(out)
-}
-
-/// The queue's lease, taken (its version), or `None` when another held it all along.
-async fn take_lease(d: &Deps, queue: &Queue) -> Result<Option<Millis>, StoreError> {
-    let key = lease_key(queue);
-    let until = Deadline::after(LEASE_WAIT);
-    loop {
-        let now = d.clock.now();
-        let entry = d.store.cached(&key).await?;
-        let held_until = entry
-            .as_ref()
-            .and_then(|e| e.value.as_deref()?.parse::<Millis>().ok());
-        if held_until.is_none_or(|t| t <= now) {
-            let version = entry.as_ref().map(|e| e.version);
-            let next = lease_entry(Some(now + LEASE_MS), queue, next_version(version, now), now);
-            if d.store.put_cached(&key, &next, version).await? {
-                return Ok(Some(next.version));
-            }
-            continue;
-        }
-        if until.remaining().is_zero() {
-            return Ok(None);
-        }
-        // Jittered, so instances waiting for one lease do not all ask at once.
-        tokio::time::sleep(Duration::from_millis(40 + fastrand::u64(0..40))).await;
-    }
-}
-
-/// The queue's lease entry at `version`: held until `until`, or free.
-fn lease_entry(until: Option<Millis>, queue: &Queue, version: Millis, now: Millis) -> CacheEntry {
-    let expires_at = SharedKey::FairLease(queue).expires(now);
-    CacheEntry::unclaimed(until.map(|t| t.to_string()), now, version, expires_at)
-}
-
-async fn give_back(d: &Deps, queue: &Queue, version: Millis) {
-    let now = d.clock.now();
-    let free = lease_entry(None, queue, next_version(Some(version), now), now);
-    if let Err(e) = d
-        .store
-        .put_cached(&lease_key(queue), &free, Some(version))
-        .await
-    {
-        warn!(error = %e, %queue, "the fair-share lease could not be given back; it expires");
-    }
 }
 
 /// After a job of `job.queue` ended (written by this instance): its run time noted, the

@@ -7,13 +7,15 @@
 //! - [`submit`]: record a job, then create its build ([`create`]) or leave that to the sweep;
 //! - [`events`]: a signed Buildkite webhook moves the job forward;
 //! - [`advance`]: a transition written by compare-and-swap, and what it owes;
+//! - [`ridden`]: each try's `job.finished` noted, and a finish whose result rides the event;
 //! - [`deliver`]: the Discord and callback outboxes, until nothing is owed;
 //! - [`follow`]: the sweep reads a build the webhooks said nothing about;
 //! - [`sweep`]: one pass that finishes whatever the others left undone;
 //! - [`cancel`]: a user no longer wants a run; [`stop`]: a build that must not hold a GPU;
 //! - [`resend`]: an operator sends an ended job's report and callback again;
 //! - [`queues`]: who can run a queue's jobs and how many wait;
-//! - [`fair`]: fair share's waiting jobs, released as slots free;
+//! - [`fair`]: fair share's waiting jobs, released as slots free, by the holder of the
+//!   queue's [`lease`] (a caller that finds it held asks the holder to release again);
 //! - [`deferred`]: the creates and finishes Buildkite's rate limit deferred, per queue;
 //! - [`catch_up`]: a webhook or a job's end takes that deferred work up;
 //! - [`settle`]: the one place that runs what the arrows owe (their [`effects`]): deliveries
@@ -39,6 +41,7 @@ pub mod events;
 pub(crate) mod fair;
 pub mod fleet;
 mod follow;
+mod lease;
 mod outcome;
 pub mod present;
 pub mod profiles;

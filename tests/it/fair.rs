@@ -9,7 +9,7 @@ use kernelbot_dispatch::devstack::buildkite::sample_result;
 use kernelbot_dispatch::jobs::{CacheEntry, JobState};
 use kernelbot_dispatch::result::Verdict;
 use reqwest::StatusCode;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::support::{StoreKind, TestApp, submission};
 
@@ -122,14 +122,20 @@ async fn waiting_jobs_start_round_robin_over_users(kind: StoreKind) {
         let answer = submit(&app, user, run_id).await;
         assert_eq!(answer["waiting"], "user_limit", "{answer}");
     }
+    let asked = app.store.cached(lease).await.unwrap().expect("the lease");
+    assert!(
+        asked.version != 99,
+        "each waiting submission asked the holder to release again: {asked:?}"
+    );
     let free = CacheEntry {
         value: None,
         fetched_at: 0,
         claimed_at: 100,
-        version: 100,
+        version: asked.version + 1,
         expires_at: None,
     };
-    assert!(app.store.put_cached(lease, &free, Some(99)).await.unwrap());
+    let freed = app.store.put_cached(lease, &free, Some(asked.version));
+    assert!(freed.await.unwrap());
     // A build of the queue ends: every waiting job with a slot is created, fairly ordered.
     let z1 = build_of(&app, "z1").await;
     app.finish(z1, "passed", Some(sample_result(false))).await;
@@ -240,6 +246,58 @@ async fn a_cancel_of_a_job_holding_a_slot_releases_the_next_one(kind: StoreKind)
     assert_eq!(app.event("build.finished", a2).await, StatusCode::OK);
     assert_eq!(verdict(&app, "a2").await, Some(Verdict::Canceled));
     assert_eq!(built(&app), ["a2", "a3"], "then a3");
+}
+
+/// A release asked while another instance holds the queue's lease is not lost: the caller
+/// marks the lease with the job that just ended and answers without waiting for it; a
+/// holder that never lets go leaves the mark, and whoever takes the lease next releases for
+/// it. (A holder that lets go releases again first: `two_finishes_at_once_...` meets it.)
+async fn a_lease_contender_s_release_is_not_lost(kind: StoreKind) {
+    let app = TestApp::spawn_with(kind, &[("USER_MAX_IN_FLIGHT", "1")]).await;
+    submit(&app, "alice", "a1").await;
+    submit(&app, "alice", "a2").await;
+    assert_eq!(built(&app), ["a1"], "a2 waits");
+    // Another instance takes the queue's lease, and stops there.
+    let lease = "~fair/h100";
+    let until = app.clock.now() + 5_000;
+    let before = app.store.cached(lease).await.unwrap().map(|e| e.version);
+    let held = CacheEntry {
+        value: Some(json!({ "until": until }).to_string()),
+        fetched_at: 0,
+        claimed_at: 7,
+        version: 7,
+        expires_at: None,
+    };
+    assert!(app.store.put_cached(lease, &held, before).await.unwrap());
+    let a1 = build_of(&app, "a1").await;
+    let status = app.finish(a1, "passed", Some(sample_result(false))).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        app.job("a2").await.waiting,
+        "the holder releases, not the caller"
+    );
+    let value = |e: Option<CacheEntry>| -> Value {
+        serde_json::from_str(e.and_then(|e| e.value).as_deref().unwrap_or("null")).unwrap()
+    };
+    let marked = value(app.store.cached(lease).await.unwrap());
+    assert_eq!(
+        (&marked["until"], &marked["asked"], &marked["knew"]["ended"]),
+        (&json!(until), &json!(true), &json!(["a1"])),
+        "asked, with the job that ended: {marked}"
+    );
+    // The holder's time passes without its letting go: the next to take the lease (a
+    // submission of another user) releases for the mark, a2 included.
+    app.advance_clock(Duration::from_secs(6));
+    submit(&app, "bob", "b1").await;
+    let mut made = built(&app);
+    made.sort();
+    assert_eq!(made, ["a1", "a2", "b1"], "a2's slot was not lost");
+    let after = value(app.store.cached(lease).await.unwrap());
+    assert_eq!(
+        after["asked"],
+        json!(false),
+        "the mark was taken up: {after}"
+    );
 }
 
 /// At most `USER_MAX_WAITING` of a user's jobs wait on a queue: the next is refused with
@@ -362,6 +420,7 @@ on_both_stores!(
     two_finishes_at_once_create_each_waiting_job_once,
     cancel_and_the_queue_deadline_reach_waiting_jobs,
     a_cancel_of_a_job_holding_a_slot_releases_the_next_one,
+    a_lease_contender_s_release_is_not_lost,
     a_user_past_the_waiting_limit_is_refused_and_no_one_else,
     the_place_and_expected_start_show_in_the_api_and_the_message,
 );

@@ -2,13 +2,15 @@
 //! build's state means ([`signal`]), what an outbox does next ([`outbox`]), when a deferred
 //! create is due ([`creation`]), when a job ends without its build's word ([`ending`]), which
 //! tries of a build ran where ([`tries`]), whether a finished event carries the whole end
-//! ([`riding`]), and what an agent's record says ([`fleet`]).
+//! ([`riding`]), what an agent's record says ([`fleet`]), and what a caller does with a queue's
+//! fair-share lease ([`lease`]).
 //! Everything that talks to the world lives elsewhere.
 
 pub mod creation;
 pub mod ending;
 pub(crate) mod fair;
 pub(crate) mod fleet;
+pub(crate) mod lease;
 pub mod outbox;
 pub(crate) mod riding;
 pub mod signal;
