@@ -79,6 +79,7 @@ async fn main() {
         .expect("the local stack");
     let mut started = Vec::new();
     let mut finished = Vec::new();
+    let mut ridden = Vec::new();
     let mut swept = Vec::new();
     for i in 0..JOBS {
         let number = submitted(&app, &format!("rt-{i}")).await;
@@ -86,6 +87,18 @@ async fn main() {
         started.push(timed_event(&app, "job.started", number).await);
         passed_with_result(&app, number);
         finished.push(timed_event(&app, "build.finished", number).await);
+
+        // A build whose result rides `build.finished` (the node's hook set it as meta-data,
+        // its try's `job.finished` came first): the report needs only Discord.
+        let number = submitted(&app, &format!("rt-ridden-{i}")).await;
+        app.buildkite.start_eval(number);
+        assert_eq!(app.event("job.started", number).await, Some(StatusCode::OK));
+        let result = sample_result(false);
+        let rode = app.end_riding(number, "h100-gpu0", "passed", &result);
+        assert!(rode.await.is_some(), "the try ended");
+        let reads = app.buildkite.api_calls().len();
+        ridden.push(timed_event(&app, "build.finished", number).await);
+        assert_eq!(app.buildkite.api_calls().len(), reads, "no Buildkite call");
 
         // A build whose `build.finished` never came: the next sweep pass finishes it.
         let number = submitted(&app, &format!("rt-lost-{i}")).await;
@@ -109,7 +122,14 @@ async fn main() {
     println!("|---|---|---|");
     for (path, samples) in [
         ("`job.started` → running edit", started),
-        ("`build.finished` → final report", finished),
+        (
+            "`build.finished` → final report (result read back)",
+            finished,
+        ),
+        (
+            "`build.finished` → final report (result rides the event)",
+            ridden,
+        ),
         (
             "sweep pass finishing a build whose webhook never came",
             swept,

@@ -336,24 +336,7 @@ async fn start_stack(fair: bool, queue_timeout: &str) -> (Arc<Stack>, Clock, Arc
 async fn run_side(fair: bool, riding: bool, queue_timeout: &str, arrivals: &[Arrival]) -> Side {
     let real = Instant::now();
     let (app, clock, counted) = start_stack(fair, queue_timeout).await;
-    let t0 = clock.now();
-    let mut d = Driver {
-        app: app.clone(),
-        riding,
-        clock: clock.clone(),
-        t0,
-        by_run: arrivals
-            .iter()
-            .map(|a| (a.run_id.clone(), a.clone()))
-            .collect(),
-        running: Vec::new(),
-        started: HashMap::new(),
-        submitted: HashMap::new(),
-        ended: HashMap::new(),
-        tasks: JoinSet::new(),
-        busy_while_waiting: 0.0,
-        waiting_secs: 0.0,
-    };
+    let mut d = Driver::new(app.clone(), riding, clock.clone(), arrivals);
     let (mut next, mut next_sweep, mut ticks) = (0, SWEEP_SECS, 0u64);
     let mut last = 0.0;
     let mut sweeping: Option<tokio::task::JoinHandle<()>> = None;
@@ -398,6 +381,29 @@ async fn run_side(fair: bool, riding: bool, queue_timeout: &str, arrivals: &[Arr
     let mut side = measure(&d, real).await;
     side.store_units = units;
     side
+}
+
+impl Driver {
+    /// A driver of `arrivals` on `app`, its clock starting now.
+    fn new(app: Arc<Stack>, riding: bool, clock: Clock, arrivals: &[Arrival]) -> Self {
+        Self {
+            app,
+            riding,
+            t0: clock.now(),
+            clock,
+            by_run: arrivals
+                .iter()
+                .map(|a| (a.run_id.clone(), a.clone()))
+                .collect(),
+            running: Vec::new(),
+            started: HashMap::new(),
+            submitted: HashMap::new(),
+            ended: HashMap::new(),
+            tasks: JoinSet::new(),
+            busy_while_waiting: 0.0,
+            waiting_secs: 0.0,
+        }
+    }
 }
 
 async fn measure(d: &Driver, real: Instant) -> Side {
@@ -638,8 +644,7 @@ fn waits_table(arrivals: &[Arrival], fair: &Side, fcfs: &Side) {
 /// The limits table's rows for one side.
 fn limit_rows(s: &Side) -> Vec<(&'static str, String)> {
     let per_job = |n: usize| format!("{:.2}", n as f64 / params().submissions as f64);
-    let t = sorted(s.to_record.clone());
-    vec![
+    let mut rows = vec![
         (
             "GPUs busy while a run waited (share of GPU time)",
             format!("{:.2}", s.busy_share()),
@@ -676,6 +681,15 @@ fn limit_rows(s: &Side) -> Vec<(&'static str, String)> {
                 s.store_units.write / params().submissions as f64
             ),
         ),
+    ];
+    rows.extend(outcome_rows(s));
+    rows
+}
+
+/// The limits table's rows of what the side's jobs came to.
+fn outcome_rows(s: &Side) -> Vec<(&'static str, String)> {
+    let t = sorted(s.to_record.clone());
+    vec![
         (
             "build end → reported, median / p95 (s)",
             format!("{:.1} / {:.1}", quantile(&t, 0.5), quantile(&t, 0.95)),

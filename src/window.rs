@@ -21,6 +21,10 @@ use crate::time::{Clock, Millis};
 /// be read.
 const UNREAD_WAIT_MS: Millis = 100;
 
+/// The longest window learned from resets (Buildkite's is a minute, Discord's buckets a few
+/// seconds); a service's own window (given at construction) may be longer.
+const MAX_SPAN_MS: Millis = 60_000;
+
 /// A window as last told.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Window {
@@ -54,6 +58,12 @@ impl Window {
             span,
             ..Self::default()
         }
+    }
+
+    /// The longest a window is believed to be: a longer reset is one window's wait (a 429's,
+    /// or a bad header), never the length of every window after it.
+    fn cap(&self) -> Millis {
+        MAX_SPAN_MS.max(self.span)
     }
 
     /// `Ok` if a call that leaves `reserve` calls to others may be sent at `now`, else how
@@ -99,11 +109,15 @@ impl Window {
                 reset_after,
             } => {
                 let reset_at = now.saturating_add(reset_after.max(0));
-                self.span = self.span.max(reset_after);
                 self.limit = limit.or(self.limit);
                 let held = self.remaining.filter(|_| now < self.reset_at);
-                let later = reset_at >= self.reset_at.saturating_add(self.span / 2);
+                let half = self.span / 2;
+                let later = reset_at >= self.reset_at.saturating_add(half);
+                let earlier = reset_at < self.reset_at.saturating_sub(half);
                 match held {
+                    // An answer to a call sent before this window began (its reset is the
+                    // one this window followed): it says nothing of this window.
+                    Some(_) if earlier => {}
                     Some(held) if !later => {
                         self.remaining = Some(held.min(remaining));
                         self.reset_at = self.reset_at.max(reset_at);
@@ -111,13 +125,22 @@ impl Window {
                     _ => {
                         self.remaining = Some(remaining);
                         self.reset_at = reset_at;
+                        // A reset told at a window's start is its length (up to the cap).
+                        self.span = self.span.max(reset_after.min(self.cap()));
                     }
                 }
             }
             News::Refused { reset_after } => {
-                self.remaining = Some(0);
                 let after = reset_after.unwrap_or(self.span).max(1);
-                self.reset_at = now.saturating_add(after);
+                let held = self.remaining.is_some() && now < self.reset_at;
+                let reset_at = now.saturating_add(after);
+                self.remaining = Some(0);
+                // A 429 does not shorten a reset already held.
+                self.reset_at = if held {
+                    self.reset_at.max(reset_at)
+                } else {
+                    reset_at
+                };
             }
         }
     }
@@ -347,6 +370,49 @@ mod tests {
             (Some(49), 90_000),
             "a reset well past the held one is a later window: not the fewer of two windows"
         );
+    }
+
+    #[test]
+    fn a_late_answer_of_the_window_before_says_nothing_of_this_one() {
+        let mut w = Window::of_span(60_000);
+        w.hear(told(3, 50, 1_000), 59_000);
+        w.roll(60_000);
+        assert_eq!((w.remaining, w.reset_at), (Some(50), 120_000));
+        // Sent at 59.9 s, answered at 60.2 s: the old window's last call, reset "now".
+        w.hear(told(0, 50, 0), 60_200);
+        assert_eq!(
+            (w.remaining, w.reset_at),
+            (Some(50), 120_000),
+            "the new window keeps its calls"
+        );
+        w.hear(told(48, 50, 59_000), 60_500);
+        assert_eq!(w.remaining, Some(48), "its own answers count");
+    }
+
+    #[test]
+    fn a_long_reset_is_one_wait_not_every_window_s_length() {
+        let mut w = Window::of_span(60_000);
+        w.hear(told(5, 50, 3_600_000), 0);
+        assert_eq!(w.reset_at, 3_600_000, "this window waits as told");
+        assert_eq!(w.span, 60_000, "the next ones are a minute long");
+        let mut d = Window::of_span(0);
+        d.hear(told(4, 5, 2_000), 0);
+        d.hear(
+            News::Refused {
+                reset_after: Some(600_000),
+            },
+            100,
+        );
+        assert_eq!(d.span, 2_000, "a 429's wait is not the bucket's length");
+        let mut r = Window::of_span(2_000);
+        r.hear(told(2, 5, 2_000), 0);
+        r.hear(
+            News::Refused {
+                reset_after: Some(500),
+            },
+            100,
+        );
+        assert_eq!(r.reset_at, 2_000, "a 429 does not shorten the reset held");
     }
 
     #[test]

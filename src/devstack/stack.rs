@@ -374,6 +374,18 @@ impl Stack {
         state: &str,
         result: &[u8],
     ) -> Option<StatusCode> {
+        self.end_riding(number, agent, state, result).await?;
+        self.event("build.finished", number).await
+    }
+
+    /// All of [`Self::finish_riding`] but its `build.finished` (which the caller sends).
+    pub async fn end_riding(
+        &self,
+        number: u64,
+        agent: &str,
+        state: &str,
+        result: &[u8],
+    ) -> Option<()> {
         let job_id = self.buildkite.end_try_now(number, agent, 0)?;
         let mut stamped: Value = serde_json::from_slice(result).ok()?;
         stamped["written_by"] = json!({"job_id": job_id, "retry_count": 0});
@@ -386,7 +398,7 @@ impl Stack {
             .upload(number, "result.json", bytes, "finished", false);
         self.event("job.finished", number).await;
         self.buildkite.set_state(number, state);
-        self.event("build.finished", number).await
+        Some(())
     }
 
     /// One pass of the sweep function, as its schedule would run it.

@@ -1,8 +1,10 @@
 //! A store that counts what its calls would cost on DynamoDB, as DynamoDB bills them: a
 //! strongly consistent read 1 read unit per 4 KB of the item, an index query half a unit per
 //! 4 KB of the index entries it reads, a write 1 write unit per 1 KB of the larger of the
-//! item before and after (a conditional write that fails costs the same), and each index
-//! entry a write adds, changes or removes the same again. It wraps the real store, whatever
+//! item before and after (a conditional write refused, the item as it stands), and each
+//! index entry a write puts, deletes or changes (a moved key: a delete and a put) the same
+//! again. An index entry is sized with DynamoDB's 100 bytes of overhead, which makes the
+//! count an upper bound. It wraps the real store, whatever
 //! it is, and changes nothing it does: the rush benchmark runs on it.
 
 use std::collections::HashMap;
@@ -61,20 +63,46 @@ fn item_size(item: &Item) -> usize {
     item.iter().map(|(k, v)| k.len() + value_size(v)).sum()
 }
 
-/// An item's index entries: (index, size) for each index that holds it.
-fn index_entries(item: &Item) -> Vec<(&'static str, usize)> {
+/// One index's entry of an item: the index, its size, its key's value and what it projects
+/// (compared to tell whether a write changes the entry at all).
+#[derive(Clone, Debug, PartialEq)]
+struct Entry {
+    index: &'static str,
+    size: usize,
+    key: String,
+    shown: String,
+}
+
+/// An item's index entries, one for each index that holds it.
+fn index_entries(item: &Item) -> Vec<Entry> {
     let attr = |name: &str| item.get(name).map_or(0, |v| name.len() + value_size(v));
+    let shown = |names: &[&str]| -> String {
+        names
+            .iter()
+            .map(|n| format!("{n}={:?};", item.get(*n)))
+            .collect()
+    };
     INDEXES
         .iter()
         .filter(|(_, key, _)| item.contains_key(*key))
-        .map(|(name, key, projected)| {
-            let size = match projected {
-                None => item_size(item),
+        .map(|(index, key, projected)| {
+            let (size, shown) = match projected {
+                None => {
+                    let mut names: Vec<&str> = item.keys().map(String::as_str).collect();
+                    names.sort_unstable();
+                    (item_size(item), shown(&names))
+                }
                 Some(attrs) => {
-                    attr(key) + attr("run_id") + attrs.iter().map(|a| attr(a)).sum::<usize>()
+                    let own = attrs.iter().map(|a| attr(a)).sum::<usize>();
+                    (attr(key) + attr("run_id") + own, shown(attrs))
                 }
             };
-            (*name, size + INDEX_ENTRY_OVERHEAD)
+            Entry {
+                index,
+                size: size + INDEX_ENTRY_OVERHEAD,
+                key: format!("{:?}", item.get(*key)),
+                shown,
+            }
         })
         .collect()
 }
@@ -83,7 +111,7 @@ fn index_entries(item: &Item) -> Vec<(&'static str, usize)> {
 #[derive(Clone, Default)]
 struct Stored {
     size: usize,
-    entries: Vec<(&'static str, usize)>,
+    entries: Vec<Entry>,
 }
 
 impl Stored {
@@ -93,6 +121,27 @@ impl Stored {
             entries: index_entries(item),
         }
     }
+}
+
+/// Write units of the index writes that turn `before`'s entries into `after`'s: an entry put
+/// or deleted costs its size; one whose key moved, a delete and a put; one whose projected
+/// attributes changed, the larger of the two; one unchanged, nothing.
+fn index_writes(before: &[Entry], after: &[Entry]) -> f64 {
+    let mut units = 0.0;
+    for a in after {
+        units += match before.iter().find(|b| b.index == a.index) {
+            None => write_units(a.size),
+            Some(b) if b.key != a.key => write_units(b.size) + write_units(a.size),
+            Some(b) if b.shown != a.shown => write_units(b.size.max(a.size)),
+            Some(_) => 0.0,
+        };
+    }
+    for b in before {
+        if !after.iter().any(|a| a.index == b.index) {
+            units += write_units(b.size);
+        }
+    }
+    units
 }
 
 fn write_units(bytes: usize) -> f64 {
@@ -136,26 +185,20 @@ impl CountingStore {
         items.get(key).cloned()
     }
 
-    /// Counts a write of `item` under `key` (landed or not) and remembers it if it landed.
+    /// Counts a write of `item` under `key` and remembers it if it landed. A write that
+    /// landed costs the larger of the item before and after, and its index writes; a
+    /// conditional write refused costs the item as it stands.
     fn wrote(&self, key: &str, item: &Item, landed: bool) {
         let before = self.stored(key).unwrap_or_default();
-        let after = Stored::of(item);
-        let mut units = write_units(before.size.max(after.size));
-        if landed {
-            for (index, size) in &after.entries {
-                let old = before.entries.iter().find(|(i, _)| i == index);
-                units += write_units(old.map_or(*size, |(_, s)| (*s).max(*size)));
-            }
-            // Entries the write took out of an index are deleted there.
-            for (index, size) in &before.entries {
-                if !after.entries.iter().any(|(i, _)| i == index) {
-                    units += write_units(*size);
-                }
-            }
-            let mut items = self.items.lock().unwrap_or_else(|p| p.into_inner());
-            items.insert(key.to_owned(), after);
+        if !landed {
+            self.add(0.0, write_units(before.size));
+            return;
         }
-        self.add(0.0, units);
+        let after = Stored::of(item);
+        let table = write_units(before.size.max(after.size));
+        self.add(0.0, table + index_writes(&before.entries, &after.entries));
+        let mut items = self.items.lock().unwrap_or_else(|p| p.into_inner());
+        items.insert(key.to_owned(), after);
     }
 
     /// Counts a strongly consistent read of the item under `key`.
@@ -172,16 +215,18 @@ impl CountingStore {
             let entries = self.stored(key).map(|s| s.entries).unwrap_or_default();
             bytes += entries
                 .iter()
-                .find(|(i, _)| *i == index)
-                .map_or(0, |(_, s)| *s);
+                .find(|e| e.index == index)
+                .map_or(0, |e| e.size);
         }
         self.add(read_units(bytes) / 2.0, 0.0);
     }
 }
 
+/// The job's item as the DynamoDB store writes it (a write id of the length it uses).
 fn job_item(job: &Job) -> Item {
-    serde_dynamo::to_item(JobRecord::from_job(job, "0123456789abcdef0123456789abcdef"))
-        .unwrap_or_default()
+    let record = JobRecord::from_job(job, "0123456789abcdef0123456789abcdef");
+    // A record that does not convert would fail the real store's write too: priced empty.
+    serde_dynamo::to_item(record).unwrap_or_default()
 }
 
 fn cache_item(key: &str, entry: &CacheEntry) -> Item {
@@ -293,15 +338,24 @@ mod tests {
             ("payload".to_owned(), AttributeValue::S("x".repeat(5_000))),
         ]);
         let entries = index_entries(&open);
-        let names: Vec<&str> = entries.iter().map(|(n, _)| *n).collect();
+        let names: Vec<&str> = entries.iter().map(|e| e.index).collect();
         assert_eq!(
             names,
             ["queue-jobs", "queue-fair"],
             "no sweep_shard: not in open-jobs"
         );
         assert!(
-            entries.iter().all(|(_, s)| *s < 200),
+            entries.iter().all(|e| e.size < 200),
             "a projected index holds no payload: {entries:?}"
         );
+        // The payload changes: neither projected index is written; the queue moves: both
+        // are, a delete and a put each.
+        let mut paid = open.clone();
+        paid.insert("payload".to_owned(), AttributeValue::S("y".into()));
+        assert_eq!(index_writes(&entries, &index_entries(&paid)), 0.0);
+        let mut moved = open.clone();
+        moved.insert("open_queue".to_owned(), AttributeValue::S("b200".into()));
+        assert_eq!(index_writes(&entries, &index_entries(&moved)), 4.0);
+        assert_eq!(index_writes(&entries, &[]), 2.0, "taken out of both");
     }
 }

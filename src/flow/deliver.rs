@@ -182,7 +182,7 @@ async fn send(d: &Deps, channel: Channel, job: &Job, deadline: Deadline) -> Answ
 /// How a job's message ranks in its webhook's bucket: the final report first, then a first
 /// message, then a build created or started; an edit of a job still waiting only shows its
 /// place.
-pub(crate) fn priority(state: JobState, posted: bool) -> Priority {
+fn priority(state: JobState, posted: bool) -> Priority {
     if state.is_terminal() {
         Priority::Final
     } else if !posted {
@@ -225,11 +225,13 @@ async fn send_discord(d: &Deps, job: &Job, deadline: Deadline) -> Answer {
         Err(DiscordError::MessageGone { .. }) => Answer::MessageGone,
         Err(e @ DiscordError::Gone { .. }) => Answer::Gone(e.to_string()),
         Err(e @ DiscordError::Rejected { .. }) => Answer::Refused(e.to_string()),
-        Err(
-            e @ (DiscordError::Unavailable { .. }
-            | DiscordError::Unconfirmed { .. }
-            | DiscordError::NoRoom { .. }),
-        ) => Answer::Failed(e.to_string()),
+        // Only a waiting job's place meets this: its message keeps the place it shows (true
+        // when shown) until the next move, start or report, with nothing owed, counted or
+        // alarmed meanwhile.
+        Err(DiscordError::NoRoom { .. }) => Answer::Accepted { posted: None },
+        Err(e @ (DiscordError::Unavailable { .. } | DiscordError::Unconfirmed { .. })) => {
+            Answer::Failed(e.to_string())
+        }
     }
 }
 
