@@ -15,7 +15,7 @@ use aws_sdk_dynamodb::types::AttributeValue;
 
 use crate::jobs::{
     CacheEntry, Created, Cursor, Job, JobRecord, JobStore, Listing, OpenJob, Replaced, RunId,
-    Shard, StoreError,
+    Shard, StoreError, cache_item, item_from_record,
 };
 use crate::time::Millis;
 
@@ -226,24 +226,7 @@ impl CountingStore {
 fn job_item(job: &Job) -> Item {
     let record = JobRecord::from_job(job, "0123456789abcdef0123456789abcdef");
     // A record that does not convert would fail the real store's write too: priced empty.
-    serde_dynamo::to_item(record).unwrap_or_default()
-}
-
-fn cache_item(key: &str, entry: &CacheEntry) -> Item {
-    let n = |v: Millis| AttributeValue::N(v.to_string());
-    let mut item = Item::from([
-        ("run_id".to_owned(), AttributeValue::S(key.to_owned())),
-        ("fetched_at".to_owned(), n(entry.fetched_at)),
-        ("claimed_at".to_owned(), n(entry.claimed_at)),
-        ("entry_version".to_owned(), n(entry.version)),
-    ]);
-    if let Some(v) = &entry.value {
-        item.insert("cache_value".to_owned(), AttributeValue::S(v.clone()));
-    }
-    if let Some(at) = entry.expires_at {
-        item.insert("expires_at".to_owned(), n(at / 1000));
-    }
-    item
+    item_from_record(&record).unwrap_or_default()
 }
 
 #[async_trait]

@@ -68,7 +68,27 @@ fn record_from_item(item: Item) -> Result<JobRecord, StoreError> {
     serde_dynamo::from_item(item).map_err(StoreError::corrupt)
 }
 
-fn item_from_record(record: &JobRecord) -> Result<Item, StoreError> {
+/// The item a shared entry is stored as under `key`.
+pub(crate) fn cache_item(key: &str, entry: &CacheEntry) -> Item {
+    let mut item = Item::from([
+        ("run_id".to_owned(), s(key)),
+        ("fetched_at".to_owned(), n(entry.fetched_at)),
+        ("claimed_at".to_owned(), n(entry.claimed_at)),
+        ("entry_version".to_owned(), n(entry.version)),
+    ]);
+    if let Some(v) = &entry.value {
+        item.insert("cache_value".to_owned(), s(v.clone()));
+    }
+    if let Some(at) = entry.expires_at {
+        // The table's TTL attribute, in whole seconds (rounded up: never before its time).
+        let secs = at.div_euclid(1000) + i64::from(at.rem_euclid(1000) != 0);
+        item.insert("expires_at".to_owned(), n(secs));
+    }
+    item
+}
+
+/// The item a job's record is stored as.
+pub(crate) fn item_from_record(record: &JobRecord) -> Result<Item, StoreError> {
     serde_dynamo::to_item(record).map_err(StoreError::corrupt)
 }
 
@@ -317,20 +337,7 @@ impl JobStore for DynamoStore {
         entry: &CacheEntry,
         expected: Option<Millis>,
     ) -> Result<bool, StoreError> {
-        let mut item = Item::from([
-            ("run_id".to_owned(), s(key)),
-            ("fetched_at".to_owned(), n(entry.fetched_at)),
-            ("claimed_at".to_owned(), n(entry.claimed_at)),
-            ("entry_version".to_owned(), n(entry.version)),
-        ]);
-        if let Some(v) = &entry.value {
-            item.insert("cache_value".to_owned(), s(v.clone()));
-        }
-        if let Some(at) = entry.expires_at {
-            // The table's TTL attribute, in whole seconds (rounded up: never before its time).
-            let secs = at.div_euclid(1000) + i64::from(at.rem_euclid(1000) != 0);
-            item.insert("expires_at".to_owned(), n(secs));
-        }
+        let item = cache_item(key, entry);
         let written = match expected {
             None => {
                 self.put_if(item, "attribute_not_exists(run_id)", &[], &[])

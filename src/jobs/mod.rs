@@ -20,6 +20,8 @@ mod windows;
 use std::sync::Arc;
 
 pub use dynamo::DynamoStore;
+#[cfg(feature = "devstack")]
+pub(crate) use dynamo::{cache_item, item_from_record};
 pub use error::StoreError;
 pub use id::{InvalidRunId, Queue, RunId, UserId};
 pub use listed::{Listed, Listing};
