@@ -139,6 +139,8 @@ struct Side {
     discord_429: usize,
     /// What the functions' store calls would cost on DynamoDB.
     store_units: Units,
+    /// The same by call and kind of item, largest read first.
+    store_by_kind: Vec<(String, Units)>,
     lost: usize,
     /// How the runs that did not pass ended, and how many.
     endings: BTreeMap<String, usize>,
@@ -377,9 +379,10 @@ async fn run_side(fair: bool, riding: bool, queue_timeout: &str, arrivals: &[Arr
         done.expect("a submission or build end of the driver");
     }
     // Counted before the benchmark's own reads of the jobs.
-    let units = counted.units();
+    let (units, by_kind) = (counted.units(), counted.units_by_kind());
     let mut side = measure(&d, real).await;
     side.store_units = units;
+    side.store_by_kind = by_kind;
     side
 }
 
@@ -492,6 +495,9 @@ fn summary(side: &Side, arrivals: &[Arrival]) -> serde_json::Value {
         "last_reported_s": side.span,
         "store_read_units_per_job": side.store_units.read / jobs,
         "store_write_units_per_job": side.store_units.write / jobs,
+        "store_units_per_job_by_call": side.store_by_kind.iter().map(|(kind, u)| {
+            (kind.clone(), serde_json::json!({"read": u.read / jobs, "write": u.write / jobs}))
+        }).collect::<serde_json::Map<_, _>>(),
     })
 }
 
@@ -570,7 +576,19 @@ fn report(arrivals: &[Arrival], fair: &Side, fcfs: &Side, artifact: &Side) {
     }
     waits_table(arrivals, fair, fcfs);
     limits_table(fair, fcfs, artifact);
+    units_table(fair);
     ceiling_table(fair, fcfs, artifact);
+}
+
+/// Where fair share's store units go: by call and kind of item, per job.
+fn units_table(fair: &Side) {
+    println!("| fair share's store units per job, by call | read | write |");
+    println!("|---|---|---|");
+    let jobs = params().submissions as f64;
+    for (kind, u) in &fair.store_by_kind {
+        println!("| {kind} | {:.2} | {:.2} |", u.read / jobs, u.write / jobs);
+    }
+    println!();
 }
 
 /// Each light user's own p95 wait: the median user's and the worst.

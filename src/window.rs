@@ -177,6 +177,8 @@ pub(crate) struct Limiter {
     local: Arc<Mutex<Window>>,
     shared: Option<Shared>,
     clock: Clock,
+    /// How finely the service tells its resets: a reset later by less is not news.
+    grain: Millis,
 }
 
 impl fmt::Debug for Limiter {
@@ -189,12 +191,14 @@ impl fmt::Debug for Limiter {
 }
 
 impl Limiter {
-    /// A window of `span` that this instance alone keeps, on `clock`.
-    pub(crate) fn new(clock: Clock, span: Millis) -> Self {
+    /// A window of `span` that this instance alone keeps, on `clock`, whose service tells
+    /// its resets to `grain` milliseconds (Buildkite whole seconds, Discord milliseconds).
+    pub(crate) fn new(clock: Clock, span: Millis, grain: Millis) -> Self {
         Self {
             local: Arc::new(Mutex::new(Window::of_span(span))),
             shared: None,
             clock,
+            grain: grain.max(1),
         }
     }
 
@@ -203,7 +207,7 @@ impl Limiter {
         let span = self.view().span;
         Self {
             shared: self.shared.clone(),
-            ..Self::new(clock, span)
+            ..Self::new(clock, span, self.grain)
         }
     }
 
@@ -285,8 +289,10 @@ impl Limiter {
         };
         let refused = matches!(news, News::Refused { .. });
         let fewer = after.remaining < before.remaining || before.remaining.is_none();
-        // Resets told in whole seconds move by up to a second: not news.
-        let later = after.reset_at >= before.reset_at.saturating_add(1_000);
+        // Resets told in whole seconds move by up to a second: not news. One told finely is:
+        // a bucket of two seconds whose reset the others hold a few hundred milliseconds
+        // early lets their next window's calls go before the service's has begun.
+        let later = after.reset_at >= before.reset_at.saturating_add(self.grain);
         if !(refused || fewer || later) {
             return;
         }

@@ -104,7 +104,8 @@ impl Default for RateGate {
 impl RateGate {
     pub(crate) fn new(clock: Clock) -> Self {
         Self {
-            limiter: Limiter::new(clock, WINDOW_MS),
+            // `RateLimit-Reset` is whole seconds.
+            limiter: Limiter::new(clock, WINDOW_MS, 1_000),
         }
     }
 

@@ -7,7 +7,7 @@
 //! count an upper bound. It wraps the real store, whatever
 //! it is, and changes nothing it does: the rush benchmark runs on it.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -22,13 +22,25 @@ use crate::time::Millis;
 /// The jobs table's global secondary indexes as `template.yaml` defines them: name, the
 /// attribute whose presence puts an item in it (its hash key), and the attributes it
 /// projects (`None`: all). `tests/it/template.rs` checks these against the template.
-pub const INDEXES: [(&str, &str, Option<&[&str]>); 3] = [
+pub const INDEXES: [(&str, &str, Option<&[&str]>); 4] = [
     ("open-jobs", "sweep_shard", None),
     ("queue-jobs", "open_queue", Some(&["created_at", "state"])),
     (
         "queue-fair",
         "open_queue",
         Some(&["created_at", "state", "user", "waiting", "scheduled_at"]),
+    ),
+    (
+        "queue-place",
+        "open_queue",
+        Some(&[
+            "created_at",
+            "state",
+            "user",
+            "waiting",
+            "scheduled_at",
+            "queue_position",
+        ]),
     ),
 ];
 
@@ -152,10 +164,22 @@ fn read_units(bytes: usize) -> f64 {
     bytes.max(1).div_ceil(4096) as f64
 }
 
+/// What a call's units are counted under: the call, and the kind of item it touched (a
+/// job, or a shared entry by its key's first part: `~window`, `~fair`, ...).
+fn kind_of(call: &str, key: &str) -> String {
+    let item = match key.strip_prefix('~') {
+        Some(rest) => format!("~{}", rest.split('/').next().unwrap_or(rest)),
+        None => "job".to_owned(),
+    };
+    format!("{call} {item}")
+}
+
 /// The real store, counted.
 pub struct CountingStore {
     inner: Arc<dyn JobStore>,
     units: Mutex<Units>,
+    /// The same units by call and kind of item ([`kind_of`]): where they go.
+    by_kind: Mutex<BTreeMap<String, Units>>,
     /// Every item written through this store, by key, as last written.
     items: Mutex<HashMap<String, Stored>>,
 }
@@ -165,6 +189,7 @@ impl CountingStore {
         Self {
             inner,
             units: Mutex::default(),
+            by_kind: Mutex::default(),
             items: Mutex::default(),
         }
     }
@@ -174,8 +199,20 @@ impl CountingStore {
         *self.units.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn add(&self, read: f64, write: f64) {
-        let mut u = self.units.lock().unwrap_or_else(|p| p.into_inner());
+    /// The units counted so far by call and kind of item, largest read first.
+    pub fn units_by_kind(&self) -> Vec<(String, Units)> {
+        let by = self.by_kind.lock().unwrap_or_else(|p| p.into_inner());
+        let mut all: Vec<(String, Units)> = by.iter().map(|(k, u)| (k.clone(), *u)).collect();
+        all.sort_by(|a, b| b.1.read.total_cmp(&a.1.read).then(a.0.cmp(&b.0)));
+        all
+    }
+
+    fn add(&self, kind: String, read: f64, write: f64) {
+        let mut total = self.units.lock().unwrap_or_else(|p| p.into_inner());
+        total.read += read;
+        total.write += write;
+        let mut by = self.by_kind.lock().unwrap_or_else(|p| p.into_inner());
+        let u = by.entry(kind).or_default();
         u.read += read;
         u.write += write;
     }
@@ -191,12 +228,13 @@ impl CountingStore {
     fn wrote(&self, key: &str, item: &Item, landed: bool) {
         let before = self.stored(key).unwrap_or_default();
         if !landed {
-            self.add(0.0, write_units(before.size));
+            self.add(kind_of("write", key), 0.0, write_units(before.size));
             return;
         }
         let after = Stored::of(item);
         let table = write_units(before.size.max(after.size));
-        self.add(0.0, table + index_writes(&before.entries, &after.entries));
+        let index = index_writes(&before.entries, &after.entries);
+        self.add(kind_of("write", key), 0.0, table + index);
         let mut items = self.items.lock().unwrap_or_else(|p| p.into_inner());
         items.insert(key.to_owned(), after);
     }
@@ -204,7 +242,7 @@ impl CountingStore {
     /// Counts a strongly consistent read of the item under `key`.
     fn read(&self, key: &str) {
         let size = self.stored(key).map_or(1, |s| s.size);
-        self.add(read_units(size), 0.0);
+        self.add(kind_of("read", key), read_units(size), 0.0);
     }
 
     /// Counts a query of `index` that read the entries of `keys`: eventually consistent,
@@ -218,7 +256,7 @@ impl CountingStore {
                 .find(|e| e.index == index)
                 .map_or(0, |e| e.size);
         }
-        self.add(read_units(bytes) / 2.0, 0.0);
+        self.add(format!("query {index}"), read_units(bytes) / 2.0, 0.0);
     }
 }
 
@@ -258,7 +296,7 @@ impl JobStore for CountingStore {
 
     async fn open_in_queue(&self, queue: &str) -> Result<Vec<OpenJob>, StoreError> {
         let open = self.inner.open_in_queue(queue).await?;
-        self.queried("queue-fair", open.iter().map(|j| j.run_id.as_str()));
+        self.queried("queue-place", open.iter().map(|j| j.run_id.as_str()));
         Ok(open)
     }
 
@@ -324,21 +362,21 @@ mod tests {
         let names: Vec<&str> = entries.iter().map(|e| e.index).collect();
         assert_eq!(
             names,
-            ["queue-jobs", "queue-fair"],
+            ["queue-jobs", "queue-fair", "queue-place"],
             "no sweep_shard: not in open-jobs"
         );
         assert!(
             entries.iter().all(|e| e.size < 200),
             "a projected index holds no payload: {entries:?}"
         );
-        // The payload changes: neither projected index is written; the queue moves: both
+        // The payload changes: no projected index is written; the queue moves: all three
         // are, a delete and a put each.
         let mut paid = open.clone();
         paid.insert("payload".to_owned(), AttributeValue::S("y".into()));
         assert_eq!(index_writes(&entries, &index_entries(&paid)), 0.0);
         let mut moved = open.clone();
         moved.insert("open_queue".to_owned(), AttributeValue::S("b200".into()));
-        assert_eq!(index_writes(&entries, &index_entries(&moved)), 4.0);
-        assert_eq!(index_writes(&entries, &[]), 2.0, "taken out of both");
+        assert_eq!(index_writes(&entries, &index_entries(&moved)), 6.0);
+        assert_eq!(index_writes(&entries, &[]), 3.0, "taken out of all three");
     }
 }

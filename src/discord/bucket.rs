@@ -125,7 +125,8 @@ impl Buckets {
         if map.len() >= MAX_BUCKETS {
             return None;
         }
-        let mut b = Limiter::new(self.clock.clone(), 0);
+        // Discord tells resets in milliseconds.
+        let mut b = Limiter::new(self.clock.clone(), 0, 1);
         if let Some(w) = &self.shared {
             b = b.shared(w.clone(), format!("discord/{webhook}"));
         }

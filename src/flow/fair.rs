@@ -35,6 +35,9 @@ const MAX_PLACE_EDITS: usize = 8;
 const MAX_ROUNDS: usize = 4;
 /// The longest a release waits for the agents list.
 const AGENTS_WAIT: Duration = Duration::from_secs(2);
+/// Jobs one end reads at most to place them: those whose place the queue index shows
+/// moved (it may lag a write, so a few turn out not to have).
+const MAX_PLACE_READS: usize = 2 * MAX_PLACE_EDITS;
 
 /// The jobs a release let go: the submitter's own (which it creates itself), and others.
 #[derive(Debug, Default)]
@@ -43,6 +46,16 @@ pub(crate) struct Released {
     pub(crate) others: Vec<Job>,
     /// Jobs of the queue still wait.
     pub(crate) waiting_left: bool,
+    /// The queue as the last round saw it, its releases noted: what placing goes by,
+    /// without reading the queue again.
+    pub(crate) seen: Option<Seen>,
+}
+
+/// A queue's open jobs and the agents that take them, as one release read them.
+#[derive(Debug)]
+pub(crate) struct Seen {
+    pub(crate) open: Vec<OpenJob>,
+    pub(crate) agents: usize,
 }
 
 /// What a release knows that the queue index may not show yet (a global index lags its
@@ -107,6 +120,7 @@ impl Released {
         self.mine = self.mine.take().or(later.mine);
         self.others.extend(later.others);
         self.waiting_left = later.waiting_left;
+        self.seen = later.seen.or(self.seen.take());
     }
 }
 
@@ -156,21 +170,27 @@ async fn release_held(
     (fresh, asked): (Fresh<'_>, &Asked),
     limit: usize,
 ) -> Result<Released, StoreError> {
-    let open = open_jobs(d, queue, (fresh, asked)).await?;
+    let mut open = open_jobs(d, queue, (fresh, asked)).await?;
     let now = d.clock.now();
     // A paused agent takes no job; a list past its age is not counted on.
-    let agents = recent_agents(d)
-        .await?
+    let listed = recent_agents(d).await?;
+    let taking: Vec<_> = listed
         .iter()
         .filter(|a| &a.queue == queue && !a.paused)
-        .count();
-    let releases = fair::releases(&open, limit, agents);
+        .collect();
+    let agents = fair::Agents {
+        taking: taking.len(),
+        idle: taking.iter().filter(|a| !a.busy).count(),
+    };
+    let releases: Vec<RunId> = fair::releases(&open, limit, agents)
+        .into_iter()
+        .map(|o| o.run_id.clone())
+        .collect();
     let mut out = Released {
         waiting_left: open.iter().filter(|j| j.waiting).count() > releases.len(),
         ..Released::default()
     };
-    for o in releases {
-        let run_id = &o.run_id;
+    for run_id in &releases {
         let job = match d.store.get(run_id).await {
             Ok(Some(job)) => job,
             Ok(None) => continue,
@@ -185,6 +205,9 @@ async fn release_held(
         let written = update_seen(d.store.as_ref(), &job, |j| fair::release_job(j, now, held));
         if let Updated::Written(job) = written.await? {
             info!(run_id = %job.run_id, %queue, "released by fair share");
+            if let Some(o) = open.iter_mut().find(|o| o.run_id == job.run_id) {
+                *o = OpenJob::from(&job);
+            }
             if held {
                 out.mine = Some(job);
             } else {
@@ -192,6 +215,10 @@ async fn release_held(
             }
         }
     }
+    out.seen = Some(Seen {
+        open,
+        agents: agents.taking,
+    });
     Ok(out)
 }
 
@@ -200,22 +227,30 @@ async fn release_held(
 /// moved to another band marked; what they owe (their messages) is left to `effects`.
 /// Trouble here is logged: the job itself has ended.
 pub(crate) async fn after_end(d: &Deps, job: &Job, deadline: Deadline, effects: &mut Effects) {
-    if let Err(e) = note_end(d, job).await {
-        warn!(error = %e, "the ended job could not be noted on its queue's record");
-    }
+    let median = match note_end(d, job).await {
+        Ok(record) => record.map(|r| r.median_run()),
+        Err(e) => {
+            warn!(error = %e, "the ended job could not be noted on its queue's record");
+            None
+        }
+    };
     let fresh = Fresh {
         mine: None,
         ended: Some(&job.run_id),
     };
-    match release(d, &job.queue, fresh).await {
+    let seen = match release(d, &job.queue, fresh).await {
         Ok(released) => {
             // Creates the rate limit deferred are older than these: they go first.
             super::catch_up::take_up_creates(d, &job.queue, deadline, effects).await;
             create_released(d, released.others, deadline, effects).await;
+            released.seen
         }
-        Err(e) => warn!(error = %e, queue = %job.queue, "waiting jobs could not be released"),
-    }
-    if let Err(e) = place_all(d, &job.queue, effects).await {
+        Err(e) => {
+            warn!(error = %e, queue = %job.queue, "waiting jobs could not be released");
+            None
+        }
+    };
+    if let Err(e) = place_all(d, &job.queue, (seen, median), effects).await {
         warn!(error = %e, queue = %job.queue, "waiting jobs could not be shown their place");
     }
 }
@@ -238,10 +273,10 @@ pub(crate) async fn create_released(
 }
 
 /// Notes an ended job on its queue's record (its wait and run time, whether the node
-/// failed it): what the status page and the expected start read.
-async fn note_end(d: &Deps, job: &Job) -> Result<(), StoreError> {
+/// failed it): what the status page and the expected start read. The record as written.
+async fn note_end(d: &Deps, job: &Job) -> Result<Option<QueueRecord>, StoreError> {
     let Some(outcome) = job.outcome.as_deref() else {
-        return Ok(());
+        return Ok(None);
     };
     let ms = |secs: Option<f64>| secs.map(|s| (s * 1000.0) as Millis);
     let ended = Ended {
@@ -252,9 +287,12 @@ async fn note_end(d: &Deps, job: &Job) -> Result<(), StoreError> {
     let infra = outcome.verdict == Verdict::Infra;
     let key = SharedKey::QueueRecord(&job.queue);
     let now = d.clock.now();
-    let note = |record: &mut QueueRecord| record.note(ended.clone(), infra);
-    shared::update(d.store.as_ref(), key, now, QueueRecord::default, note).await?;
-    Ok(())
+    let note = |record: &mut QueueRecord| {
+        record.note(ended.clone(), infra);
+        record.clone()
+    };
+    let changed = shared::update(d.store.as_ref(), key, now, QueueRecord::default, note).await?;
+    Ok(Some(changed.said))
 }
 
 /// A queue's record of its ended jobs, as last written.
@@ -267,13 +305,18 @@ pub(crate) async fn queue_record(d: &Deps, queue: &Queue) -> Result<QueueRecord,
 /// What a standing is computed from, besides the queue's open jobs: its connected agents
 /// (the cached list; no Buildkite call) and the median of its recent run times.
 async fn queue_facts(d: &Deps, queue: &Queue) -> Result<(usize, Option<Millis>), StoreError> {
-    // A paused agent takes no job: it does not shorten anyone's wait.
-    let agents = cached_agents(d)
+    let agents = queue_agents(d, queue).await?;
+    Ok((agents, queue_record(d, queue).await?.median_run()))
+}
+
+/// The queue's agents that take jobs, from the cached list (no Buildkite call): a paused
+/// agent takes no job, so it does not shorten anyone's wait.
+async fn queue_agents(d: &Deps, queue: &Queue) -> Result<usize, StoreError> {
+    Ok(cached_agents(d)
         .await?
         .iter()
         .filter(|a| &a.queue == queue && !a.paused)
-        .count();
-    Ok((agents, queue_record(d, queue).await?.median_run()))
+        .count())
 }
 
 /// Where `job` stands on its queue now; `None` once it runs (or has ended).
@@ -288,8 +331,23 @@ pub(crate) async fn standing(d: &Deps, job: &Job) -> Result<Option<Standing>, St
 }
 
 /// Notes `job`'s standing on it (for its status message), when its band changed.
-pub(crate) async fn place(d: &Deps, job: &Job) -> Result<Job, StoreError> {
-    let Some(s) = standing(d, job).await? else {
+/// `seen`, a release's view of the queue that holds the job, spares reading it again.
+pub(crate) async fn place(d: &Deps, job: &Job, seen: Option<&Seen>) -> Result<Job, StoreError> {
+    let known = seen.filter(|s| s.open.iter().any(|o| o.run_id == job.run_id));
+    let s = match known {
+        _ if job.state.rank() >= JobState::Running.rank() => None,
+        Some(seen) => {
+            // The job as it is now (its build made since the release, perhaps).
+            let mut open = seen.open.clone();
+            open.retain(|o| o.run_id != job.run_id);
+            open.push(OpenJob::from(job));
+            let median = queue_record(d, &job.queue).await?.median_run();
+            let now = d.clock.now();
+            fair::standing(&open, &job.run_id, seen.agents, median, now)
+        }
+        None => standing(d, job).await?,
+    };
+    let Some(s) = s else {
         return Ok(job.clone());
     };
     let now = d.clock.now();
@@ -300,20 +358,38 @@ pub(crate) async fn place(d: &Deps, job: &Job) -> Result<Job, StoreError> {
 /// Every job of the queue not yet running whose standing moved to another band: noted, and
 /// its message's edit left to `effects`, while its webhook's bucket has room for a place
 /// edit (the reports, first messages and starts come first; a place not shown now is shown
-/// by a later end or pass).
-async fn place_all(d: &Deps, queue: &Queue, effects: &mut Effects) -> Result<(), DispatchError> {
-    let open: Vec<OpenJob> = d.store.open_in_queue(queue).await?;
-    let (agents, median) = queue_facts(d, queue).await?;
+/// by a later end or pass). Goes by what the end already read (`known`: the release's view
+/// of the queue, the record's median run time) and reads only the jobs whose place the
+/// index shows moved: an end's reads do not grow with the jobs waiting.
+async fn place_all(
+    d: &Deps,
+    queue: &Queue,
+    known: (Option<Seen>, Option<Option<Millis>>),
+    effects: &mut Effects,
+) -> Result<(), DispatchError> {
+    let (seen, median) = known;
+    let Seen { open, agents } = match seen {
+        Some(seen) => seen,
+        None => Seen {
+            open: d.store.open_in_queue(queue).await?,
+            agents: queue_agents(d, queue).await?,
+        },
+    };
+    let median = match median {
+        Some(median) => median,
+        None => queue_record(d, queue).await?.median_run(),
+    };
     let now = d.clock.now();
+    let moved = fair::standings(&open, agents, median, now)
+        .into_iter()
+        .filter(|&(o, s)| fair::moved(o, s))
+        .take(MAX_PLACE_READS);
     let (mut edits, mut promised) = (0, HashMap::<String, i64>::new());
-    for o in fair::queue_order(&open) {
+    for (o, s) in moved {
         if edits == MAX_PLACE_EDITS {
             // The rest move on at the next end (or pass): a few edits per invocation.
             break;
         }
-        let Some(s) = fair::standing(&open, &o.run_id, agents, median, now) else {
-            continue;
-        };
         let Some(job) = d.store.get(&o.run_id).await? else {
             continue;
         };

@@ -17,8 +17,12 @@ use crate::time::Millis;
 pub(crate) fn agents_key() -> String {
     SharedKey::Agents.key()
 }
-/// The agents list is refreshed at most this often, by one instance.
-const REFRESH_MS: Millis = 60_000;
+/// The agents list is refreshed at most this often, by one instance: a list refreshed on
+/// time is always younger than [`FRESH_MS`].
+const REFRESH_MS: Millis = 50_000;
+/// The oldest list fair share fills idle GPUs by: an agent idle a minute ago may have taken
+/// work since.
+const FRESH_MS: Millis = 60_000;
 /// A list this old is not served: the agents API has been failing for minutes.
 const MAX_STALE_MS: Millis = 10 * 60_000;
 /// While another instance fetches the first list, wait this long for it at most.
@@ -177,14 +181,14 @@ pub(crate) async fn cached_agents(d: &Deps) -> Result<Vec<SeenAgent>, StoreError
     Ok(entry.as_ref().and_then(parse).unwrap_or_default())
 }
 
-/// The agents list as last cached, if it is younger than [`MAX_STALE_MS`] (no Buildkite
-/// call): what fair share counts idle GPUs by, which an old list would overstate.
+/// The agents list as last cached, if it is younger than [`FRESH_MS`] (no Buildkite call):
+/// what fair share counts idle GPUs by, which an old list would overstate.
 pub(crate) async fn recent_agents(d: &Deps) -> Result<Vec<SeenAgent>, StoreError> {
     let entry = d.store.cached(&agents_key()).await?;
     let now = d.clock.now();
     Ok(entry
         .as_ref()
-        .filter(|e| now - e.fetched_at < MAX_STALE_MS)
+        .filter(|e| now - e.fetched_at < FRESH_MS)
         .and_then(parse)
         .unwrap_or_default())
 }
@@ -313,6 +317,7 @@ mod tests {
             user: None,
             waiting: false,
             scheduled_at: None,
+            queue_position: None,
         }
     }
 

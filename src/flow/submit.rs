@@ -95,8 +95,8 @@ pub async fn submit(
         if let Err(e) = settle(d, others, deadline).await {
             warn!(error = %e, "a released job's message is left to the sweep");
         }
-        let job = made?;
-        let job = match fair::place(d, &job).await {
+        let (job, seen) = made?;
+        let job = match fair::place(d, &job, seen.as_ref()).await {
             Ok(placed) => placed,
             Err(e) => {
                 warn!(error = %e, "the job's place could not be noted");
@@ -137,8 +137,8 @@ async fn over_waiting(d: &Deps, job: &Job) -> Result<Option<TooManyWaiting>, Dis
 }
 
 /// Takes the new job's turn, and creates its build when it has one; creates the builds of
-/// the others its release let go. The job as it is then; what its create owes is left to
-/// `own`, what the others' owe to `others`.
+/// the others its release let go. The job as it is then, and the queue as the release saw
+/// it; what its create owes is left to `own`, what the others' owe to `others`.
 async fn make(
     d: &Deps,
     job: Job,
@@ -146,8 +146,8 @@ async fn make(
     deadline: Deadline,
     own: &mut Effects,
     others: &mut Effects,
-) -> Result<Job, DispatchError> {
-    let (turn, released) = take_turn(d, job).await?;
+) -> Result<(Job, Option<fair::Seen>), DispatchError> {
+    let (turn, released, seen) = take_turn(d, job).await?;
     let job = match turn {
         Turn::Go(job) => {
             let bk_deadline = d.buildkite_deadline(deadline);
@@ -163,7 +163,7 @@ async fn make(
     // Others the release let go: best effort (the sweep creates what this does not), and
     // never this submission's failure.
     fair::create_released(d, released, deadline, others).await;
-    Ok(job)
+    Ok((job, seen))
 }
 
 /// Whether a new job's build is made now.
@@ -174,10 +174,13 @@ enum Turn {
 }
 
 /// Asks fair share for the new job's turn: released (this submit creates its build), or
-/// left waiting; and the others the release let go.
-async fn take_turn(d: &Deps, job: Job) -> Result<(Turn, Vec<Job>), DispatchError> {
+/// left waiting; the others the release let go, and the queue as it saw it.
+async fn take_turn(
+    d: &Deps,
+    job: Job,
+) -> Result<(Turn, Vec<Job>, Option<fair::Seen>), DispatchError> {
     if !job.waiting {
-        return Ok((Turn::Go(job), Vec::new()));
+        return Ok((Turn::Go(job), Vec::new(), None));
     }
     let fresh = fair::Fresh {
         mine: Some(&job),
@@ -188,7 +191,7 @@ async fn take_turn(d: &Deps, job: Job) -> Result<(Turn, Vec<Job>), DispatchError
         Some(mine) => Turn::Go(mine),
         None => Turn::Wait(job),
     };
-    Ok((turn, released.others))
+    Ok((turn, released.others, released.seen))
 }
 
 /// The job of `run_id`, as `GET /submissions/{run_id}` shows it.

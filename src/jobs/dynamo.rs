@@ -29,8 +29,9 @@ use crate::time::Millis;
 
 pub(crate) const OPEN_JOBS_INDEX: &str = "open-jobs";
 /// Open jobs by queue (sparse: only unfinished jobs carry `open_queue`), with their state,
-/// user and whether they wait: queue status, positions and fair share read it.
-pub(crate) const QUEUE_JOBS_INDEX: &str = "queue-fair";
+/// user, whether they wait and the place last shown: queue status, positions and fair share
+/// read it.
+pub(crate) const QUEUE_JOBS_INDEX: &str = "queue-place";
 /// 1 MB pages of two small attributes: tens of thousands of open jobs, far past any queue.
 const MAX_QUEUE_PAGES: usize = 10;
 
@@ -112,6 +113,10 @@ fn open_job(item: &Item) -> Result<Option<OpenJob>, StoreError> {
         waiting: text("waiting").is_some(),
         scheduled_at: item
             .get("scheduled_at")
+            .and_then(|v| v.as_n().ok())
+            .and_then(|n| n.parse().ok()),
+        queue_position: item
+            .get("queue_position")
             .and_then(|v| v.as_n().ok())
             .and_then(|n| n.parse().ok()),
     }))
@@ -278,7 +283,7 @@ impl JobStore for DynamoStore {
                 .table_name(&self.table)
                 .index_name(QUEUE_JOBS_INDEX)
                 .key_condition_expression("#q = :q")
-                .projection_expression("#id, #s, #created, #u, #w, #sched")
+                .projection_expression("#id, #s, #created, #u, #w, #sched, #place")
                 .expression_attribute_names("#q", "open_queue")
                 .expression_attribute_names("#id", "run_id")
                 .expression_attribute_names("#s", "state")
@@ -287,6 +292,7 @@ impl JobStore for DynamoStore {
                 .expression_attribute_names("#u", "user")
                 .expression_attribute_names("#w", "waiting")
                 .expression_attribute_names("#sched", "scheduled_at")
+                .expression_attribute_names("#place", "queue_position")
                 .expression_attribute_values(":q", s(queue))
                 .set_exclusive_start_key(start.take())
                 .send()

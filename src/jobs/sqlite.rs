@@ -331,7 +331,8 @@ impl JobStore for SqliteStore {
                 .prepare(
                     "SELECT run_id, json_extract(record, '$.state'), created_at,
                             json_extract(record, '$.user'), json_extract(record, '$.waiting'),
-                            json_extract(record, '$.scheduled_at')
+                            json_extract(record, '$.scheduled_at'),
+                            json_extract(record, '$.queue_position')
                      FROM jobs WHERE shard = ?1 AND json_extract(record, '$.queue') = ?2",
                 )
                 .map_err(unavailable)?;
@@ -344,14 +345,16 @@ impl JobStore for SqliteStore {
                         r.get::<_, Option<String>>(3)?,
                         r.get::<_, Option<String>>(4)?,
                         r.get::<_, Option<i64>>(5)?,
+                        r.get::<_, Option<u32>>(6)?,
                     ))
                 })
                 .map_err(unavailable)?;
             rows.filter_map(|r| {
-                let (run_id, state, created_at, user, waiting, scheduled_at) = match r {
-                    Ok(row) => row,
-                    Err(e) => return Some(Err(unavailable(e))),
-                };
+                let (run_id, state, created_at, user, waiting, scheduled_at, queue_position) =
+                    match r {
+                        Ok(row) => row,
+                        Err(e) => return Some(Err(unavailable(e))),
+                    };
                 let run_id = readable_run_id(run_id)?;
                 let state = match state.parse() {
                     Ok(state) => state,
@@ -364,6 +367,7 @@ impl JobStore for SqliteStore {
                     user: user.map(Into::into),
                     waiting: waiting.is_some(),
                     scheduled_at,
+                    queue_position,
                 }))
             })
             .collect()

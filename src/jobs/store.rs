@@ -67,6 +67,8 @@ pub struct OpenJob {
     pub waiting: bool,
     /// When its build was recorded: Buildkite runs its queue in that order.
     pub scheduled_at: Option<Millis>,
+    /// The place its message last showed (placing edits only those whose place moved).
+    pub queue_position: Option<u32>,
 }
 
 /// A run id as an index holds it; `None` (logged) for one this version cannot read, so that
@@ -92,6 +94,7 @@ impl From<&Job> for OpenJob {
             user: job.user.clone(),
             waiting: job.waiting,
             scheduled_at: job.scheduled_at,
+            queue_position: job.queue_position,
         }
     }
 }

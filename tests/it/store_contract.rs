@@ -10,7 +10,7 @@ use serde_json::json;
 use crate::support::{StoreKind, inflated_result, open_store};
 use kernelbot_dispatch::jobs::{
     BuildRef, CacheEntry, CallbackOutbox, Created, Creation, Cursor, DeliveryStatus, DynamoStore,
-    Job, JobState, JobStore, Listed, Listing, Queue, Replaced, RunId, Shard, SharedKey,
+    Job, JobState, JobStore, Listed, Listing, OpenJob, Queue, Replaced, RunId, Shard, SharedKey,
     SqliteStore, StoreError, Target, Transition, Updated, WebhookAddress, next_version, shared,
     update, update_seen,
 };
@@ -413,6 +413,38 @@ async fn only_unfinished_jobs_are_listed_for_the_sweep(kind: StoreKind) {
     assert_eq!(ids(owing), ["done"]);
 }
 
+/// A queue's open jobs as its index shows them: every field fair share and placing decide
+/// on, as last written (the place a job's message showed included), and no ended job.
+async fn a_queue_s_open_jobs_show_what_placing_decides_on(kind: StoreKind) {
+    let (store, _dir) = open_store(kind).await;
+    let mut waiting = job("waiting", 1_000);
+    waiting.user = Some("alice".into());
+    waiting.waiting = true;
+    waiting.queue_position = Some(7);
+    store.create(&waiting).await.unwrap();
+    let mut built = job("built", 2_000);
+    built.scheduled_at = Some(2_500);
+    store.create(&built).await.unwrap();
+    store.create(&job("ended", 500)).await.unwrap();
+    advance(
+        store.as_ref(),
+        &id("ended"),
+        &Transition::to(JobState::Finished, 3_000),
+    )
+    .await
+    .unwrap();
+    let mut open = store.open_in_queue("h100").await.unwrap();
+    open.sort_by_key(|j| j.created_at);
+    assert_eq!(
+        open,
+        [OpenJob::from(&waiting), OpenJob::from(&built)],
+        "user, waiting, build time and place as written"
+    );
+    assert_eq!(open[0].queue_position, Some(7));
+    assert_eq!(open[1].queue_position, None);
+    assert!(store.open_in_queue("b200").await.unwrap().is_empty());
+}
+
 /// A listing shows everything the sweep decides on, and never a job's large parts (its
 /// result, its build payload), so its size does not grow with what the jobs hold.
 async fn a_listing_shows_a_job_without_its_large_parts(kind: StoreKind) {
@@ -739,6 +771,7 @@ on_both_stores!(
     oversize_records_are_refused_for_good,
     only_unfinished_jobs_are_listed_for_the_sweep,
     a_listing_shows_a_job_without_its_large_parts,
+    a_queue_s_open_jobs_show_what_placing_decides_on,
     each_bookmark_is_kept_on_its_own,
 );
 

@@ -57,12 +57,23 @@ pub(crate) fn waiting_order(open: &[OpenJob]) -> Vec<&OpenJob> {
         .collect()
 }
 
+/// A queue's agents as a recent agents list showed them: those that take jobs (connected,
+/// not paused) and, of them, those idle.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Agents {
+    pub(crate) taking: usize,
+    pub(crate) idle: usize,
+}
+
 /// The waiting jobs to release now: in waiting order, each whose user has fewer than
 /// `limit` jobs in flight (open and not waiting), counting those released before it; then,
-/// while the queue has more `agents` than jobs in flight, the next in waiting order whatever
-/// their user's count: a GPU left idle helps no one, and a job released this way is running
-/// (not queued ahead of anyone) by the time another user's next job comes.
-pub(crate) fn releases(open: &[OpenJob], limit: usize, agents: usize) -> Vec<&OpenJob> {
+/// while the queue has agents that are idle and more agents than jobs in flight, the next
+/// in waiting order whatever their user's count: a GPU left idle helps no one, and a job
+/// released this way is running (not queued ahead of anyone) by the time another user's
+/// next job comes. Only agents listed idle count: one busy with work the store does not
+/// hold (a build started by hand) takes nothing, and every build queued takes an idle one
+/// first.
+pub(crate) fn releases(open: &[OpenJob], limit: usize, agents: Agents) -> Vec<&OpenJob> {
     let mut in_flight: HashMap<&str, usize> = HashMap::new();
     for job in open.iter().filter(|j| !j.waiting) {
         *in_flight.entry(user_of(job)).or_default() += 1;
@@ -79,7 +90,13 @@ pub(crate) fn releases(open: &[OpenJob], limit: usize, agents: usize) -> Vec<&Op
         }
     }
     let busy = open.iter().filter(|j| !j.waiting).count() + released.len();
-    released.extend(held.into_iter().take(agents.saturating_sub(busy)));
+    let queued = open
+        .iter()
+        .filter(|j| !j.waiting && j.state != JobState::Running)
+        .count()
+        + released.len();
+    let spare = (agents.taking.saturating_sub(busy)).min(agents.idle.saturating_sub(queued));
+    released.extend(held.into_iter().take(spare));
     released
 }
 
@@ -119,25 +136,70 @@ pub(crate) fn standing(
 ) -> Option<Standing> {
     let order = queue_order(open);
     let ahead = order.iter().position(|j| &j.run_id == run_id)?;
-    let waiting = order[ahead].waiting;
-    let running = open.iter().filter(|j| j.state == JobState::Running).count();
-    let agents = agents.max(1);
-    // The jobs that take an agent before it: those running and those ahead of it.
-    let before = running + ahead;
-    let expected_start = median_ms.map(|m| {
-        let turns = if before < agents {
-            0
-        } else {
-            (before - agents) / agents + 1
-        };
-        // A waiting job goes when one of its user's own runs ends, free agents or not.
-        let turns = if waiting { turns.max(1) } else { turns };
-        now + m * turns as Millis
-    });
-    Some(Standing {
-        position: u32::try_from(ahead + 1).unwrap_or(u32::MAX),
-        expected_start,
-    })
+    let queue = Line::of(open, agents, median_ms, now);
+    Some(queue.standing(ahead, order[ahead].waiting))
+}
+
+/// Every job of `open` not yet running with its standing, in queue order, from one sort of
+/// the queue: what a job's end places them all by.
+pub(crate) fn standings(
+    open: &[OpenJob],
+    agents: usize,
+    median_ms: Option<Millis>,
+    now: Millis,
+) -> Vec<(&OpenJob, Standing)> {
+    let queue = Line::of(open, agents, median_ms, now);
+    queue_order(open)
+        .into_iter()
+        .enumerate()
+        .map(|(ahead, j)| (j, queue.standing(ahead, j.waiting)))
+        .collect()
+}
+
+/// Whether `s` puts `job` in another band than the place its message last showed (or it
+/// showed none): only then is the job read and its message edited.
+pub(crate) fn moved(job: &OpenJob, s: Standing) -> bool {
+    job.queue_position.map(band) != Some(band(s.position))
+}
+
+/// A queue as every standing on it is computed from.
+struct Line {
+    running: usize,
+    agents: usize,
+    median_ms: Option<Millis>,
+    now: Millis,
+}
+
+impl Line {
+    fn of(open: &[OpenJob], agents: usize, median_ms: Option<Millis>, now: Millis) -> Self {
+        Self {
+            running: open.iter().filter(|j| j.state == JobState::Running).count(),
+            agents: agents.max(1),
+            median_ms,
+            now,
+        }
+    }
+
+    /// The standing of the job with `ahead` jobs before it in queue order.
+    fn standing(&self, ahead: usize, waiting: bool) -> Standing {
+        // The jobs that take an agent before it: those running and those ahead of it.
+        let before = self.running + ahead;
+        let agents = self.agents;
+        let expected_start = self.median_ms.map(|m| {
+            let turns = if before < agents {
+                0
+            } else {
+                (before - agents) / agents + 1
+            };
+            // A waiting job goes when one of its user's own runs ends, free agents or not.
+            let turns = if waiting { turns.max(1) } else { turns };
+            self.now + m * turns as Millis
+        });
+        Standing {
+            position: u32::try_from(ahead + 1).unwrap_or(u32::MAX),
+            expected_start,
+        }
+    }
 }
 
 /// The band a position falls in (1, 2–3, 4–7, 8–15, …): a job's message is edited when its
@@ -246,6 +308,7 @@ mod tests {
             user: (!user.is_empty()).then(|| user.into()),
             waiting,
             scheduled_at: (!waiting && state != JobState::Submitted).then_some(created_at),
+            queue_position: None,
         }
     }
 
@@ -261,11 +324,12 @@ mod tests {
             open("a3", "alice", 3, JobState::Submitted, true),
             open("b1", "bob", 4, JobState::Submitted, true),
         ];
-        assert_eq!(ids(&releases(&q, 2, 0)), ["b1"]);
+        let none = Agents::default();
+        assert_eq!(ids(&releases(&q, 2, none)), ["b1"]);
         // One of alice's finished: her third goes, bob's too.
-        assert_eq!(ids(&releases(&q[1..], 2, 0)), ["a3", "b1"]);
+        assert_eq!(ids(&releases(&q[1..], 2, none)), ["a3", "b1"]);
         // With a limit of one, alice's third waits still.
-        assert_eq!(ids(&releases(&q[1..], 1, 0)), ["b1"]);
+        assert_eq!(ids(&releases(&q[1..], 1, none)), ["b1"]);
     }
 
     #[test]
@@ -278,17 +342,22 @@ mod tests {
             open("h5", "heavy", 5, JobState::Submitted, true),
             open("l1", "light", 6, JobState::Submitted, true),
         ];
-        // (agents, released): the light job first by share, then the heavy user's next
-        // ones while GPUs would idle, never more than there are GPUs.
-        let cases: [(usize, &[&str]); 5] = [
-            (0, &["l1"]),
-            (2, &["l1"]),
-            (3, &["l1"]),
-            (5, &["l1", "h3", "h4"]),
-            (9, &["l1", "h3", "h4", "h5"]),
+        // (agents taking jobs, idle, released): the light job first by share, then the
+        // heavy user's next ones while GPUs would idle, never more than there are GPUs nor
+        // more than the agents listed idle.
+        let cases: [(usize, usize, &[&str]); 8] = [
+            (0, 0, &["l1"]),
+            (2, 0, &["l1"]),
+            (3, 1, &["l1"]),
+            (5, 3, &["l1", "h3", "h4"]),
+            (9, 7, &["l1", "h3", "h4", "h5"]),
+            (5, 1, &["l1"]),
+            (5, 2, &["l1", "h3"]),
+            (9, 2, &["l1", "h3"]),
         ];
-        for (agents, expected) in cases {
-            assert_eq!(ids(&releases(&q, 2, agents)), expected, "{agents} agents");
+        for (taking, idle, expected) in cases {
+            let agents = Agents { taking, idle };
+            assert_eq!(ids(&releases(&q, 2, agents)), expected, "{agents:?}");
         }
     }
 
@@ -310,7 +379,7 @@ mod tests {
             "each job without a user is a user of its own"
         );
         assert_eq!(
-            ids(&releases(&q, 1, 0)),
+            ids(&releases(&q, 1, Agents::default())),
             ["anon2", "h1", "m1", "l1", "anon"]
         );
     }
@@ -354,6 +423,61 @@ mod tests {
             standing(&q, &"w2".parse().expect("a run id"), 0, None, 5).map(|s| s.expected_start),
             Some(None)
         );
+    }
+
+    #[test]
+    fn one_pass_places_every_job_as_one_standing_at_a_time_does() {
+        let q = [
+            open("r1", "a", 1, JobState::Running, false),
+            open("s1", "c", 3, JobState::Scheduled, false),
+            open("w1", "a", 0, JobState::Submitted, true),
+            open("w2", "d", 9, JobState::Submitted, true),
+            open("w3", "a", 4, JobState::Submitted, true),
+        ];
+        for agents in [0, 1, 2, 8] {
+            let all = standings(&q, agents, Some(30_000), 1_000);
+            let ids: Vec<&str> = all.iter().map(|(j, _)| j.run_id.as_str()).collect();
+            assert_eq!(
+                ids,
+                ["s1", "w1", "w2", "w3"],
+                "queue order, not the running one"
+            );
+            for (j, s) in all {
+                assert_eq!(
+                    Some(s),
+                    standing(&q, &j.run_id, agents, Some(30_000), 1_000)
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn only_a_job_whose_band_moved_is_read_again() {
+        let at = |position| Standing {
+            position,
+            expected_start: None,
+        };
+        let shown = |place: Option<u32>| {
+            let mut j = open("w", "a", 1, JobState::Submitted, true);
+            j.queue_position = place;
+            j
+        };
+        // (place last shown, standing now, moved)
+        let cases = [
+            (None, 5, true),
+            (Some(9), 8, false),
+            (Some(8), 7, true),
+            (Some(4), 7, false),
+            (Some(2), 1, true),
+            (Some(1), 1, false),
+        ];
+        for (place, now, expected) in cases {
+            assert_eq!(
+                moved(&shown(place), at(now)),
+                expected,
+                "{place:?} -> {now}"
+            );
+        }
     }
 
     #[test]
