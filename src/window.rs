@@ -146,6 +146,18 @@ impl Window {
     }
 }
 
+/// Whether an answer that moved this instance's view from `before` to `after` is news to
+/// the others: a 429, fewer calls left, or a reset later by at least the `grain` the
+/// service tells resets in. Resets told in whole seconds move by up to a second: not news.
+/// One told finely is: a bucket of two seconds whose reset the others hold a few hundred
+/// milliseconds early lets their next window's calls go before the service's has begun.
+fn worth_telling(news: News, (before, after): (&Window, &Window), grain: Millis) -> bool {
+    let refused = matches!(news, News::Refused { .. });
+    let fewer = after.remaining < before.remaining || before.remaining.is_none();
+    let later = after.reset_at >= before.reset_at.saturating_add(grain);
+    refused || fewer || later
+}
+
 /// The windows every instance shares, by name (the store keeps them).
 #[async_trait]
 pub(crate) trait SharedWindows: Send + Sync {
@@ -287,13 +299,7 @@ impl Limiter {
         let Some(s) = &self.shared else {
             return;
         };
-        let refused = matches!(news, News::Refused { .. });
-        let fewer = after.remaining < before.remaining || before.remaining.is_none();
-        // Resets told in whole seconds move by up to a second: not news. One told finely is:
-        // a bucket of two seconds whose reset the others hold a few hundred milliseconds
-        // early lets their next window's calls go before the service's has begun.
-        let later = after.reset_at >= before.reset_at.saturating_add(self.grain);
-        if !(refused || fewer || later) {
+        if !worth_telling(news, (&before, &after), self.grain) {
             return;
         }
         let now = self.clock.now();
@@ -393,6 +399,35 @@ mod tests {
         );
         w.hear(told(48, 50, 59_000), 60_500);
         assert_eq!(w.remaining, Some(48), "its own answers count");
+    }
+
+    #[test]
+    fn what_is_news_to_the_other_instances() {
+        let w = |remaining: Option<i64>, reset_at| Window {
+            remaining,
+            reset_at,
+            limit: Some(5),
+            span: 2_000,
+        };
+        let told = told(3, 5, 1_000);
+        let refused = News::Refused { reset_after: None };
+        // (news, before, after, grain, worth telling)
+        let cases = [
+            (told, w(None, 0), w(Some(3), 2_000), 1, true),
+            (told, w(Some(4), 2_000), w(Some(3), 2_000), 1_000, true),
+            (told, w(Some(3), 2_000), w(Some(3), 2_000), 1, false),
+            (told, w(Some(3), 2_000), w(Some(3), 2_300), 1_000, false),
+            (told, w(Some(3), 2_000), w(Some(3), 2_300), 1, true),
+            (told, w(Some(3), 2_000), w(Some(3), 3_000), 1_000, true),
+            (refused, w(Some(0), 2_000), w(Some(0), 2_000), 1_000, true),
+        ];
+        for (news, before, after, grain, expected) in cases {
+            assert_eq!(
+                worth_telling(news, (&before, &after), grain),
+                expected,
+                "{before:?} -> {after:?} at a grain of {grain}"
+            );
+        }
     }
 
     #[test]

@@ -342,6 +342,29 @@ mod tests {
     use super::*;
 
     #[test]
+    fn units_are_kept_by_call_and_kind_of_item() {
+        let cases = [
+            ("read", "~window/buildkite/0123abcd", "read ~window"),
+            ("write", "~agents", "write ~agents"),
+            ("read", "~fair/h100", "read ~fair"),
+            ("write", "run-17", "write job"),
+        ];
+        for (call, key, expected) in cases {
+            assert_eq!(kind_of(call, key), expected, "{call} {key}");
+        }
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let inner = crate::jobs::SqliteStore::open(dir.path()).expect("a store");
+        let store = CountingStore::new(Arc::new(inner));
+        store.add(kind_of("read", "run-1"), 1.0, 0.0);
+        store.add(kind_of("read", "~fair/q"), 2.0, 0.0);
+        store.add(kind_of("read", "run-2"), 2.0, 0.0);
+        let by = store.units_by_kind();
+        assert_eq!(by[0].0, "read job", "largest read first");
+        assert_eq!(by[0].1.read, 3.0);
+        assert_eq!(store.units().read, 5.0, "the total counts each once");
+    }
+
+    #[test]
     fn sizes_are_counted_as_dynamodb_counts_them() {
         let item = Item::from([
             ("run_id".to_owned(), AttributeValue::S("abc".into())),

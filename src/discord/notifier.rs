@@ -247,7 +247,7 @@ impl Notifier {
     /// How many messages of `priority` `target`'s bucket has room for now, as this instance
     /// sees it (`i64::MAX` where nothing was told).
     pub(crate) fn room(&self, target: &DiscordTarget, priority: Priority) -> i64 {
-        self.buckets.room(&target.webhook_id, priority)
+        self.buckets.room(&target.bucket(), priority)
     }
 
     pub fn with_retry(mut self, retry: Policy) -> Self {
@@ -296,7 +296,8 @@ impl Notifier {
         message: &Message,
         deadline: Deadline,
     ) -> Result<Response, DiscordError> {
-        self.admit(&target.webhook_id, priority, deadline).await?;
+        let bucket = target.bucket();
+        self.admit(&bucket, priority, deadline).await?;
         let timeout = deadline
             .call_timeout(self.timeout)
             .ok_or_else(|| DiscordError::unavailable("no time left for the call"))?;
@@ -307,11 +308,12 @@ impl Notifier {
         };
         let resp = request.send().await.map_err(transport)?;
         if resp.status().is_success() {
-            self.buckets
-                .observe(&target.webhook_id, resp.headers(), None)
-                .await;
+            self.buckets.observe(&bucket, resp.headers(), None).await;
             return Ok(resp);
         }
+        // Only a 429 says more of the bucket than a success does: another failure's headers
+        // (an unknown webhook's, a bad token's) may be of another bucket.
+        let limited = resp.status() == reqwest::StatusCode::TOO_MANY_REQUESTS;
         let headers = resp.headers().clone();
         let error = classify(resp).await;
         let retry_after = match &error {
@@ -321,9 +323,9 @@ impl Notifier {
             } => Some(wait.as_millis() as i64),
             _ => None,
         };
-        self.buckets
-            .observe(&target.webhook_id, &headers, retry_after)
-            .await;
+        if limited || retry_after.is_some() {
+            self.buckets.observe(&bucket, &headers, retry_after).await;
+        }
         // The bucket holds the wait now: the retry waits there, on the service's clock.
         Err(match error {
             DiscordError::Unavailable {

@@ -92,6 +92,15 @@ impl DiscordTarget {
         })
     }
 
+    /// The rate-limit bucket its calls spend, by name: the webhook's id and a fingerprint of
+    /// its token (a hash that cannot be turned back into it). A submission naming another's
+    /// webhook id with a token of its own spends a bucket of its own, never the real one.
+    pub(crate) fn bucket(&self) -> String {
+        use sha2::Digest;
+        let digest = sha2::Sha256::digest(self.token.expose_secret().as_bytes());
+        format!("{}/{}", self.webhook_id, hex::encode(&digest[..8]))
+    }
+
     /// The webhook's path under the Discord API base, token included: never log it.
     pub(crate) fn path(&self) -> String {
         format!(
@@ -123,6 +132,22 @@ impl fmt::Debug for DiscordTarget {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_webhook_s_bucket_is_its_id_and_token_never_its_token() {
+        let at = |url: &str| DiscordTarget::parse(url, None).expect("a webhook URL");
+        let real = at("https://discord.com/api/webhooks/42/real-token");
+        let junk = at("https://discord.com/api/webhooks/42/junk-token");
+        let again = at("https://discord.com/api/webhooks/42/real-token");
+        assert_ne!(
+            real.bucket(),
+            junk.bucket(),
+            "a junk token spends its own bucket"
+        );
+        assert_eq!(real.bucket(), again.bucket());
+        assert!(real.bucket().starts_with("42/"));
+        assert!(!real.bucket().contains("real-token"));
+    }
 
     #[test]
     fn accepts_real_discord_webhook_urls() {

@@ -139,13 +139,13 @@ impl Deps {
         }
     }
 
-    /// The webhook `job`'s message goes to (its id) and how many messages of `priority` its
-    /// bucket has room for now, as this instance sees it; `None` when the job has none.
+    /// The bucket of the webhook `job`'s message goes to (by name) and how many messages of
+    /// `priority` it has room for now, as this instance sees it; `None` when the job has none.
     pub(crate) fn discord_room(&self, job: &Job, priority: Priority) -> Option<(String, i64)> {
         let target = job.discord.as_ref()?.target.as_ref()?;
         let target = self.discord_target(target)?;
         let room = self.discord.room(&target, priority);
-        Some((target.webhook_id, room))
+        Some((target.bucket(), room))
     }
 
     /// These dependencies, on `clock` (tests move it forward).

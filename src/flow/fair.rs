@@ -14,7 +14,7 @@ use tracing::{info, warn};
 use super::create::create_if_due;
 use super::effects::Effects;
 use super::lease::{self, Taken};
-use super::queues::{cached_agents, recent_agents};
+use super::queues::{FRESH_MS, cached_agents, listed_agents};
 use super::rules::fair;
 pub(crate) use super::rules::fair::Standing;
 use super::rules::lease::Asked;
@@ -36,8 +36,9 @@ const MAX_ROUNDS: usize = 4;
 /// The longest a release waits for the agents list.
 const AGENTS_WAIT: Duration = Duration::from_secs(2);
 /// Jobs one end reads at most to place them: those whose place the queue index shows
-/// moved (it may lag a write, so a few turn out not to have).
-const MAX_PLACE_READS: usize = 2 * MAX_PLACE_EDITS;
+/// moved (it may lag a write, so a few turn out not to have, and a job whose webhook has no
+/// room is read and passed by; those behind it come at a later end).
+const MAX_PLACE_READS: usize = 4 * MAX_PLACE_EDITS;
 
 /// The jobs a release let go: the submitter's own (which it creates itself), and others.
 #[derive(Debug, Default)]
@@ -46,6 +47,8 @@ pub(crate) struct Released {
     pub(crate) others: Vec<Job>,
     /// Jobs of the queue still wait.
     pub(crate) waiting_left: bool,
+    /// The agents list was too old to fill idle GPUs by.
+    pub(crate) agents_stale: bool,
     /// The queue as the last round saw it, its releases noted: what placing goes by,
     /// without reading the queue again.
     pub(crate) seen: Option<Seen>,
@@ -77,6 +80,30 @@ pub(crate) async fn release(
     queue: &Queue,
     fresh: Fresh<'_>,
 ) -> Result<Released, StoreError> {
+    let mut out = release_rounds(d, queue, fresh).await?;
+    if !out.waiting_left {
+        return Ok(out);
+    }
+    // Whether GPUs would idle is read from the agents list: kept under a minute old while
+    // jobs wait (a call every 50 s, none when Buildkite's window is low), outside the lease.
+    // A release that found it older (a quiet queue, a sweep pass) goes again with the new
+    // one: else idle GPUs would wait for the next end.
+    match super::queues::agents(d, Deadline::after(AGENTS_WAIT)).await {
+        Ok(_) if out.agents_stale => match release_rounds(d, queue, fresh).await {
+            Ok(again) => out.add(again),
+            Err(e) => warn!(error = %e, %queue, "idle GPUs wait for the next release"),
+        },
+        Ok(_) => {}
+        Err(e) => {
+            warn!(error = %e, %queue, "the agents list could not be read; the last one serves")
+        }
+    }
+    Ok(out)
+}
+
+/// [`release`] under the queue's lease: a round, and another for each ask that came while
+/// it was held.
+async fn release_rounds(d: &Deps, queue: &Queue, fresh: Fresh<'_>) -> Result<Released, StoreError> {
     let limit = match d.config.user_max_in_flight {
         0 => usize::MAX,
         n => n,
@@ -103,23 +130,24 @@ pub(crate) async fn release(
             }
         }
     }
-    if out.waiting_left {
-        // Whether GPUs would idle is read from the agents list: kept at most a minute old
-        // while jobs wait (a call a minute, none when Buildkite's window is low), outside
-        // the lease, for the next release.
-        if let Err(e) = super::queues::agents(d, Deadline::after(AGENTS_WAIT)).await {
-            warn!(error = %e, %queue, "the agents list could not be read; the last one serves");
-        }
-    }
     Ok(out)
 }
 
 impl Released {
-    /// Adds a later round's releases (its word on what still waits is the latest).
-    fn add(&mut self, later: Released) {
+    /// Adds a later round's releases (its word on what still waits is the latest; its view
+    /// of the queue, which the index may show before this one's releases, gets them).
+    fn add(&mut self, mut later: Released) {
+        if let Some(seen) = later.seen.as_mut() {
+            for job in self.mine.iter().chain(&self.others) {
+                if let Some(o) = seen.open.iter_mut().find(|o| o.run_id == job.run_id) {
+                    *o = OpenJob::from(job);
+                }
+            }
+        }
         self.mine = self.mine.take().or(later.mine);
         self.others.extend(later.others);
         self.waiting_left = later.waiting_left;
+        self.agents_stale = later.agents_stale;
         self.seen = later.seen.or(self.seen.take());
     }
 }
@@ -172,15 +200,21 @@ async fn release_held(
 ) -> Result<Released, StoreError> {
     let mut open = open_jobs(d, queue, (fresh, asked)).await?;
     let now = d.clock.now();
-    // A paused agent takes no job; a list past its age is not counted on.
-    let listed = recent_agents(d).await?;
+    // A paused agent takes no job; a list past its age fills no idle GPU.
+    let (listed, listed_at) = listed_agents(d).await?.unwrap_or_default();
     let taking: Vec<_> = listed
         .iter()
         .filter(|a| &a.queue == queue && !a.paused)
         .collect();
+    let stale = now - listed_at >= FRESH_MS;
     let agents = fair::Agents {
-        taking: taking.len(),
-        idle: taking.iter().filter(|a| !a.busy).count(),
+        taking: if stale { 0 } else { taking.len() },
+        idle: if stale {
+            0
+        } else {
+            taking.iter().filter(|a| !a.busy).count()
+        },
+        listed_at,
     };
     let releases: Vec<RunId> = fair::releases(&open, limit, agents)
         .into_iter()
@@ -188,6 +222,7 @@ async fn release_held(
         .collect();
     let mut out = Released {
         waiting_left: open.iter().filter(|j| j.waiting).count() > releases.len(),
+        agents_stale: stale,
         ..Released::default()
     };
     for run_id in &releases {
@@ -215,9 +250,10 @@ async fn release_held(
             }
         }
     }
+    // Standings go by the list however old, as a job's own place does.
     out.seen = Some(Seen {
         open,
-        agents: agents.taking,
+        agents: taking.len(),
     });
     Ok(out)
 }
@@ -390,8 +426,15 @@ async fn place_all(
             // The rest move on at the next end (or pass): a few edits per invocation.
             break;
         }
-        let Some(job) = d.store.get(&o.run_id).await? else {
-            continue;
+        let job = match d.store.get(&o.run_id).await {
+            Ok(Some(job)) => job,
+            Ok(None) => continue,
+            // One record this version cannot read holds back no other's place.
+            Err(e @ StoreError::Corrupt(_)) => {
+                warn!(error = %e, run_id = %o.run_id, "a waiting job could not be read");
+                continue;
+            }
+            Err(e) => return Err(e.into()),
         };
         if job.queue_position.map(fair::band) == Some(fair::band(s.position)) {
             continue;

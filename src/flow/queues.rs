@@ -1,6 +1,6 @@
 //! `GET /queues/{gpu}`: who can run a queue's jobs and how many wait. Agents come from
 //! Buildkite's agents API through a cache every instance shares in the store: a burst of
-//! calls across instances costs at most one listing a minute. Open jobs come from the store's
+//! calls across instances costs at most one listing every 50 s. Open jobs come from the store's
 //! queue index.
 
 use std::time::Duration;
@@ -17,12 +17,12 @@ use crate::time::Millis;
 pub(crate) fn agents_key() -> String {
     SharedKey::Agents.key()
 }
-/// The agents list is refreshed at most this often, by one instance: a list refreshed on
-/// time is always younger than [`FRESH_MS`].
+/// The agents list is refreshed at most this often, by one instance: while releases come
+/// (each refreshes it when jobs wait) it stays younger than [`FRESH_MS`].
 const REFRESH_MS: Millis = 50_000;
 /// The oldest list fair share fills idle GPUs by: an agent idle a minute ago may have taken
 /// work since.
-const FRESH_MS: Millis = 60_000;
+pub(crate) const FRESH_MS: Millis = 60_000;
 /// A list this old is not served: the agents API has been failing for minutes.
 const MAX_STALE_MS: Millis = 10 * 60_000;
 /// While another instance fetches the first list, wait this long for it at most.
@@ -181,16 +181,13 @@ pub(crate) async fn cached_agents(d: &Deps) -> Result<Vec<SeenAgent>, StoreError
     Ok(entry.as_ref().and_then(parse).unwrap_or_default())
 }
 
-/// The agents list as last cached, if it is younger than [`FRESH_MS`] (no Buildkite call):
-/// what fair share counts idle GPUs by, which an old list would overstate.
-pub(crate) async fn recent_agents(d: &Deps) -> Result<Vec<SeenAgent>, StoreError> {
+/// The agents list as last cached and when Buildkite gave it (no Buildkite call): what fair
+/// share counts idle GPUs by while it is younger than [`FRESH_MS`].
+pub(crate) async fn listed_agents(
+    d: &Deps,
+) -> Result<Option<(Vec<SeenAgent>, Millis)>, StoreError> {
     let entry = d.store.cached(&agents_key()).await?;
-    let now = d.clock.now();
-    Ok(entry
-        .as_ref()
-        .filter(|e| now - e.fetched_at < FRESH_MS)
-        .and_then(parse)
-        .unwrap_or_default())
+    Ok(entry.and_then(|e| Some((parse(&e)?, e.fetched_at))))
 }
 
 /// `GET /queues/{gpu}`: the queue's agents and open jobs.
@@ -208,7 +205,7 @@ pub async fn status(d: &Deps, gpu: &str, deadline: Deadline) -> Result<QueueStat
     Ok(summarize(gpu, &queue, &agents, &open, d.clock.now()))
 }
 
-/// The agents list: the cached one while under a minute old; else whoever claims the
+/// The agents list: the cached one while under 50 s old; else whoever claims the
 /// refresh first lists the agents, and everyone else serves the last list meanwhile.
 pub(crate) async fn agents(d: &Deps, deadline: Deadline) -> Result<Vec<SeenAgent>, QueueError> {
     let now = d.clock.now();

@@ -413,7 +413,31 @@ async fn a_job_the_sweep_ends_lets_a_waiting_one_go_in_the_same_pass(kind: Store
     assert_eq!((job.state, job.waiting), (JobState::Scheduled, false));
 }
 
+/// GPUs that came up while a user's jobs waited take them at the next sweep pass, though
+/// the agents list the pass finds is minutes old: the release reads it again and goes on.
+async fn idle_gpus_take_waiting_jobs_though_the_list_was_old(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    let gpu = |name| (name, "h100", "connected", false);
+    app.buildkite
+        .set_agents(&[gpu("h100-gpu0"), gpu("h100-gpu1")]);
+    for run_id in ["a1", "a2", "a3", "a4"] {
+        submit(&app, "alice", run_id).await;
+    }
+    assert_eq!(built(&app), ["a1", "a2"], "two GPUs, both taken");
+    let four = ["h100-gpu0", "h100-gpu1", "h100-gpu2", "h100-gpu3"];
+    app.buildkite.set_agents(&four.map(gpu));
+    app.advance_clock(Duration::from_secs(5 * 60));
+    app.sweep().await;
+    let mut all = built(&app);
+    all.sort();
+    assert_eq!(all, ["a1", "a2", "a3", "a4"], "the two new GPUs filled");
+    for run_id in ["a3", "a4"] {
+        assert!(!app.job(run_id).await.waiting, "{run_id} released");
+    }
+}
+
 on_both_stores!(
+    idle_gpus_take_waiting_jobs_though_the_list_was_old,
     a_job_the_sweep_ends_lets_a_waiting_one_go_in_the_same_pass,
     a_third_submission_waits_while_two_run,
     waiting_jobs_start_round_robin_over_users,

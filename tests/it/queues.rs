@@ -93,7 +93,7 @@ async fn every_page_of_agents_is_read(kind: StoreKind) {
     assert_eq!(app.buildkite.agent_calls(), 3, "three pages of 100");
 }
 
-async fn instances_share_one_listing_a_minute(kind: StoreKind) {
+async fn instances_share_one_listing_every_50_s(kind: StoreKind) {
     let app = TestApp::spawn(kind).await;
     app.buildkite
         .set_agents(&[("h100-gpu0", "h100", "connected", false)]);
@@ -222,7 +222,7 @@ async fn unknown_gpus_and_missing_tokens_are_refused(kind: StoreKind) {
 on_both_stores!(
     counts_agents_and_open_jobs_of_the_queue_only,
     every_page_of_agents_is_read,
-    instances_share_one_listing_a_minute,
+    instances_share_one_listing_every_50_s,
     a_refused_agents_api_is_a_502_and_is_not_hammered,
     a_rate_limited_agents_api_is_a_502,
     unknown_gpus_and_missing_tokens_are_refused,

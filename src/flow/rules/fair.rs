@@ -58,11 +58,12 @@ pub(crate) fn waiting_order(open: &[OpenJob]) -> Vec<&OpenJob> {
 }
 
 /// A queue's agents as a recent agents list showed them: those that take jobs (connected,
-/// not paused) and, of them, those idle.
+/// not paused), those of them idle, and when the list was made.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Agents {
     pub(crate) taking: usize,
     pub(crate) idle: usize,
+    pub(crate) listed_at: Millis,
 }
 
 /// The waiting jobs to release now: in waiting order, each whose user has fewer than
@@ -71,8 +72,8 @@ pub(crate) struct Agents {
 /// in waiting order whatever their user's count: a GPU left idle helps no one, and a job
 /// released this way is running (not queued ahead of anyone) by the time another user's
 /// next job comes. Only agents listed idle count: one busy with work the store does not
-/// hold (a build started by hand) takes nothing, and every build queued takes an idle one
-/// first.
+/// hold (a build started by hand) takes nothing, and every build made since the list, or
+/// queued still, has taken (or takes first) one of those it listed idle.
 pub(crate) fn releases(open: &[OpenJob], limit: usize, agents: Agents) -> Vec<&OpenJob> {
     let mut in_flight: HashMap<&str, usize> = HashMap::new();
     for job in open.iter().filter(|j| !j.waiting) {
@@ -90,12 +91,15 @@ pub(crate) fn releases(open: &[OpenJob], limit: usize, agents: Agents) -> Vec<&O
         }
     }
     let busy = open.iter().filter(|j| !j.waiting).count() + released.len();
-    let queued = open
+    let taken = open
         .iter()
-        .filter(|j| !j.waiting && j.state != JobState::Running)
+        .filter(|j| !j.waiting)
+        .filter(|j| {
+            j.state != JobState::Running || j.scheduled_at.is_none_or(|t| t >= agents.listed_at)
+        })
         .count()
         + released.len();
-    let spare = (agents.taking.saturating_sub(busy)).min(agents.idle.saturating_sub(queued));
+    let spare = (agents.taking.saturating_sub(busy)).min(agents.idle.saturating_sub(taken));
     released.extend(held.into_iter().take(spare));
     released
 }
@@ -356,9 +360,47 @@ mod tests {
             (9, 2, &["l1", "h3"]),
         ];
         for (taking, idle, expected) in cases {
-            let agents = Agents { taking, idle };
+            let agents = Agents {
+                taking,
+                idle,
+                listed_at: 100,
+            };
             assert_eq!(ids(&releases(&q, 2, agents)), expected, "{agents:?}");
         }
+    }
+
+    #[test]
+    fn agents_listed_idle_are_filled_once_not_again_when_their_jobs_start() {
+        // 8 agents, 4 of them busy with builds started by hand, listed at 100.
+        let listed = Agents {
+            taking: 8,
+            idle: 4,
+            listed_at: 100,
+        };
+        let mut q: Vec<OpenJob> = (1..=8)
+            .map(|i| open(&format!("h{i}"), "heavy", i, JobState::Submitted, true))
+            .collect();
+        assert_eq!(
+            ids(&releases(&q, 0, listed)),
+            ["h1", "h2", "h3", "h4"],
+            "the four idle GPUs"
+        );
+        // Those four built after the list, and running now: the list's idle agents are
+        // theirs, whatever it still says.
+        for (i, j) in q.iter_mut().take(4).enumerate() {
+            (j.waiting, j.state, j.scheduled_at) = (false, JobState::Running, Some(150 + i as i64));
+        }
+        assert_eq!(ids(&releases(&q, 0, listed)), Vec::<String>::new());
+        let fresh = Agents {
+            taking: 12,
+            idle: 4,
+            listed_at: 200,
+        };
+        assert_eq!(
+            ids(&releases(&q, 0, fresh)),
+            ["h5", "h6", "h7", "h8"],
+            "a list made after they started: four more agents, idle"
+        );
     }
 
     #[test]
