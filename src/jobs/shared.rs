@@ -245,6 +245,7 @@ mod tests {
             Cursor::OpenSends,
             Cursor::Outbox,
             Cursor::Frontier,
+            Cursor::OpenPage,
         ] {
             let bookmark = cursor.key();
             assert!(keys.iter().all(|(k, _)| k.key() != bookmark), "{bookmark}");

@@ -157,6 +157,8 @@ pub enum Cursor {
     Outbox,
     /// How far the last pass's listing of the outbox got.
     Frontier,
+    /// Where the next pass's page of open jobs starts.
+    OpenPage,
 }
 
 impl Cursor {
@@ -167,6 +169,7 @@ impl Cursor {
             Self::OpenSends => "~open-sends-cursor",
             Self::Outbox => "~outbox-cursor",
             Self::Frontier => "~outbox-frontier",
+            Self::OpenPage => "~open-page-cursor",
         }
     }
 }

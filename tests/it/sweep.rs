@@ -5,7 +5,7 @@ use std::time::Duration;
 use crate::support::{StoreKind, TestApp, submission};
 use kernelbot_dispatch::devstack::buildkite::sample_result;
 use kernelbot_dispatch::flow::sweep::SweepReport;
-use kernelbot_dispatch::jobs::{BuildRef, Job, JobState};
+use kernelbot_dispatch::jobs::{BuildRef, Creation, Job, JobState};
 use kernelbot_dispatch::result::Verdict;
 use kernelbot_dispatch::time::now_millis;
 
@@ -142,7 +142,54 @@ async fn one_unreachable_build_does_not_stop_the_pass(kind: StoreKind) {
     );
 }
 
+/// A job no webhook finished is reached behind more open jobs than one pass lists: a
+/// thousand older ones waiting their turn take one pass's page, the next pass goes on.
+async fn a_lost_finish_behind_a_page_of_waiting_jobs_is_reached(kind: StoreKind) {
+    let app = TestApp::spawn_with(kind, ANY_AGE).await;
+    let now = app.clock.now();
+    let waiting = kernelbot_dispatch::flow::sweep::SWEEP_BATCH;
+    let mut writes = tokio::task::JoinSet::new();
+    for i in 0..waiting {
+        let mut job = Job::new(
+            format!("waiting-{i:04}").parse().expect("a run id"),
+            "H100_BK".into(),
+            "h100".into(),
+            None,
+            None,
+            now - 10_000 + i as i64,
+        );
+        (job.user, job.waiting) = (Some("heavy".into()), true);
+        job.creation = Some(Creation {
+            payload: "a held submission".into(),
+            after: now,
+            look_up_first: false,
+        });
+        let store = app.store.clone();
+        writes.spawn(async move { store.create(&job).await.expect("written") });
+        if writes.len() == 32 {
+            writes.join_next().await;
+        }
+    }
+    writes.join_all().await;
+    app.submit(&submission("lost")).await;
+    let lost = app.job("lost").await.build.expect("a build").number;
+    app.buildkite
+        .upload(lost, "result.json", sample_result(false), "finished", false);
+    app.buildkite.set_state(lost, "passed");
+    let mut passes = 0;
+    while app.job("lost").await.state != JobState::Finished && passes < 3 {
+        app.sweep().await;
+        passes += 1;
+    }
+    assert_eq!(app.job("lost").await.state, JobState::Finished);
+    assert_eq!(
+        passes, 2,
+        "the first pass's page is the thousand older jobs"
+    );
+}
+
 on_both_stores!(
+    a_lost_finish_behind_a_page_of_waiting_jobs_is_reached,
     a_job_whose_webhook_never_came_is_finished,
     young_jobs_are_left_alone,
     running_builds_are_followed_and_buildless_jobs_fail,

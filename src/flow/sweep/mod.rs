@@ -24,7 +24,7 @@ use self::send::deliver_both;
 use super::follow::{PipelineSeen, overdue_now};
 use super::{Deps, DispatchError};
 use crate::buildkite::CallBudget;
-use crate::jobs::{Channel, Listed, Queue, RunId, Shard};
+use crate::jobs::{Channel, Cursor, Listed, Queue, RunId, Shard};
 use crate::retry::Deadline;
 
 /// A pass starts no new job's work with less than this left.
@@ -34,8 +34,9 @@ pub const PASS_RESERVE: Duration = Duration::from_secs(10);
 /// incident to tell (there are few).
 const FLEET_SHARE: Duration = Duration::from_secs(20);
 
-/// How many jobs of each partition one pass lists. A listing holds no results or payloads,
-/// so this bounds a pass's memory no matter what the jobs hold.
+/// How many jobs of each partition one pass lists (open jobs a page a pass, from where the
+/// last pass's page ended). A listing holds no results or payloads, so this bounds a pass's
+/// memory no matter what the jobs hold.
 pub const SWEEP_BATCH: usize = 1000;
 
 /// One pass over the store within `deadline` and at most `SWEEP_MAX_CALLS` Buildkite
@@ -63,9 +64,7 @@ async fn pass_over(
     deadline: Deadline,
     report: &mut SweepReport,
 ) -> Result<(), DispatchError> {
-    let listing = d.store.list(Shard::Open, 0, SWEEP_BATCH).await?;
-    report.errors += listing.unreadable;
-    let open = listing.jobs;
+    let open = open_page(d, report).await?;
     report.past_deadline = open
         .iter()
         .filter(|j| overdue_now(d, j.timeline()).is_some())
@@ -90,6 +89,20 @@ async fn pass_over(
     sweep_fleet(d, deadline, report).await;
     deliver_owed(d, &open, deadline, report).await?;
     buildkite
+}
+
+/// This pass's page of open jobs ([`order::open_page`]), its bookmark moved past it first:
+/// a page whose work kills the pass holds back no other.
+async fn open_page(d: &Deps, report: &mut SweepReport) -> Result<Vec<Listed>, DispatchError> {
+    let mark = d.store.cursor(Cursor::OpenPage).await?;
+    let since = mark.as_deref().map_or(0, order::created_at_of);
+    let listing = d.store.list(Shard::Open, since, SWEEP_BATCH + 1).await?;
+    report.errors += listing.unreadable;
+    let (open, next) = order::open_page(listing, mark.as_deref(), SWEEP_BATCH);
+    d.store
+        .set_cursor(Cursor::OpenPage, next.as_deref())
+        .await?;
+    Ok(open)
 }
 
 /// Agents that stayed offline, and incidents a function decided but did not tell, within a
