@@ -14,7 +14,7 @@ use tracing::{info, warn};
 use super::create::create_if_due;
 use super::effects::Effects;
 use super::lease::{self, Taken};
-use super::queues::{FRESH_MS, cached_agents, listed_agents};
+use super::queues::{FRESH_MS, REFRESH_MS, cached_agents, listed_agents};
 use super::rules::fair;
 pub(crate) use super::rules::fair::Standing;
 use super::rules::lease::Asked;
@@ -49,8 +49,8 @@ pub(crate) struct Released {
     pub(crate) others: Vec<Job>,
     /// Jobs of the queue still wait.
     pub(crate) waiting_left: bool,
-    /// The agents list was too old to fill idle GPUs by.
-    pub(crate) agents_stale: bool,
+    /// When Buildkite gave the agents list the release went by (0: there was none).
+    pub(crate) agents_listed_at: Millis,
     /// The queue as the last round saw it, its releases noted: what placing goes by,
     /// without reading the queue again.
     pub(crate) seen: Option<Seen>,
@@ -83,15 +83,17 @@ pub(crate) async fn release(
     fresh: Fresh<'_>,
 ) -> Result<Released, StoreError> {
     let mut out = release_rounds(d, queue, fresh).await?;
-    if !out.waiting_left {
+    let age = d.clock.now() - out.agents_listed_at;
+    if !out.waiting_left || age < REFRESH_MS {
         return Ok(out);
     }
     // Whether GPUs would idle is read from the agents list: kept under a minute old while
-    // jobs wait (a call every 50 s, none when Buildkite's window is low), outside the lease.
-    // A release that found it older (a quiet queue, a sweep pass) goes again with the new
-    // one: else idle GPUs would wait for the next end.
+    // jobs wait (refreshed once 50 s old, one call for every instance, none when Buildkite's
+    // window is low), outside the lease. A release that found it a minute old or more (a
+    // quiet queue, a sweep pass) goes again with the new one: else idle GPUs would wait for
+    // the next end.
     match super::queues::agents(d, Deadline::after(AGENTS_WAIT)).await {
-        Ok(_) if out.agents_stale => match release_rounds(d, queue, fresh).await {
+        Ok(_) if age >= FRESH_MS => match release_rounds(d, queue, fresh).await {
             Ok(again) => out.add(again),
             Err(e) => warn!(error = %e, %queue, "idle GPUs wait for the next release"),
         },
@@ -149,7 +151,7 @@ impl Released {
         self.mine = self.mine.take().or(later.mine);
         self.others.extend(later.others);
         self.waiting_left = later.waiting_left;
-        self.agents_stale = later.agents_stale;
+        self.agents_listed_at = later.agents_listed_at;
         self.seen = later.seen.or(self.seen.take());
     }
 }
@@ -202,14 +204,14 @@ async fn release_held(
 ) -> Result<Released, StoreError> {
     let mut open = open_jobs(d, queue, (fresh, asked)).await?;
     let now = d.clock.now();
-    let (agents, taking, stale) = agents_for_release(d, queue, now).await?;
+    let (agents, taking, listed_at) = agents_for_release(d, queue, now).await?;
     let releases: Vec<RunId> = fair::releases(&open, limit, agents)
         .into_iter()
         .map(|o| o.run_id.clone())
         .collect();
     let mut out = Released {
         waiting_left: open.iter().filter(|j| j.waiting).count() > releases.len(),
-        agents_stale: stale,
+        agents_listed_at: listed_at,
         ..Released::default()
     };
     for run_id in &releases {
@@ -246,13 +248,13 @@ async fn release_held(
 }
 
 /// The queue's agents as the cached list shows them: what a release may fill idle GPUs by
-/// (nothing from a list [`FRESH_MS`] old or more, which is then said to be stale), and how
-/// many take jobs however old it is (what standings go by). A paused agent takes no job.
+/// (nothing from a list [`FRESH_MS`] old or more), how many take jobs however old it is
+/// (what standings go by), and when Buildkite gave it. A paused agent takes no job.
 async fn agents_for_release(
     d: &Deps,
     queue: &Queue,
     now: Millis,
-) -> Result<(fair::Agents, usize, bool), StoreError> {
+) -> Result<(fair::Agents, usize, Millis), StoreError> {
     let (listed, listed_at) = listed_agents(d).await?.unwrap_or_default();
     let taking: Vec<_> = listed
         .iter()
@@ -267,7 +269,7 @@ async fn agents_for_release(
             listed_at,
         },
     };
-    Ok((agents, taking.len(), stale))
+    Ok((agents, taking.len(), listed_at))
 }
 
 /// After a job of `job.queue` ended (written by this instance): its run time noted, the

@@ -12,10 +12,13 @@ use crate::time::Millis;
 /// How long a queue's lease is held at most (a holder that dies frees it this late).
 const LEASE_MS: Millis = 5_000;
 
-/// The lease as this holder holds it: until when (which names the holder).
-#[derive(Clone, Copy, Debug)]
+/// The lease as this holder holds it: until when (which names the holder), and the entry
+/// as it wrote it (its value and version), so that letting go needs no read unless an
+/// asker or a later holder changed it since.
+#[derive(Clone, Debug)]
 pub(crate) struct Held {
     until: Millis,
+    wrote: (Lease, Millis),
 }
 
 /// What a caller got.
@@ -58,7 +61,13 @@ pub(crate) async fn take(d: &Deps, queue: &Queue, knew: &Asked) -> Result<Taken,
             .await?
         {
             return Ok(match taken {
-                Some((until, left)) => Taken::Held(Held { until }, left),
+                Some((until, left)) => Taken::Held(
+                    Held {
+                        until,
+                        wrote: (value, next),
+                    },
+                    left,
+                ),
                 None => Taken::Asked,
             });
         }
@@ -78,9 +87,14 @@ pub(crate) async fn leave(
     last: bool,
 ) -> Result<Option<(Held, Asked)>, StoreError> {
     let key = SharedKey::FairLease(queue).key();
-    // Read first: an asker's mark (or, past its time, another holder) changed the version.
+    // First from the entry as this holder wrote it; an asker's mark (or, past its time,
+    // another holder) changed its version, and the write is refused: then read.
+    let mut wrote = Some((held.wrote.0, Some(held.wrote.1)));
     for _ in 0..shared::TRIES {
-        let (lease, version) = read(d, &key).await?;
+        let (lease, version) = match wrote.take() {
+            Some(known) => known,
+            None => read(d, &key).await?,
+        };
         let now = d.clock.now();
         let Some(next) = lease.leave(held.until, (now, LEASE_MS), last) else {
             warn!(%queue, "the fair-share lease outlived its holder; another holds it now");
@@ -96,7 +110,10 @@ pub(crate) async fn leave(
             .await?
         {
             let until = value.until.unwrap_or(now);
-            return Ok(again.map(|asked| (Held { until }, asked)));
+            return Ok(again.map(|asked| {
+                let wrote = (value, v);
+                (Held { until, wrote }, asked)
+            }));
         }
     }
     Err(StoreError::unavailable(format!(

@@ -19,7 +19,7 @@ pub(crate) fn agents_key() -> String {
 }
 /// The agents list is refreshed at most this often, by one instance: while releases come
 /// (each refreshes it when jobs wait) it stays younger than [`FRESH_MS`].
-const REFRESH_MS: Millis = 50_000;
+pub(crate) const REFRESH_MS: Millis = 50_000;
 /// The oldest list fair share fills idle GPUs by: an agent idle a minute ago may have taken
 /// work since.
 pub(crate) const FRESH_MS: Millis = 60_000;
