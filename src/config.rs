@@ -281,6 +281,11 @@ impl QueueMap {
         self.0.keys().map(String::as_str)
     }
 
+    /// Every queue of ours, once each.
+    pub(crate) fn names(&self) -> std::collections::BTreeSet<&str> {
+        self.0.values().map(|q| q.name.as_str()).collect()
+    }
+
     /// Whether `queue` is one of ours (an agent event of another queue is not).
     pub(crate) fn serves(&self, queue: &str) -> bool {
         self.0.values().any(|q| q.name == queue)

@@ -61,7 +61,7 @@ fn lane(d: &Deps, job: &Listed, channel: Channel) -> Lane {
 struct Plan {
     owed: Vec<Owed>,
     lanes: Lanes<Lane>,
-    /// Deliveries before this are open jobs' (all listed every pass, in bookmark order).
+    /// Deliveries before this are open jobs' (those of the pass's page, in bookmark order).
     open: usize,
     /// Each job once, though an open listing and the outbox may both show it.
     seen: HashSet<RunId>,

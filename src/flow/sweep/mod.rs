@@ -16,6 +16,7 @@ mod send;
 
 pub use report::SweepReport;
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use self::builds::{buildkite_work, sweep_open};
@@ -64,7 +65,7 @@ async fn pass_over(
     deadline: Deadline,
     report: &mut SweepReport,
 ) -> Result<(), DispatchError> {
-    let open = open_page(d, report).await?;
+    let (open, mark, paged) = open_page(d, report).await?;
     report.past_deadline = open
         .iter()
         .filter(|j| overdue_now(d, j.timeline()).is_some())
@@ -84,16 +85,21 @@ async fn pass_over(
         Duration::ZERO
     };
     let buildkite_deadline = deadline.less(share.saturating_sub(PASS_RESERVE));
-    release_waiting(d, &open).await;
+    release_waiting(d, &open, paged).await;
     let buildkite = buildkite_work(d, &open, buildkite_deadline, report).await;
+    stay_on_page(d, mark.as_deref()).await?;
     sweep_fleet(d, deadline, report).await;
     deliver_owed(d, &open, deadline, report).await?;
     buildkite
 }
 
-/// This pass's page of open jobs ([`order::open_page`]), its bookmark moved past it first:
-/// a page whose work kills the pass holds back no other.
-async fn open_page(d: &Deps, report: &mut SweepReport) -> Result<Vec<Listed>, DispatchError> {
+/// This pass's page of open jobs ([`order::open_page`]), where it began, and whether the
+/// open jobs take more than this one page; its bookmark moved past it first: a page whose
+/// work kills the pass holds back no other.
+async fn open_page(
+    d: &Deps,
+    report: &mut SweepReport,
+) -> Result<(Vec<Listed>, Option<String>, bool), DispatchError> {
     let mark = d.store.cursor(Cursor::OpenPage).await?;
     let since = mark.as_deref().map_or(0, order::created_at_of);
     let listing = d.store.list(Shard::Open, since, SWEEP_BATCH + 1).await?;
@@ -102,7 +108,18 @@ async fn open_page(d: &Deps, report: &mut SweepReport) -> Result<Vec<Listed>, Di
     d.store
         .set_cursor(Cursor::OpenPage, next.as_deref())
         .await?;
-    Ok(open)
+    let paged = mark.is_some() || next.is_some();
+    Ok((open, mark, paged))
+}
+
+/// Keeps the next pass on this page (from `mark`) while its builds' bookmark says the
+/// pass's time or call budget ran out within it: the next pass goes on where this one
+/// stopped rather than at another page, leaving the rest a whole round to wait.
+async fn stay_on_page(d: &Deps, mark: Option<&str>) -> Result<(), DispatchError> {
+    if d.store.cursor(Cursor::Builds).await?.is_some() {
+        d.store.set_cursor(Cursor::OpenPage, mark).await?;
+    }
+    Ok(())
 }
 
 /// Agents that stayed offline, and incidents a function decided but did not tell, within a
@@ -133,18 +150,21 @@ async fn sweep_fleet(d: &Deps, deadline: Deadline, report: &mut SweepReport) {
     }
 }
 
-/// Fair share's waiting jobs that a slot lets go, released on each queue that has jobs
-/// without a build: their creates follow in this pass. A queue whose release fails is
-/// logged; the rest of the pass goes on.
-async fn release_waiting(d: &Deps, open: &[Listed]) {
-    let mut queues: Vec<&Queue> = open
+/// Fair share's waiting jobs that a slot lets go, released on each queue with jobs without
+/// a build on this page, and on every queue of ours while the open jobs take more than one
+/// page (its waiting jobs may be on another): the creates of those on this page follow in
+/// this pass, the others' at the next end or pass. A queue whose release fails is logged;
+/// the rest of the pass goes on.
+async fn release_waiting(d: &Deps, open: &[Listed], paged: bool) {
+    let mut queues: BTreeSet<Queue> = open
         .iter()
         .filter(|j| j.build.is_none())
-        .map(|j| &j.queue)
+        .map(|j| j.queue.clone())
         .collect();
-    queues.sort_unstable();
-    queues.dedup();
-    for queue in queues {
+    if paged {
+        queues.extend(d.config.queues.names().into_iter().map(Queue::new));
+    }
+    for queue in &queues {
         if let Err(e) = super::fair::release(d, queue, Default::default()).await {
             tracing::warn!(error = %e, %queue, "the queue's waiting jobs could not be released");
         }

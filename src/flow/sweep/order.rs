@@ -45,6 +45,15 @@ pub(super) fn open_page(
         // The same millisecond may hold jobs before the mark: the last page had them.
         jobs.retain(|j| bookmark(j).as_str() >= mark);
     }
+    // The index orders by time alone: a full listing may hold only some of its last
+    // millisecond's jobs, so the page ends before it and the next starts at its start
+    // (unless the whole page is that one millisecond).
+    if let Some((ms, _)) = last.as_ref().filter(|_| full)
+        && jobs.iter().any(|j| j.created_at < *ms)
+    {
+        jobs.retain(|j| j.created_at < *ms);
+        return (jobs, Some(format!("{:020}:", (*ms).max(0))));
+    }
     if jobs.len() > page {
         let next = bookmark(&jobs[page]);
         jobs.truncate(page);
@@ -117,31 +126,45 @@ mod tests {
         let ids = |jobs: Vec<Listed>| -> Vec<String> {
             jobs.iter().map(|j| j.run_id.to_string()).collect()
         };
-        // (listed, unreadable, mark, page) -> (page's jobs, next mark)
+        // A full listing: the page ends before its last millisecond, the next starts there.
         let (jobs, next) = open_page(listing(&[("b", 20), ("a", 10), ("c", 30)], 0), None, 2);
         assert_eq!(ids(jobs), ["a", "b"]);
-        assert_eq!(
-            next.as_deref(),
-            Some("00000000000000000030:c"),
-            "c starts the next"
-        );
+        let at_30 = "00000000000000000030:";
+        assert_eq!(next.as_deref(), Some(at_30), "the next starts at 30 ms");
         let (jobs, next) = open_page(listing(&[("c", 30), ("d", 40)], 0), next.as_deref(), 2);
         assert_eq!(
             (ids(jobs), next),
             (vec!["c".into(), "d".into()], None),
             "the last page"
         );
-        // Jobs of the mark's millisecond before it were the last page's; with them read,
-        // the listing is full though this page is not: the next starts past what was read.
+        // As DynamoDB may list them: of 30 ms's three jobs, the listing's limit cut "c"
+        // off. None of that millisecond is on this page; the next lists all three.
+        let read = listing(&[("a", 10), ("e", 30), ("d", 30)], 0);
+        let (jobs, next) = open_page(read, None, 2);
+        assert_eq!(
+            (ids(jobs), next.as_deref()),
+            (vec!["a".into()], Some(at_30))
+        );
+        let read = listing(&[("e", 30), ("c", 30), ("d", 30)], 0);
+        let (jobs, next) = open_page(read, next.as_deref(), 5);
+        assert_eq!(
+            (ids(jobs), next),
+            (vec!["c".into(), "d".into(), "e".into()], None)
+        );
+        // The whole page one millisecond: cut by run id, the next starts at the first left.
+        let read = listing(&[("b", 30), ("a", 30), ("c", 30)], 0);
+        let (jobs, next) = open_page(read, None, 2);
+        assert_eq!(ids(jobs), ["a", "b"]);
+        assert_eq!(next.as_deref(), Some("00000000000000000030:c"));
+        // Jobs of the mark's millisecond before it were the last page's.
         let mark = "00000000000000000030:c";
         let read = listing(&[("a", 30), ("c", 30), ("e", 50)], 0);
-        let (jobs, next) = open_page(read, Some(mark), 2);
-        assert_eq!(ids(jobs), ["c", "e"]);
-        assert_eq!(next.as_deref(), Some("00000000000000000050:e"));
+        let (jobs, next) = open_page(read, Some(mark), 5);
+        assert_eq!((ids(jobs), next), (vec!["c".into(), "e".into()], None));
         // An unreadable record counts as read: the listing was full.
         let (jobs, next) = open_page(listing(&[("a", 10), ("b", 20)], 1), None, 2);
-        assert_eq!(ids(jobs), ["a", "b"]);
-        assert!(next.is_some(), "more may follow the unreadable one");
+        assert_eq!(ids(jobs), ["a"]);
+        assert_eq!(next.as_deref(), Some("00000000000000000020:"));
         let (jobs, next) = open_page(listing(&[], 0), Some(mark), 2);
         assert_eq!(
             (jobs.len(), next),
