@@ -215,15 +215,8 @@ async fn release_held(
         ..Released::default()
     };
     for run_id in &releases {
-        let job = match d.store.get(run_id).await {
-            Ok(Some(job)) => job,
-            Ok(None) => continue,
-            // One record this version cannot read holds back no other.
-            Err(e @ StoreError::Corrupt(_)) => {
-                warn!(error = %e, %run_id, "a waiting job could not be read");
-                continue;
-            }
-            Err(e) => return Err(e),
+        let Some(job) = read_waiting(d, run_id).await? else {
+            continue;
         };
         let held = fresh.mine.is_some_and(|m| &m.run_id == run_id);
         let written = update_seen(d.store.as_ref(), &job, |j| fair::release_job(j, now, held));
@@ -261,15 +254,28 @@ async fn agents_for_release(
         .filter(|a| &a.queue == queue && !a.paused)
         .collect();
     let stale = now - listed_at >= FRESH_MS;
-    let agents = match stale {
-        true => fair::Agents::default(),
-        false => fair::Agents {
+    let agents = if stale {
+        fair::Agents::default()
+    } else {
+        fair::Agents {
             taking: taking.len(),
             idle: taking.iter().filter(|a| !a.busy).count(),
             listed_at,
-        },
+        }
     };
     Ok((agents, taking.len(), listed_at))
+}
+
+/// A job of the queue as stored, to release or place it; `None` when it is gone or its
+/// record cannot be read (logged: one such record holds back no other).
+async fn read_waiting(d: &Deps, run_id: &RunId) -> Result<Option<Job>, StoreError> {
+    match d.store.get(run_id).await {
+        Err(e @ StoreError::Corrupt(_)) => {
+            warn!(error = %e, %run_id, "a waiting job could not be read");
+            Ok(None)
+        }
+        read => read,
+    }
 }
 
 /// After a job of `job.queue` ended (written by this instance): its run time noted, the
@@ -440,15 +446,8 @@ async fn place_all(
             // The rest move on at the next end (or pass): a few edits per invocation.
             break;
         }
-        let job = match d.store.get(&o.run_id).await {
-            Ok(Some(job)) => job,
-            Ok(None) => continue,
-            // One record this version cannot read holds back no other's place.
-            Err(e @ StoreError::Corrupt(_)) => {
-                warn!(error = %e, run_id = %o.run_id, "a waiting job could not be read");
-                continue;
-            }
-            Err(e) => return Err(e.into()),
+        let Some(job) = read_waiting(d, &o.run_id).await? else {
+            continue;
         };
         if job.queue_position.map(fair::band) == Some(fair::band(s.position)) {
             continue;

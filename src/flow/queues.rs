@@ -177,8 +177,10 @@ pub(crate) async fn agents_read_at(d: &Deps) -> Result<Option<Millis>, StoreErro
 
 /// The agents list as last cached, however old (no Buildkite call): empty before the first.
 pub(crate) async fn cached_agents(d: &Deps) -> Result<Vec<SeenAgent>, StoreError> {
-    let entry = d.store.cached(&agents_key()).await?;
-    Ok(entry.as_ref().and_then(parse).unwrap_or_default())
+    Ok(listed_agents(d)
+        .await?
+        .map(|(list, _)| list)
+        .unwrap_or_default())
 }
 
 /// The agents list as last cached and when Buildkite gave it (no Buildkite call): what fair
