@@ -267,6 +267,16 @@ async fn handle(
         Some(Outage::Hung) => return std::future::pending().await,
         Some(Outage::Answers(code)) => {
             let status = StatusCode::from_u16(code).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+            // Kept with its status, so a test can tell a refused try from none.
+            let mut s = inner.lock().unwrap_or_else(|p| p.into_inner());
+            s.calls.push(DiscordCall {
+                method,
+                webhook_id,
+                message_id,
+                query,
+                body,
+                status: status.as_u16(),
+            });
             return error(status, 0, "webhook outage");
         }
         None => {}

@@ -85,6 +85,22 @@ async fn ops_after(app: &TestApp, n: usize) -> Vec<String> {
     ops_messages(app)
 }
 
+/// How many posts the operators' channel refused once `n` were, or 10 s passed.
+async fn ops_refused_after(app: &TestApp, n: usize) -> usize {
+    let refused = || {
+        app.discord
+            .calls()
+            .iter()
+            .filter(|c| c.webhook_id == OPS_ID && c.status >= 300)
+            .count()
+    };
+    let until = Instant::now() + Duration::from_secs(10);
+    while refused() < n && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    refused()
+}
+
 /// What the operators' channel received (and took).
 fn ops_messages(app: &TestApp) -> Vec<String> {
     app.discord
@@ -500,6 +516,9 @@ async fn an_incident_a_function_did_not_tell_is_told_by_the_sweep(kind: StoreKin
     app.discord.outage(OPS_ID, Some(Outage::Answers(503)));
     let job = run(&app, &passing("missed", "test")).await;
     assert_eq!(job.outcome.as_deref().unwrap().verdict, Verdict::Passed);
+    // The function posts after the user's report: the outage stays until its try was refused.
+    let refused = ops_refused_after(&app, 1).await;
+    assert_eq!(refused, 1, "the function tried the operators' channel once");
     assert!(
         ops_messages(&app).is_empty(),
         "the operators' channel is down"
