@@ -496,7 +496,11 @@ fn summary(side: &Side, arrivals: &[Arrival]) -> serde_json::Value {
         "store_read_units_per_job": side.store_units.read / jobs,
         "store_write_units_per_job": side.store_units.write / jobs,
         "store_units_per_job_by_call": side.store_by_kind.iter().map(|(kind, u)| {
-            (kind.clone(), serde_json::json!({"read": u.read / jobs, "write": u.write / jobs}))
+            (kind.clone(), serde_json::json!({
+                "read": u.read / jobs,
+                "write": u.write / jobs,
+                "calls": u.calls as f64 / jobs,
+            }))
         }).collect::<serde_json::Map<_, _>>(),
     })
 }
@@ -582,11 +586,16 @@ fn report(arrivals: &[Arrival], fair: &Side, fcfs: &Side, artifact: &Side) {
 
 /// Where fair share's store units go: by call and kind of item, per job.
 fn units_table(fair: &Side) {
-    println!("| fair share's store units per job, by call | read | write |");
-    println!("|---|---|---|");
+    println!("| fair share's store units per job, by call | read | write | calls |");
+    println!("|---|---|---|---|");
     let jobs = params().submissions as f64;
     for (kind, u) in &fair.store_by_kind {
-        println!("| {kind} | {:.2} | {:.2} |", u.read / jobs, u.write / jobs);
+        println!(
+            "| {kind} | {:.2} | {:.2} | {:.2} |",
+            u.read / jobs,
+            u.write / jobs,
+            u.calls as f64 / jobs
+        );
     }
     println!();
 }

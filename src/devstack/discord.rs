@@ -266,18 +266,8 @@ async fn handle(
     match outage {
         Some(Outage::Hung) => return std::future::pending().await,
         Some(Outage::Answers(code)) => {
-            let status = StatusCode::from_u16(code).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
-            // Kept with its status, so a test can tell a refused try from none.
-            let mut s = inner.lock().unwrap_or_else(|p| p.into_inner());
-            s.calls.push(DiscordCall {
-                method,
-                webhook_id,
-                message_id,
-                query,
-                body,
-                status: status.as_u16(),
-            });
-            return error(status, 0, "webhook outage");
+            let call = (method, webhook_id, message_id, query, body);
+            return refused_in_outage(&inner, code, call);
         }
         None => {}
     }
@@ -315,6 +305,30 @@ async fn handle(
     });
     response
 }
+
+/// An outage's answer (`code`) to `call`, which is kept with its status (a test tells a
+/// refused try from none).
+fn refused_in_outage(
+    inner: &Shared,
+    code: u16,
+    (method, webhook_id, message_id, query, body): CallParts,
+) -> Response {
+    let status = StatusCode::from_u16(code).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+    let call = DiscordCall {
+        method,
+        webhook_id,
+        message_id,
+        query,
+        body,
+        status: status.as_u16(),
+    };
+    let mut s = inner.lock().unwrap_or_else(|p| p.into_inner());
+    s.calls.push(call);
+    error(status, 0, "webhook outage")
+}
+
+/// A call's method, webhook, message, query and body.
+type CallParts = (&'static str, String, Option<String>, Option<String>, Value);
 
 /// Queues what the fault drawn for this call makes of its answer.
 fn apply(s: &mut Inner, fault: Option<Fault>, message_id: Option<&str>) {

@@ -47,11 +47,12 @@ pub const INDEXES: [(&str, &str, Option<&[&str]>); 4] = [
 /// What every index entry carries beside its attributes (DynamoDB's figure).
 const INDEX_ENTRY_OVERHEAD: usize = 100;
 
-/// Read and write units counted so far.
+/// Read and write units counted so far, and the calls they came from.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Units {
     pub read: f64,
     pub write: f64,
+    pub calls: u64,
 }
 
 type Item = HashMap<String, AttributeValue>;
@@ -211,10 +212,12 @@ impl CountingStore {
         let mut total = self.units.lock().unwrap_or_else(|p| p.into_inner());
         total.read += read;
         total.write += write;
+        total.calls += 1;
         let mut by = self.by_kind.lock().unwrap_or_else(|p| p.into_inner());
         let u = by.entry(kind).or_default();
         u.read += read;
         u.write += write;
+        u.calls += 1;
     }
 
     fn stored(&self, key: &str) -> Option<Stored> {
@@ -360,7 +363,7 @@ mod tests {
         store.add(kind_of("read", "run-2"), 2.0, 0.0);
         let by = store.units_by_kind();
         assert_eq!(by[0].0, "read job", "largest read first");
-        assert_eq!(by[0].1.read, 3.0);
+        assert_eq!((by[0].1.read, by[0].1.calls), (3.0, 2));
         assert_eq!(store.units().read, 5.0, "the total counts each once");
     }
 

@@ -145,6 +145,8 @@ pub(crate) async fn put(d: &Deps, queue: &Queue, items: &[Deferred], front: bool
         let at = if front { 0 } else { list.len() };
         list.splice(at..at, new);
     });
+    // Whatever the write did, this instance looks at the list at its next event.
+    d.quiet_lists.saw(queue, false, d.clock.now());
     if let Err(e) = noted.await {
         warn!(error = %e, %queue, "deferred work left to the sweep");
     }
@@ -171,14 +173,19 @@ pub(crate) async fn finishes(d: &Deps, queue: &Queue) -> Result<Vec<RunId>, Stor
         .collect())
 }
 
-/// Takes the next items off `queue`'s list.
+/// Takes the next items off `queue`'s list (none while this instance read it empty lately).
 pub(crate) async fn claim(
     d: &Deps,
     queue: &Queue,
     creates_only: bool,
 ) -> Result<Vec<Deferred>, StoreError> {
     let now = d.clock.now();
-    change(d, queue, |list| {
+    if d.quiet_lists.quiet(queue, now) {
+        return Ok(Vec::new());
+    }
+    let mut empty = false;
+    let taken = change(d, queue, |list| {
+        empty = list.is_empty();
         let taken = if creates_only {
             let creates: Vec<Deferred> = list
                 .iter()
@@ -192,7 +199,9 @@ pub(crate) async fn claim(
         list.retain(|w| !taken.contains(w));
         taken
     })
-    .await
+    .await?;
+    d.quiet_lists.saw(queue, empty, now);
+    Ok(taken)
 }
 
 #[cfg(test)]

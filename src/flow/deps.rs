@@ -11,6 +11,7 @@ use crate::callback::{CallbackSender, SenderError};
 use crate::config::{Config, ConfigError};
 use crate::discord::{DiscordError, DiscordTarget, Notifier, Priority};
 use crate::flow::profiles::ClickCounter;
+use crate::flow::quiet_lists::QuietLists;
 use crate::flow::status::PageCache;
 use crate::jobs::{Job, JobStore, StoreWindows, Target};
 use crate::retry::{Deadline, Policy};
@@ -41,6 +42,8 @@ pub struct Deps {
     pub(crate) profile_clicks: ClickCounter,
     /// The status page this instance read last (submit only).
     pub(crate) status_page: PageCache,
+    /// Queues whose deferred list this instance read empty lately.
+    pub(crate) quiet_lists: QuietLists,
 }
 
 /// Why a function could not start.
@@ -123,6 +126,7 @@ impl Deps {
             send_slice: None,
             profile_clicks: ClickCounter::default(),
             status_page: PageCache::default(),
+            quiet_lists: QuietLists::default(),
         })
     }
 

@@ -46,6 +46,7 @@ mod outcome;
 pub mod present;
 pub mod profiles;
 pub mod queues;
+mod quiet_lists;
 pub mod resend;
 mod ridden;
 pub mod rules;
