@@ -249,7 +249,8 @@ impl DiscordStandin {
 type Shared = Arc<Mutex<Inner>>;
 
 /// One call to a webhook (`message_id`: an edit), as Discord would answer it: a fault the
-/// test queued or the chaos rate drew, else the post or edit itself. Every call is recorded.
+/// test queued or the chaos rate drew, else the post or edit itself. Every call is recorded
+/// with its status, those an outage refuses included (a test tells a refused try from none).
 async fn handle(
     inner: Shared,
     method: &'static str,
@@ -259,76 +260,68 @@ async fn handle(
     query: Option<String>,
     body: Value,
 ) -> Response {
+    let mut call = DiscordCall {
+        method,
+        webhook_id,
+        message_id,
+        query,
+        body,
+        status: 0,
+    };
     let (delay, fault, outage) = {
         let mut s = inner.lock().unwrap_or_else(|p| p.into_inner());
-        (s.delay, s.roll(), s.outages.get(&webhook_id).copied())
+        (s.delay, s.roll(), s.outages.get(&call.webhook_id).copied())
     };
-    match outage {
+    let refused = match outage {
         Some(Outage::Hung) => return std::future::pending().await,
         Some(Outage::Answers(code)) => {
-            let call = (method, webhook_id, message_id, query, body);
-            return refused_in_outage(&inner, code, call);
+            Some(StatusCode::from_u16(code).unwrap_or(StatusCode::SERVICE_UNAVAILABLE))
         }
-        None => {}
-    }
+        None => None,
+    };
     let delay = match fault {
         Some(Fault::Slow) => Some(Duration::from_millis(200)),
         _ => delay,
     };
-    if let Some(d) = delay {
+    if let (None, Some(d)) = (refused, delay) {
         tokio::time::sleep(d).await;
     }
     let mut s = inner.lock().unwrap_or_else(|p| p.into_inner());
-    apply(&mut s, fault, message_id.as_deref());
-    let told = s.limit.as_mut().map(|l| l.take(&webhook_id));
-    let call = Call {
-        webhook_id: &webhook_id,
+    let (status, response) = match refused {
+        Some(status) => (status.as_u16(), error(status, 0, "webhook outage")),
+        None => answered(&mut s, fault, &call, token),
+    };
+    call.status = status;
+    s.calls.push(call);
+    response
+}
+
+/// Discord's answer to `call` outside an outage, the fault drawn for it applied first and
+/// the shared rate limit (when one is set) taken and stamped on the answer.
+fn answered(
+    s: &mut Inner,
+    fault: Option<Fault>,
+    call: &DiscordCall,
+    token: String,
+) -> (u16, Response) {
+    apply(s, fault, call.message_id.as_deref());
+    let told = s.limit.as_mut().map(|l| l.take(&call.webhook_id));
+    let asked = Call {
+        webhook_id: &call.webhook_id,
         token,
-        message_id: message_id.as_deref(),
-        query: query.as_deref(),
-        body: &body,
+        message_id: call.message_id.as_deref(),
+        query: call.query.as_deref(),
+        body: &call.body,
     };
     let (status, mut response) = match &told {
         Some(t) if !t.allowed => (429, rate_limited(t.retry_after())),
-        _ => answer(&mut s, call),
+        _ => answer(s, asked),
     };
     if let Some(t) = &told {
         t.stamp(&mut response);
     }
-    s.calls.push(DiscordCall {
-        method,
-        webhook_id,
-        message_id,
-        query,
-        body,
-        status,
-    });
-    response
+    (status, response)
 }
-
-/// An outage's answer (`code`) to `call`, which is kept with its status (a test tells a
-/// refused try from none).
-fn refused_in_outage(
-    inner: &Shared,
-    code: u16,
-    (method, webhook_id, message_id, query, body): CallParts,
-) -> Response {
-    let status = StatusCode::from_u16(code).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
-    let call = DiscordCall {
-        method,
-        webhook_id,
-        message_id,
-        query,
-        body,
-        status: status.as_u16(),
-    };
-    let mut s = inner.lock().unwrap_or_else(|p| p.into_inner());
-    s.calls.push(call);
-    error(status, 0, "webhook outage")
-}
-
-/// A call's method, webhook, message, query and body.
-type CallParts = (&'static str, String, Option<String>, Option<String>, Value);
 
 /// Queues what the fault drawn for this call makes of its answer.
 fn apply(s: &mut Inner, fault: Option<Fault>, message_id: Option<&str>) {

@@ -401,9 +401,11 @@ impl Stack {
         Some(())
     }
 
-    /// One pass of the sweep function, as its schedule would run it.
+    /// One pass of the sweep function, as its schedule would run it: within the pass's
+    /// time (`SWEEP_PASS_SECS`), as the `sweep` binary gives it.
     pub async fn sweep(&self) -> Result<sweep::SweepReport, crate::flow::DispatchError> {
-        sweep::sweep(&self.sweeper, Deadline::after(Duration::from_secs(30))).await
+        let pass = self.sweeper.config().timing.sweep_pass;
+        sweep::sweep(&self.sweeper, Deadline::after(pass)).await
     }
 
     /// Moves every function's clock forward (deadlines and give-ups without waiting).

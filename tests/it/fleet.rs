@@ -76,10 +76,7 @@ async fn run(app: &TestApp, body: &Value) -> kernelbot_dispatch::jobs::Job {
 /// What the operators' channel received once `n` messages came (the service tells them
 /// after the user's report, so they may land a moment later), or 10 s passed.
 async fn ops_after(app: &TestApp, n: usize) -> Vec<String> {
-    let until = Instant::now() + Duration::from_secs(10);
-    while ops_messages(app).len() < n && Instant::now() < until {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_within_10s(|| ops_messages(app).len() >= n).await;
     // Anything more would come at once: a short look for extras.
     tokio::time::sleep(Duration::from_millis(200)).await;
     ops_messages(app)
@@ -94,11 +91,16 @@ async fn ops_refused_after(app: &TestApp, n: usize) -> usize {
             .filter(|c| c.webhook_id == OPS_ID && c.status >= 300)
             .count()
     };
+    until_within_10s(|| refused() >= n).await;
+    refused()
+}
+
+/// Waits until `done` holds, or 10 s passed.
+async fn until_within_10s(done: impl Fn() -> bool) {
     let until = Instant::now() + Duration::from_secs(10);
-    while refused() < n && Instant::now() < until {
+    while !done() && Instant::now() < until {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    refused()
 }
 
 /// What the operators' channel received (and took).
