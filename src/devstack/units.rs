@@ -319,6 +319,22 @@ impl JobStore for CountingStore {
         Ok(landed)
     }
 
+    /// A refused write answers with the entry that refused it, as DynamoDB's does (no read);
+    /// where it says there is none, DynamoDB's store reads to be sure, and so is counted.
+    async fn swap_cached(
+        &self,
+        key: &str,
+        entry: &CacheEntry,
+        expected: Option<Millis>,
+    ) -> Result<Result<(), Option<CacheEntry>>, StoreError> {
+        let swapped = self.inner.swap_cached(key, entry, expected).await?;
+        self.wrote(key, &cache_item(key, entry), swapped.is_ok());
+        if matches!(swapped, Err(None)) {
+            self.read(key);
+        }
+        Ok(swapped)
+    }
+
     async fn cursor(&self, which: Cursor) -> Result<Option<String>, StoreError> {
         self.read(which.key());
         self.inner.cursor(which).await

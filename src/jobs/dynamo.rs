@@ -182,6 +182,32 @@ impl DynamoStore {
     }
 }
 
+/// A shared entry as stored: an earlier release's entry has no version, and its claim was
+/// what it compared.
+fn cache_entry(item: &Item) -> CacheEntry {
+    let number = |name: &str| {
+        item.get(name)
+            .and_then(|v| v.as_n().ok())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    let ttl: Millis = number("expires_at");
+    let expires_at = (ttl > 0).then(|| ttl.saturating_mul(1000));
+    let claimed_at = number("claimed_at");
+    let version = if item.contains_key("entry_version") {
+        number("entry_version")
+    } else {
+        claimed_at
+    };
+    CacheEntry {
+        value: item.get("cache_value").and_then(|v| v.as_s().ok()).cloned(),
+        fetched_at: number("fetched_at"),
+        claimed_at,
+        version,
+        expires_at,
+    }
+}
+
 #[async_trait]
 impl JobStore for DynamoStore {
     async fn create(&self, job: &Job) -> Result<Created, StoreError> {
@@ -310,31 +336,7 @@ impl JobStore for DynamoStore {
     }
 
     async fn cached(&self, key: &str) -> Result<Option<CacheEntry>, StoreError> {
-        let Some(item) = self.get_item(key).await? else {
-            return Ok(None);
-        };
-        let number = |name: &str| {
-            item.get(name)
-                .and_then(|v| v.as_n().ok())
-                .and_then(|n| n.parse().ok())
-                .unwrap_or(0)
-        };
-        let ttl: Millis = number("expires_at");
-        let expires_at = (ttl > 0).then(|| ttl.saturating_mul(1000));
-        let claimed_at = number("claimed_at");
-        // An earlier release's entry has no version: its claim was what it compared.
-        let version = if item.contains_key("entry_version") {
-            number("entry_version")
-        } else {
-            claimed_at
-        };
-        Ok(Some(CacheEntry {
-            value: item.get("cache_value").and_then(|v| v.as_s().ok()).cloned(),
-            fetched_at: number("fetched_at"),
-            claimed_at,
-            version,
-            expires_at,
-        }))
+        Ok(self.get_item(key).await?.map(|item| cache_entry(&item)))
     }
 
     async fn put_cached(
@@ -343,6 +345,15 @@ impl JobStore for DynamoStore {
         entry: &CacheEntry,
         expected: Option<Millis>,
     ) -> Result<bool, StoreError> {
+        Ok(self.swap_cached(key, entry, expected).await?.is_ok())
+    }
+
+    async fn swap_cached(
+        &self,
+        key: &str,
+        entry: &CacheEntry,
+        expected: Option<Millis>,
+    ) -> Result<Result<(), Option<CacheEntry>>, StoreError> {
         let item = cache_item(key, entry);
         let written = match expected {
             None => {
@@ -358,7 +369,13 @@ impl JobStore for DynamoStore {
                     .await?
             }
         };
-        Ok(written.is_ok())
+        match written {
+            Ok(()) => Ok(Ok(())),
+            // The refusal carries the entry that refused it (`ALL_OLD`).
+            Err(Some(item)) => Ok(Err(Some(cache_entry(&item)))),
+            // None with it: there was no entry, or the answer left it out; a read tells.
+            Err(None) => Ok(Err(self.cached(key).await?)),
+        }
     }
 
     async fn forget_expired(&self, _now: Millis) -> Result<usize, StoreError> {

@@ -123,12 +123,20 @@ async fn read_entry<T: DeserializeOwned>(
     now: Millis,
 ) -> Result<(Option<T>, Option<Millis>, Option<Millis>), StoreError> {
     let entry = store.cached(&key.key()).await?;
-    let version = entry.as_ref().map(|e| e.version);
-    let expires_at = entry.as_ref().and_then(|e| e.expires_at);
+    Ok(parse(entry.as_ref(), now))
+}
+
+/// `entry`'s value (`None` where it does not parse or has expired), version and expiry.
+fn parse<T: DeserializeOwned>(
+    entry: Option<&CacheEntry>,
+    now: Millis,
+) -> (Option<T>, Option<Millis>, Option<Millis>) {
+    let version = entry.map(|e| e.version);
+    let expires_at = entry.and_then(|e| e.expires_at);
     let value = entry
         .filter(|e| e.expires_at.is_none_or(|at| at > now))
         .and_then(|e| serde_json::from_str(e.value.as_deref()?).ok());
-    Ok((value, version, expires_at))
+    (value, version, expires_at)
 }
 
 /// Whether an unchanged value is written all the same: an entry of a kind that expires,
@@ -147,30 +155,67 @@ pub async fn update<T, R>(
     key: SharedKey<'_>,
     now: Millis,
     init: impl Fn() -> T,
-    mut change: impl FnMut(&mut T) -> R,
+    change: impl FnMut(&mut T) -> R,
 ) -> Result<Changed<R>, StoreError>
 where
     T: Serialize + DeserializeOwned + Clone + PartialEq,
 {
+    let (changed, _) = update_seen(store, key, (now, None), init, change).await?;
+    Ok(changed)
+}
+
+/// As [`update`], starting from `seen`, the entry as this caller last read or wrote it
+/// (`None`: read it first), and with the entry as it then stands (`None`: there is none),
+/// for the caller's next change. A stale `seen` costs nothing in safety: its write is
+/// refused by the version check and the change made again on the entry that refused it
+/// (which the refusal brings: no read), and a change to nothing is trusted only on an
+/// entry as it stands.
+pub async fn update_seen<T, R>(
+    store: &dyn JobStore,
+    key: SharedKey<'_>,
+    (now, seen): (Millis, Option<CacheEntry>),
+    init: impl Fn() -> T,
+    mut change: impl FnMut(&mut T) -> R,
+) -> Result<(Changed<R>, Option<CacheEntry>), StoreError>
+where
+    T: Serialize + DeserializeOwned + Clone + PartialEq,
+{
     let stored = key.key();
+    let mut fresh = seen.is_none();
+    let mut known = seen.map(Some);
     for _ in 0..TRIES {
-        let (value, version, expires_at) = read_entry::<T>(store, key, now).await?;
+        let entry = match known.take() {
+            Some(entry) => entry,
+            None => {
+                fresh = true;
+                store.cached(&stored).await?
+            }
+        };
+        let (value, version, expires_at) = parse::<T>(entry.as_ref(), now);
         let existed = value.is_some();
         let mut value = value.unwrap_or_else(&init);
         let before = value.clone();
         let said = change(&mut value);
         if value == before && !(existed && stamp(key, expires_at)) {
-            return Ok(Changed { said, wrote: None });
+            if fresh {
+                return Ok((Changed { said, wrote: None }, entry));
+            }
+            continue;
         }
-        let version_next = next_version(version, now);
         let json = serde_json::to_string(&value).map_err(StoreError::corrupt)?;
-        let next = CacheEntry::unclaimed(Some(json), now, version_next, key.expires(now));
-        if store.put_cached(&stored, &next, version).await? {
-            let first = if existed { First::No } else { First::Yes };
-            return Ok(Changed {
-                said,
-                wrote: Some(first),
-            });
+        let next = CacheEntry::unclaimed(
+            Some(json),
+            now,
+            next_version(version, now),
+            key.expires(now),
+        );
+        match store.swap_cached(&stored, &next, version).await? {
+            Ok(()) => {
+                let first = if existed { First::No } else { First::Yes };
+                let wrote = Some(first);
+                return Ok((Changed { said, wrote }, Some(next)));
+            }
+            Err(standing) => (known, fresh) = (Some(standing), true),
         }
     }
     Err(StoreError::unavailable(format!(

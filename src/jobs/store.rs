@@ -206,6 +206,21 @@ pub trait JobStore: Send + Sync {
         expected: Option<Millis>,
     ) -> Result<bool, StoreError>;
 
+    /// As [`JobStore::put_cached`], and where the write is refused, the entry that refused
+    /// it (`None`: there is none), so a compare-and-swap goes again without a read of its
+    /// own. A store that cannot answer with the entry reads it.
+    async fn swap_cached(
+        &self,
+        key: &str,
+        entry: &CacheEntry,
+        expected: Option<Millis>,
+    ) -> Result<Result<(), Option<CacheEntry>>, StoreError> {
+        if self.put_cached(key, entry, expected).await? {
+            return Ok(Ok(()));
+        }
+        Ok(Err(self.cached(key).await?))
+    }
+
     /// Where the last sweep pass stopped `which` work, if it stopped short.
     async fn cursor(&self, which: Cursor) -> Result<Option<String>, StoreError>;
 

@@ -1,13 +1,17 @@
 //! The rate-limit windows every instance spends, kept in the store: one shared entry per
 //! window, taken from and told by compare-and-swap, so that all instances together stay
-//! within a limit that each alone would learn only from its own answers.
+//! within a limit that each alone would learn only from its own answers. Each instance
+//! remembers the entry as it last saw it and swaps from there: a read only where a change
+//! comes to nothing, and none when another instance wrote in between (the refusal brings
+//! their entry).
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 
 use super::shared::{self, SharedKey};
-use super::store::JobStore;
+use super::store::{CacheEntry, JobStore};
 use crate::error::BoxError;
 use crate::time::Millis;
 use crate::window::{News, SharedWindows, Window};
@@ -15,12 +19,49 @@ use crate::window::{News, SharedWindows, Window};
 /// The windows, in `store`.
 pub(crate) struct StoreWindows {
     store: Arc<dyn JobStore>,
+    /// Each window's entry as this instance last read or wrote it.
+    seen: Mutex<HashMap<String, CacheEntry>>,
 }
 
 impl StoreWindows {
     /// The windows kept in `store`, as the clients take them.
     pub(crate) fn of(store: Arc<dyn JobStore>) -> Arc<dyn SharedWindows> {
-        Arc::new(Self { store })
+        Arc::new(Self {
+            store,
+            seen: Mutex::default(),
+        })
+    }
+
+    /// Makes `change` on window `name` from its entry as last seen, and remembers the entry
+    /// it leaves.
+    async fn change<R>(
+        &self,
+        name: &str,
+        (span, now): (Millis, Millis),
+        change: impl FnMut(&mut Window) -> R,
+    ) -> Result<R, BoxError> {
+        let seen = self.seen().get(name).cloned();
+        let init = || Window::of_span(span);
+        let key = SharedKey::Window(name);
+        let outcome =
+            shared::update_seen(self.store.as_ref(), key, (now, seen), init, change).await;
+        let (changed, standing) = match outcome {
+            Ok(done) => done,
+            Err(e) => {
+                // Whatever this instance saw is in doubt: the next change reads.
+                self.seen().remove(name);
+                return Err(e.into());
+            }
+        };
+        match standing {
+            Some(entry) => self.seen().insert(name.to_owned(), entry),
+            None => self.seen().remove(name),
+        };
+        Ok(changed.said)
+    }
+
+    fn seen(&self) -> std::sync::MutexGuard<'_, HashMap<String, CacheEntry>> {
+        self.seen.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -33,17 +74,8 @@ impl SharedWindows for StoreWindows {
         reserve: i64,
         now: Millis,
     ) -> Result<Result<(), Millis>, BoxError> {
-        let init = || Window::of_span(span);
-        let taken = |w: &mut Window| w.take(reserve, now);
-        let changed = shared::update(
-            self.store.as_ref(),
-            SharedKey::Window(name),
-            now,
-            init,
-            taken,
-        )
-        .await?;
-        Ok(changed.said)
+        self.change(name, (span, now), |w| w.take(reserve, now))
+            .await
     }
 
     async fn hear(
@@ -53,16 +85,6 @@ impl SharedWindows for StoreWindows {
         news: News,
         now: Millis,
     ) -> Result<(), BoxError> {
-        let init = || Window::of_span(span);
-        let told = |w: &mut Window| w.hear(news, now);
-        shared::update(
-            self.store.as_ref(),
-            SharedKey::Window(name),
-            now,
-            init,
-            told,
-        )
-        .await?;
-        Ok(())
+        self.change(name, (span, now), |w| w.hear(news, now)).await
     }
 }

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use kernelbot_dispatch::devstack::moto;
+use kernelbot_dispatch::devstack::units::CountingStore;
 use serde_json::json;
 
 use crate::support::{StoreKind, inflated_result, open_store};
@@ -755,8 +756,73 @@ async fn a_shared_entry_is_swapped_on_its_version_alone(kind: StoreKind) {
     assert_eq!((kept.value.as_deref(), kept.version), (Some("b"), 6));
 }
 
+/// A change made from this instance's last view of a shared entry: while nobody else writes
+/// it costs no read; once another instance wrote, the refusal brings their entry and the
+/// change lands on it (nothing of theirs lost), still without a read; a change to nothing is
+/// trusted only on the entry as it stands, which it reads. Reads are counted as DynamoDB
+/// bills them.
+async fn a_change_from_a_stale_view_lands_on_the_entry_as_it_stands(kind: StoreKind) {
+    let (inner, _dir) = open_store(kind).await;
+    let store = CountingStore::new(inner.clone());
+    let queue = Queue::new("h100");
+    let key = SharedKey::Deferred(&queue);
+    let push = |n: u32| move |v: &mut Vec<u32>| v.push(n);
+    let reads = || {
+        store
+            .units_by_kind()
+            .iter()
+            .map(|(k, u)| if k.starts_with("read") { u.calls } else { 0 })
+            .sum::<u64>()
+    };
+
+    let (_, seen) = shared::update_seen(&store, key, (1_000, None), Vec::new, push(1))
+        .await
+        .unwrap();
+    assert_eq!(reads(), 1, "a first change reads");
+    let (_, seen) = shared::update_seen(&store, key, (1_000, seen), Vec::new, push(2))
+        .await
+        .unwrap();
+    assert_eq!(
+        reads(),
+        1,
+        "a change from the entry as this instance left it reads nothing"
+    );
+
+    // Another instance writes.
+    shared::update(inner.as_ref(), key, 1_000, Vec::new, push(3))
+        .await
+        .unwrap();
+    let (changed, seen) = shared::update_seen(&store, key, (1_000, seen), Vec::new, push(4))
+        .await
+        .unwrap();
+    assert!(changed.wrote.is_some());
+    assert_eq!(reads(), 1, "the refusal brought the entry that refused it");
+    let stored = |seen: &Option<CacheEntry>| -> Vec<u32> {
+        serde_json::from_str(seen.as_ref().and_then(|e| e.value.as_deref()).unwrap()).unwrap()
+    };
+    assert_eq!(stored(&seen), [1, 2, 3, 4]);
+    let (value, _) = shared::read::<Vec<u32>>(inner.as_ref(), key, 1_000)
+        .await
+        .unwrap();
+    assert_eq!(value, Some(vec![1, 2, 3, 4]), "nothing of the other's lost");
+
+    shared::update(inner.as_ref(), key, 1_000, Vec::new, push(5))
+        .await
+        .unwrap();
+    let count = |v: &mut Vec<u32>| v.len();
+    let (changed, _) = shared::update_seen(&store, key, (1_000, seen), Vec::new, count)
+        .await
+        .unwrap();
+    assert_eq!(
+        changed.said, 5,
+        "decided on the entry as it stands, not as last seen"
+    );
+    assert_eq!(reads(), 2, "a change to nothing read the entry");
+}
+
 on_both_stores!(
     an_entry_an_earlier_release_wrote_goes_on_from_its_claim,
+    a_change_from_a_stale_view_lands_on_the_entry_as_it_stands,
     an_older_entry_gets_its_expiry_at_its_next_change,
     a_shared_entry_is_swapped_on_its_version_alone,
     an_expired_shared_entry_is_gone_and_forgotten,
