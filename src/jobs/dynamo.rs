@@ -149,6 +149,31 @@ impl DynamoStore {
         Self::new(Client::new(&config), table)
     }
 
+    /// Writes shared entry `entry` under `key` if the entry there is still at version
+    /// `expected`; a refusal carries the entry that refused it, where the answer has it.
+    async fn put_entry(
+        &self,
+        key: &str,
+        entry: &CacheEntry,
+        expected: Option<Millis>,
+    ) -> Result<Result<(), Option<Item>>, StoreError> {
+        let item = cache_item(key, entry);
+        match expected {
+            None => {
+                self.put_if(item, "attribute_not_exists(run_id)", &[], &[])
+                    .await
+            }
+            // An entry an earlier release wrote has no version and is matched on its claim,
+            // as `cached` reads it (that release writes such entries still, mid-upgrade).
+            Some(version) => {
+                let matches = "#v = :v OR (attribute_not_exists(#v) AND #c = :v)";
+                let names = [("#v", "entry_version"), ("#c", "claimed_at")];
+                self.put_if(item, matches, &names, &[(":v", n(version))])
+                    .await
+            }
+        }
+    }
+
     /// A conditional put; on a failed condition, the item as it is.
     async fn put_if(
         &self,
@@ -345,7 +370,7 @@ impl JobStore for DynamoStore {
         entry: &CacheEntry,
         expected: Option<Millis>,
     ) -> Result<bool, StoreError> {
-        Ok(self.swap_cached(key, entry, expected).await?.is_ok())
+        Ok(self.put_entry(key, entry, expected).await?.is_ok())
     }
 
     async fn swap_cached(
@@ -354,22 +379,7 @@ impl JobStore for DynamoStore {
         entry: &CacheEntry,
         expected: Option<Millis>,
     ) -> Result<Result<(), Option<CacheEntry>>, StoreError> {
-        let item = cache_item(key, entry);
-        let written = match expected {
-            None => {
-                self.put_if(item, "attribute_not_exists(run_id)", &[], &[])
-                    .await?
-            }
-            // An entry an earlier release wrote has no version and is matched on its claim,
-            // as `cached` reads it (that release writes such entries still, mid-upgrade).
-            Some(version) => {
-                let matches = "#v = :v OR (attribute_not_exists(#v) AND #c = :v)";
-                let names = [("#v", "entry_version"), ("#c", "claimed_at")];
-                self.put_if(item, matches, &names, &[(":v", n(version))])
-                    .await?
-            }
-        };
-        match written {
+        match self.put_entry(key, entry, expected).await? {
             Ok(()) => Ok(Ok(())),
             // The refusal carries the entry that refused it (`ALL_OLD`).
             Err(Some(item)) => Ok(Err(Some(cache_entry(&item)))),

@@ -53,13 +53,21 @@ impl StoreWindows {
                 return Err(e.into());
             }
         };
+        let mut seen = self.seen();
         match standing {
-            Some(entry) => self.seen().insert(name.to_owned(), entry),
-            None => self.seen().remove(name),
-        };
+            // A change of this instance's that ended later may have seen a newer entry.
+            Some(entry) if seen.get(name).is_none_or(|s| s.version <= entry.version) => {
+                seen.insert(name.to_owned(), entry);
+            }
+            Some(_) => {}
+            None => {
+                seen.remove(name);
+            }
+        }
         Ok(changed.said)
     }
 
+    /// The entries as this instance last saw them.
     fn seen(&self) -> std::sync::MutexGuard<'_, HashMap<String, CacheEntry>> {
         self.seen.lock().unwrap_or_else(|p| p.into_inner())
     }
