@@ -183,6 +183,8 @@ pub struct CountingStore {
     by_kind: Mutex<BTreeMap<String, Units>>,
     /// Every item written through this store, by key, as last written.
     items: Mutex<HashMap<String, Stored>>,
+    /// Reads of each item, by key.
+    reads: Mutex<HashMap<String, u64>>,
 }
 
 impl CountingStore {
@@ -192,12 +194,19 @@ impl CountingStore {
             units: Mutex::default(),
             by_kind: Mutex::default(),
             items: Mutex::default(),
+            reads: Mutex::default(),
         }
     }
 
     /// The units counted so far.
     pub fn units(&self) -> Units {
         *self.units.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// How many times the item under `key` (a job's run id) was read so far.
+    pub fn reads_of(&self, key: &str) -> u64 {
+        let reads = self.reads.lock().unwrap_or_else(|p| p.into_inner());
+        reads.get(key).copied().unwrap_or(0)
     }
 
     /// The units counted so far by call and kind of item, largest read first.
@@ -244,6 +253,9 @@ impl CountingStore {
 
     /// Counts a strongly consistent read of the item under `key`.
     fn read(&self, key: &str) {
+        let mut reads = self.reads.lock().unwrap_or_else(|p| p.into_inner());
+        *reads.entry(key.to_owned()).or_default() += 1;
+        drop(reads);
         let size = self.stored(key).map_or(1, |s| s.size);
         self.add(kind_of("read", key), read_units(size), 0.0);
     }

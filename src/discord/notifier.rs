@@ -250,6 +250,11 @@ impl Notifier {
         self.buckets.room(&target.bucket(), priority)
     }
 
+    /// [`room`](Self::room) of the bucket named `bucket` (a [`DiscordTarget::bucket`]).
+    pub(crate) fn bucket_room(&self, bucket: &str, priority: Priority) -> i64 {
+        self.buckets.room(bucket, priority)
+    }
+
     pub fn with_retry(mut self, retry: Policy) -> Self {
         self.retry = retry;
         self

@@ -6,7 +6,7 @@ use tracing::{info, warn};
 use super::effects::Effects;
 use super::{Deps, DispatchError};
 use crate::buildkite::Build;
-use crate::jobs::{BuildRef, Job, JobState, StoreError, Transition, Updated, update_seen};
+use crate::jobs::{BuildRef, Job, JobState, StoreError, Transition, Updated, View, update_seen};
 use crate::telemetry::metrics::Unit;
 
 /// What an event (a webhook, a sweep's look at a build) did to its job.
@@ -69,13 +69,14 @@ pub(crate) async fn advance(
             if state.is_terminal() {
                 effects.ended(job);
             } else {
-                effects.deliver(job);
+                effects.deliver(job, View::Own);
             }
             Ok(EventOutcome::Advanced(state))
         }
+        // (A change declined only on the job as read.)
         Updated::Unchanged(job) => {
             if job.owes_delivery() {
-                effects.deliver(job);
+                effects.deliver(job, View::Own);
             }
             Ok(EventOutcome::Ignored("duplicate or out of order"))
         }

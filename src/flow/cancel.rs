@@ -7,7 +7,7 @@ use super::rules::ending::request_cancel;
 use super::settle::settle;
 use super::stop::stop_build;
 use super::{Deps, DispatchError};
-use crate::jobs::{Job, RunId, Updated, update};
+use crate::jobs::{Job, RunId, Updated, View, update};
 use crate::retry::Deadline;
 
 /// What a cancel request found.
@@ -55,7 +55,7 @@ pub async fn cancel(
                 // next one goes now, not at the next end on the queue.
                 effects.ended(job.clone());
             } else {
-                effects.deliver(job.clone());
+                effects.deliver(job.clone(), View::Own);
             }
             settle(d, effects, deadline).await?;
         }

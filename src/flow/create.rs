@@ -14,7 +14,7 @@ use super::rules::creation::{CreateMiss, claim_creation, defer_creation};
 use super::stop::stop_build;
 use super::{Deps, DispatchError};
 use crate::buildkite::{Build, BuildkiteError, NewBuild};
-use crate::jobs::{Creation, Job, JobState, Transition, Updated, update_seen};
+use crate::jobs::{Creation, Job, JobState, Transition, Updated, View, update_seen};
 use crate::retry::Deadline;
 
 /// How one try at creating a job's build ended.
@@ -85,8 +85,8 @@ pub(crate) async fn try_create(d: &Deps, job: &Job, payload: &str, deadline: Dea
     }
 }
 
-/// Records what a create try did; returns the job as it is then (a job it failed owes its
-/// report to `effects`).
+/// Records what a create try did; returns the job as it is then, as this write (or the read
+/// that declined it) left it (a job it failed owes its report to `effects`).
 pub(crate) async fn settle_creation(
     d: &Deps,
     job: &Job,
@@ -145,11 +145,13 @@ async fn refused(
         None => source.public(),
     };
     let t = Transition::to(JobState::Failed, d.clock.now()).with_failure(reason);
-    let job = match update_seen(d.store.as_ref(), job, |j| j.apply(&t)).await {
-        Ok(written) => written.job().unwrap_or_else(|| job.clone()),
+    let (job, view) = match update_seen(d.store.as_ref(), job, |j| j.apply(&t)).await {
+        Ok(written) => written
+            .job()
+            .map_or((job.clone(), View::Earlier), |j| (j, View::Own)),
         Err(e) => return e.into(),
     };
-    effects.deliver(job.clone());
+    effects.deliver(job.clone(), view);
     DispatchError::BuildRefused {
         job: Box::new(job),
         source,
@@ -268,7 +270,7 @@ async fn create_claimed(
         JobState::Submitted => Tried::Deferred,
         _ => Tried::Nothing,
     };
-    effects.deliver(after.clone());
+    effects.deliver(after.clone(), View::Own);
     let outcome = if after.state == held.state {
         EventOutcome::Ignored("creation deferred")
     } else {
@@ -288,7 +290,7 @@ async fn adopt(
 ) -> Result<EventOutcome, DispatchError> {
     let before = job.state;
     let after = settle_creation(d, job, Creating::Created(build), deadline, effects).await?;
-    effects.deliver(after.clone());
+    effects.deliver(after.clone(), View::Own);
     Ok(if after.state == before {
         EventOutcome::Ignored("build found; the job had moved on")
     } else {

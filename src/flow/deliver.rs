@@ -17,7 +17,9 @@ use super::present;
 use super::rules::outbox::{self, Answer, LEASE_SLACK_MS};
 use crate::callback::CallbackError;
 use crate::discord::{DiscordError, Priority};
-use crate::jobs::{Channel, DeliveryStatus, Job, JobState, StoreError, Updated, update_seen};
+use crate::jobs::{
+    Channel, DeliveryStatus, Job, JobState, StoreError, Updated, View, update_from, update_seen,
+};
 use crate::retry::Deadline;
 use crate::telemetry::metrics::Unit;
 
@@ -28,10 +30,15 @@ const MAX_SENDS: usize = 6;
 const RECORD_RESERVE: Duration = Duration::from_secs(2);
 
 /// Drives both outboxes of the job within `deadline`, starting from `seen` (the job as last
-/// read or written: a stale one costs a refused write, not a wrong send); returns the job as
-/// last seen. (The fleet's notes of an ended job's tries are made around this by `settle`,
-/// which runs every delivery the arrows owe.)
-pub async fn deliver(d: &Deps, seen: &Job, deadline: Deadline) -> Result<Option<Job>, StoreError> {
+/// read or written: a stale one costs a refused write, not a wrong send; the caller's own
+/// view spares a read when another sender holds the message or nothing is owed); returns the
+/// job as last seen. (The fleet's notes of an ended job's tries are made around this by
+/// `settle`, which runs every delivery the arrows owe.)
+pub async fn deliver(
+    d: &Deps,
+    seen: (&Job, View),
+    deadline: Deadline,
+) -> Result<Option<Job>, StoreError> {
     let (discord, callback) = tokio::join!(
         drain(d, Channel::Discord, seen, deadline),
         drain(d, Channel::Callback, seen, deadline)
@@ -55,7 +62,7 @@ fn name(channel: Channel) -> &'static str {
 pub(crate) async fn drain(
     d: &Deps,
     channel: Channel,
-    seen: &Job,
+    (seen, view): (&Job, View),
     deadline: Deadline,
 ) -> Result<Option<Job>, StoreError> {
     // A job's outboxes are set when it is created: one without never owes (and a fresh
@@ -74,7 +81,7 @@ pub(crate) async fn drain(
     };
     let deadline = d.send_slice.map_or(deadline, |span| deadline.within(span));
     let owner = uuid::Uuid::new_v4().simple().to_string();
-    let (mut last, mut current) = (None, seen.clone());
+    let (mut last, mut current) = (None, (seen.clone(), view));
     for _ in 0..MAX_SENDS {
         if deadline.remaining() < call_timeout + RECORD_RESERVE {
             info!(run_id = %seen.run_id, receiver = name(channel), "no time left; the sweep will send");
@@ -82,7 +89,7 @@ pub(crate) async fn drain(
         }
         let now = d.clock.now();
         let until = now + deadline.remaining().as_millis() as i64 + LEASE_SLACK_MS;
-        let claimed = update_seen(d.store.as_ref(), &current, |j| {
+        let claimed = update_from(d.store.as_ref(), &current.0, current.1, |j| {
             outbox::claim(j, channel, &owner, now, until)
         })
         .await?;
@@ -98,7 +105,8 @@ pub(crate) async fn drain(
             && matches!(answer, Answer::Accepted { .. } | Answer::MessageGone);
         last = after;
         match &last {
-            Some(after) if again => current = after.clone(),
+            // As this sender's record wrote it (or read it, refused).
+            Some(after) if again => current = (after.clone(), View::Own),
             _ => break,
         }
     }

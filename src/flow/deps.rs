@@ -10,6 +10,7 @@ use crate::buildkite::{BuildkiteClient, BuildkiteError, WebhookAuth};
 use crate::callback::{CallbackSender, SenderError};
 use crate::config::{Config, ConfigError};
 use crate::discord::{DiscordError, DiscordTarget, Notifier, Priority};
+use crate::flow::place_buckets::PlaceBuckets;
 use crate::flow::profiles::ClickCounter;
 use crate::flow::quiet_lists::QuietLists;
 use crate::flow::status::PageCache;
@@ -44,6 +45,8 @@ pub struct Deps {
     pub(crate) status_page: PageCache,
     /// Queues whose deferred list this instance read empty lately.
     pub(crate) quiet_lists: QuietLists,
+    /// Waiting jobs' Discord buckets, as this instance last read them (placing).
+    pub(crate) place_buckets: PlaceBuckets,
 }
 
 /// Why a function could not start.
@@ -127,6 +130,7 @@ impl Deps {
             profile_clicks: ClickCounter::default(),
             status_page: PageCache::default(),
             quiet_lists: QuietLists::default(),
+            place_buckets: PlaceBuckets::default(),
         })
     }
 

@@ -7,13 +7,14 @@
 
 use std::collections::VecDeque;
 
-use crate::jobs::Job;
+use crate::jobs::{Job, View};
 
 /// One thing owed.
 #[derive(Debug)]
 pub(crate) enum Effect {
-    /// The job (as written) owes its outboxes a send: a new state, or one not yet sent.
-    Deliver(Job),
+    /// The job (as written, or read, and how) owes its outboxes a send: a new state, or one
+    /// not yet sent.
+    Deliver(Job, View),
     /// The job was ended by this instance's write: its slot on the queue is free.
     Ended(Job),
 }
@@ -25,15 +26,17 @@ pub(crate) struct Effects {
 }
 
 impl Effects {
-    /// `job`'s messages are owed (a no-op send when nothing is).
-    pub(crate) fn deliver(&mut self, job: Job) {
-        self.owed.push_back(Effect::Deliver(job));
+    /// `job`'s messages are owed (a no-op send when nothing is); `view` says how the arrow
+    /// came by `job` (its own write or read spares the senders a read to confirm that
+    /// another holds the message, or that nothing is owed).
+    pub(crate) fn deliver(&mut self, job: Job, view: View) {
+        self.owed.push_back(Effect::Deliver(job, view));
     }
 
-    /// `job` was ended by this instance's write: its messages are owed, and then (never
-    /// before they are tried) its slot on the queue is free.
+    /// `job` was ended by this instance's write (as written): its messages are owed, and
+    /// then (never before they are tried) its slot on the queue is free.
     pub(crate) fn ended(&mut self, job: Job) {
-        self.owed.push_back(Effect::Deliver(job.clone()));
+        self.owed.push_back(Effect::Deliver(job.clone(), View::Own));
         self.owed.push_back(Effect::Ended(job));
     }
 
@@ -87,11 +90,11 @@ mod tests {
     fn effects_are_run_in_the_order_they_arose() {
         let mut e = Effects::default();
         e.ended(job("a"));
-        e.deliver(job("b"));
+        e.deliver(job("b"), View::Earlier);
         assert_eq!(e.len(), 3, "an end owes its messages first");
         let order: Vec<(bool, String)> = std::iter::from_fn(|| e.next())
             .map(|x| match x {
-                Effect::Deliver(j) => (false, j.run_id.to_string()),
+                Effect::Deliver(j, _) => (false, j.run_id.to_string()),
                 Effect::Ended(j) => (true, j.run_id.to_string()),
             })
             .collect();

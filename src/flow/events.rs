@@ -11,7 +11,7 @@ use super::rules::signal::{Signal, progress_of, signal_of};
 use super::stop::stop_build;
 use super::{Deps, DispatchError, catch_up, fleet, ridden, settle};
 use crate::buildkite::{Build, VerifyError, WebhookEvent};
-use crate::jobs::{Job, JobState, RunId, Transition};
+use crate::jobs::{Job, JobState, RunId, Transition, View};
 use crate::retry::Deadline;
 
 pub use super::advance::EventOutcome;
@@ -184,7 +184,8 @@ async fn on_job_signal(
     // Cheap early exit for duplicates; the conditional write is what decides.
     if target.rank() <= job.state.rank() {
         if job.owes_delivery() {
-            effects.deliver(job);
+            // As read just now, by this event.
+            effects.deliver(job, View::Own);
         }
         return Ok(EventOutcome::Ignored("duplicate or out of order"));
     }

@@ -22,7 +22,7 @@ use super::rules::stats::{Ended, QueueRecord};
 use super::{Deps, DispatchError};
 use crate::discord::Priority;
 use crate::jobs::{
-    Job, JobState, OpenJob, Queue, RunId, SharedKey, StoreError, Updated, shared, update_seen,
+    Job, JobState, OpenJob, Queue, RunId, SharedKey, StoreError, Updated, View, shared, update_seen,
 };
 use crate::result::Verdict;
 use crate::retry::Deadline;
@@ -36,10 +36,11 @@ const MAX_ROUNDS: usize = 4;
 /// The longest a release waits for the agents list.
 const AGENTS_WAIT: Duration = Duration::from_secs(2);
 /// Jobs one end reads at most to place them: those whose place the queue index shows
-/// moved (it may lag a write, so a few turn out not to have, and a job whose webhook has no
-/// room is read and passed by). Those past it come at a later end: a webhook's bucket is
-/// a couple of seconds long, and a wider cap costs every end its reads while it is spent
-/// (measured in the rush: 16 → 32 raised read units a job from 52 to 66).
+/// moved (it may lag a write, so a few turn out not to have), less those whose webhook
+/// this instance knows has no room (read once to learn it, then passed by unread while it
+/// has none). Those past it come at a later end: a webhook's bucket is a couple of seconds
+/// long, and a wider cap costs every end its reads while it is spent (measured in the
+/// rush: 16 → 32 raised read units a job from 52 to 66).
 const MAX_PLACE_READS: usize = 2 * MAX_PLACE_EDITS;
 
 /// The jobs a release let go: the submitter's own (which it creates itself), and others.
@@ -436,34 +437,76 @@ async fn place_all(
         None => queue_record(d, queue).await?.median_run(),
     };
     let now = d.clock.now();
+    d.place_buckets.keep_open(queue, &open);
     let moved = fair::standings(&open, agents, median, now)
         .into_iter()
-        .filter(|&(o, s)| fair::moved(o, s))
-        .take(MAX_PLACE_READS);
-    let (mut edits, mut promised) = (0, HashMap::<String, i64>::new());
+        .filter(|&(o, s)| fair::moved(o, s));
+    let mut placing = Placing::default();
     for (o, s) in moved {
-        if edits == MAX_PLACE_EDITS {
+        if placing.edits == MAX_PLACE_EDITS || placing.reads == MAX_PLACE_READS {
             // The rest move on at the next end (or pass): a few edits per invocation.
             break;
         }
-        let Some(job) = read_waiting(d, &o.run_id).await? else {
-            continue;
-        };
-        if job.queue_position.map(fair::band) == Some(fair::band(s.position)) {
+        if placing.full(d, &o.run_id) {
             continue;
         }
-        if let Some((webhook, room)) = d.discord_room(&job, Priority::Place) {
-            let edits_to = promised.entry(webhook).or_default();
-            if *edits_to >= room {
-                continue;
-            }
-            *edits_to += 1;
-        }
-        let written = update_seen(d.store.as_ref(), &job, |j| fair::placed(j, s, now)).await?;
-        if let Updated::Written(job) = written {
-            edits += 1;
-            effects.deliver(job);
+        placing.reads += 1;
+        if let Some(job) = place_one(d, (queue, &o.run_id, s), &mut placing.promised).await? {
+            placing.edits += 1;
+            effects.deliver(job, View::Own);
         }
     }
     Ok(())
+}
+
+/// What one end's placing has done so far: jobs read, edits made, and edits promised to
+/// each webhook's bucket.
+#[derive(Default)]
+struct Placing {
+    reads: usize,
+    edits: usize,
+    promised: HashMap<String, i64>,
+}
+
+impl Placing {
+    /// Whether `run_id`'s message goes to a bucket this instance knows has no room left for
+    /// a place edit (then the job is not read).
+    fn full(&self, d: &Deps, run_id: &RunId) -> bool {
+        let Some(Some(bucket)) = d.place_buckets.bucket(run_id) else {
+            return false;
+        };
+        let promised = self.promised.get(&bucket).copied().unwrap_or(0);
+        d.discord.bucket_room(&bucket, Priority::Place) <= promised
+    }
+}
+
+/// Reads a waiting job whose place moved and notes its standing `s` on it, while its
+/// webhook's bucket has room for the edit (counted in `promised`); the job as written.
+async fn place_one(
+    d: &Deps,
+    (queue, run_id, s): (&Queue, &RunId, Standing),
+    promised: &mut HashMap<String, i64>,
+) -> Result<Option<Job>, StoreError> {
+    let Some(job) = read_waiting(d, run_id).await? else {
+        return Ok(None);
+    };
+    let room = d.discord_room(&job, Priority::Place);
+    let bucket = room.as_ref().map(|(webhook, _)| webhook.clone());
+    d.place_buckets.note(run_id, queue, bucket);
+    if job.queue_position.map(fair::band) == Some(fair::band(s.position)) {
+        return Ok(None);
+    }
+    if let Some((webhook, room)) = room {
+        let edits_to = promised.entry(webhook).or_default();
+        if *edits_to >= room {
+            return Ok(None);
+        }
+        *edits_to += 1;
+    }
+    let now = d.clock.now();
+    let written = update_seen(d.store.as_ref(), &job, |j| fair::placed(j, s, now)).await?;
+    Ok(match written {
+        Updated::Written(job) => Some(job),
+        _ => None,
+    })
 }

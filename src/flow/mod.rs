@@ -43,6 +43,7 @@ pub mod fleet;
 mod follow;
 mod lease;
 mod outcome;
+mod place_buckets;
 pub mod present;
 pub mod profiles;
 pub mod queues;

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 
 use super::rules::outbox::{NotReopened, reopen};
 use super::{Deps, DispatchError, settle};
-use crate::jobs::{Channel, Job, JobState, RunId, Shard, Target, Updated, update};
+use crate::jobs::{Channel, Job, JobState, RunId, Shard, Target, Updated, View, update};
 use crate::retry::Deadline;
 use crate::time::Millis;
 
@@ -73,7 +73,9 @@ pub async fn resend(d: &Deps, run_id: &RunId, deadline: Deadline) -> Result<Rese
         Updated::Unchanged(j) if !j.state.is_terminal() => return Ok(Resent::NotEnded(j.state)),
         Updated::Unchanged(j) | Updated::Written(j) => j,
     };
-    let job = settle::deliver(d, &job, deadline).await?.unwrap_or(job);
+    let job = settle::deliver(d, (&job, View::Own), deadline)
+        .await?
+        .unwrap_or(job);
     Ok(Resent::Sent {
         job: Box::new(job),
         skipped,

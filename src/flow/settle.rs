@@ -19,7 +19,7 @@ use tracing::warn;
 use super::deliver as outboxes;
 use super::effects::{Effect, Effects};
 use super::{Deps, DispatchError, fair, fleet};
-use crate::jobs::{Channel, Job, StoreError};
+use crate::jobs::{Channel, Job, StoreError, View};
 use crate::retry::Deadline;
 
 /// Runs `effects` within `deadline`; the first failure to record a delivery they owed.
@@ -35,7 +35,7 @@ pub(crate) async fn settle(
     while let Some(effect) = effects.next() {
         run += 1;
         match effect {
-            Effect::Deliver(job) => match deliver(d, &job, deadline).await {
+            Effect::Deliver(job, view) => match deliver(d, (&job, view), deadline).await {
                 Err(e) if run <= own && result.is_ok() => result = Err(e),
                 Err(e) => {
                     warn!(error = %e, run_id = %job.run_id, "a message is left to the sweep")
@@ -70,16 +70,16 @@ pub(crate) async fn settle_after<T>(
 }
 
 /// Sends what `job` owes both its receivers within `deadline`, starting from `job` as last
-/// read or written; returns the job as last seen. An ended job's tries are noted on the
-/// fleet's records first, once (whether or not it owes anything: a job without a report
-/// counts too), and what that decided is told to the operators after the sends.
+/// read or written (and how); returns the job as last seen. An ended job's tries are noted
+/// on the fleet's records first, once (whether or not it owes anything: a job without a
+/// report counts too), and what that decided is told to the operators after the sends.
 pub(crate) async fn deliver(
     d: &Deps,
-    job: &Job,
+    (job, view): (&Job, View),
     deadline: Deadline,
 ) -> Result<Option<Job>, StoreError> {
     let noted = fleet::note_finish(d, job).await;
-    let delivered = outboxes::deliver(d, job, deadline).await;
+    let delivered = outboxes::deliver(d, (job, view), deadline).await;
     fleet::tell_noted(d, noted, deadline).await;
     delivered
 }
@@ -100,7 +100,7 @@ pub(crate) async fn drain(
     } else {
         Vec::new()
     };
-    let drained = outboxes::drain(d, channel, job, deadline).await;
+    let drained = outboxes::drain(d, channel, (job, View::Earlier), deadline).await;
     fleet::tell_noted(d, noted, deadline).await;
     drained
 }

@@ -11,7 +11,7 @@ use super::rules::fair as fair_rules;
 use super::settle::{deliver, settle, settle_after};
 use super::submission::Submission;
 use super::{Deps, DispatchError, fair};
-use crate::jobs::{CallbackOutbox, Created, Creation, Job, RunId};
+use crate::jobs::{CallbackOutbox, Created, Creation, Job, RunId, View};
 use crate::retry::Deadline;
 
 /// What a submission did.
@@ -103,7 +103,9 @@ pub async fn submit(
                 job
             }
         };
-        let job = deliver(d, &job, deadline).await?.unwrap_or(job);
+        let job = deliver(d, (&job, View::Earlier), deadline)
+            .await?
+            .unwrap_or(job);
         Ok(Submitted::New(job))
     }
     .instrument(span)

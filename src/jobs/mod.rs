@@ -38,7 +38,7 @@ pub use sqlite::SqliteStore;
 pub use state::JobState;
 pub use store::{CacheEntry, Created, Cursor, JobStore, OpenJob, Replaced, Shard, next_version};
 
-pub use update::{Updated, update, update_seen};
+pub use update::{Updated, View, update, update_from, update_seen};
 pub(crate) use windows::StoreWindows;
 
 use crate::config::StoreConfig;

@@ -43,6 +43,18 @@ pub async fn update(
     }
 }
 
+/// How a caller came by the job it starts a change from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum View {
+    /// Its own read or write of the job, just made: a decision of no change on it is
+    /// trusted as one on a read would be (whoever writes after it acts on what it wrote,
+    /// as after a read).
+    Own,
+    /// Seen earlier or elsewhere (a listing, a cache): a decision of no change on it is
+    /// checked on a fresh read.
+    Earlier,
+}
+
 /// [`update`], starting from `seen`: the job as this caller last read or wrote it, saving
 /// the read when nobody wrote since. A stale `seen` costs nothing in safety: its write is
 /// refused by the version check and the change decided again on the job as stored, and a
@@ -52,7 +64,18 @@ pub async fn update_seen(
     seen: &Job,
     change: impl FnMut(&Job) -> Option<Job> + Send,
 ) -> Result<Updated, StoreError> {
-    decide(store, seen.clone(), false, change).await
+    update_from(store, seen, View::Earlier, change).await
+}
+
+/// [`update_seen`], trusting a decision of no change on `seen` when it is the caller's
+/// [own](View::Own) view.
+pub async fn update_from(
+    store: &dyn JobStore,
+    seen: &Job,
+    view: View,
+    change: impl FnMut(&Job) -> Option<Job> + Send,
+) -> Result<Updated, StoreError> {
+    decide(store, seen.clone(), view == View::Own, change).await
 }
 
 async fn decide(

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use kernelbot_dispatch::devstack::buildkite::sample_result;
+use kernelbot_dispatch::devstack::discord::DiscordCall;
 use kernelbot_dispatch::jobs::{CacheEntry, JobState};
 use kernelbot_dispatch::result::Verdict;
 use reqwest::StatusCode;
@@ -436,7 +437,95 @@ async fn idle_gpus_take_waiting_jobs_though_the_list_was_old(kind: StoreKind) {
     }
 }
 
+/// A second Discord webhook, with a bucket of its own.
+const OTHER_ID: &str = "222222222222222222";
+const OTHER_URL: &str = "https://discord.com/api/webhooks/222222222222222222/hook-token_2";
+
+/// A waiting job whose place moved while its webhook's bucket had no room is read once, to
+/// learn which bucket that is, then passed by unread at every end while the bucket stays
+/// full; once the bucket has room again, the next end shows the places that moved.
+async fn a_place_a_full_bucket_cannot_show_is_not_read_at_every_end(kind: StoreKind) {
+    let (app, counted) = TestApp::spawn_counted(kind, &[("USER_MAX_IN_FLIGHT", "1")]).await;
+    // Bob's runs end one after another; Ann's wait behind her first (which never ends), and
+    // their messages go to the second webhook.
+    for i in 0..4 {
+        submit(&app, "bob", &format!("bob-{i}")).await;
+    }
+    let ann: Vec<String> = (0..8).map(|i| format!("ann-{i}")).collect();
+    for run_id in &ann {
+        let mut body = from("ann", run_id);
+        body["discord"] = json!({ "webhook_url": OTHER_URL });
+        let (status, answer) = app.submit(&body).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{answer}");
+    }
+    // The webhook function meets the second webhook's 429 (its bucket empty for 10 minutes).
+    let first = build_of(&app, "ann-0").await;
+    app.buildkite.start_eval(first);
+    app.discord.rate_limit_next(1, 600.0);
+    assert_eq!(app.event("job.started", first).await, StatusCode::OK);
+    let told = app
+        .discord_calls()
+        .last()
+        .map(|c| (c.status, c.webhook_id.clone()));
+    assert_eq!(told, Some((429, OTHER_ID.to_owned())));
+
+    // Reads of each waiting job of Ann's so far.
+    let reads = || -> Vec<u64> { ann[1..].iter().map(|id| counted.reads_of(id)).collect() };
+    let since = |before: &[u64]| -> Vec<u64> {
+        reads()
+            .iter()
+            .zip(before)
+            .map(|(now, then)| now - then)
+            .collect()
+    };
+    let edits = || {
+        let calls = app.discord_calls();
+        let to_other = |c: &&DiscordCall| c.webhook_id == OTHER_ID && c.method == "PATCH";
+        calls
+            .iter()
+            .filter(to_other)
+            .filter(|c| c.status == 200)
+            .count()
+    };
+    let end = |n: usize| {
+        let app = &app;
+        async move {
+            let build = build_of(app, &format!("bob-{n}")).await;
+            let ended = app
+                .finish(build, "passed", Some(sample_result(false)))
+                .await;
+            assert_eq!(ended, StatusCode::OK, "bob-{n}");
+        }
+    };
+    let (before, shown) = (reads(), edits());
+    end(0).await;
+    let learned = since(&before);
+    assert!(
+        learned.iter().any(|&n| n > 0),
+        "the places that moved were read"
+    );
+    // Those still show their old place (so the index shows them moved at every end).
+    end(1).await;
+    end(2).await;
+    let three_ends = since(&before);
+    assert!(
+        three_ends.iter().all(|&n| n <= 1),
+        "each read once at most while the bucket is full: {three_ends:?}"
+    );
+    assert_eq!(edits(), shown, "no place shown without room");
+
+    app.advance_clock(Duration::from_secs(601));
+    end(3).await;
+    let read_again = since(&before)
+        .iter()
+        .zip(&three_ends)
+        .any(|(n, then)| n > then);
+    assert!(read_again, "read again once the bucket has room");
+    assert!(edits() > shown, "and the places that moved shown");
+}
+
 on_both_stores!(
+    a_place_a_full_bucket_cannot_show_is_not_read_at_every_end,
     idle_gpus_take_waiting_jobs_though_the_list_was_old,
     a_job_the_sweep_ends_lets_a_waiting_one_go_in_the_same_pass,
     a_third_submission_waits_while_two_run,

@@ -8,7 +8,9 @@ use std::time::Duration;
 use crate::support::{SECRET, StoreKind, TestApp, submission};
 use kernelbot_dispatch::devstack::buildkite::{deliver, sample_result, unix_now};
 use kernelbot_dispatch::flow::{DispatchError, deliver, sweep};
-use kernelbot_dispatch::jobs::{Channel, DeliveryStatus, JobState, RunId, Transition, update};
+use kernelbot_dispatch::jobs::{
+    Channel, DeliveryStatus, Job, JobState, Lease, RunId, Transition, Updated, View, update,
+};
 use kernelbot_dispatch::result::Verdict;
 use kernelbot_dispatch::retry::Deadline;
 use reqwest::StatusCode;
@@ -128,6 +130,58 @@ async fn a_running_edit_held_back_by_429_never_replaces_the_final_report(kind: S
     assert_eq!(outbox.delivery.status, DeliveryStatus::Delivered);
 }
 
+/// A state an event writes while another sender holds the job's message costs the event no
+/// second read of the job: its own write shows the message held, and the holder sends the
+/// new state next (here the holder is a stand-in that never comes back: the sweep's, once
+/// its lease ends).
+async fn a_message_another_sender_holds_costs_an_event_no_second_read(kind: StoreKind) {
+    let (app, counted) = TestApp::spawn_counted(kind, &[]).await;
+    let (status, answer) = app.submit(&submission("held-by")).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{answer}");
+    let id: RunId = "held-by".parse().unwrap();
+    let until = app.clock.now() + 600_000;
+    let hold = |j: &Job| {
+        let mut next = j.clone();
+        let lease = Lease {
+            owner: "another-sender".into(),
+            until,
+        };
+        next.discord.as_mut()?.delivery.lease = Some(lease);
+        Some(next)
+    };
+    let held = update(app.store.as_ref(), &id, hold).await.unwrap();
+    assert!(matches!(held, Updated::Written(_)), "{held:?}");
+    let (before, posts) = (counted.reads_of("held-by"), app.discord_calls().len());
+
+    app.buildkite.start_eval(1);
+    assert_eq!(app.event("job.started", 1).await, StatusCode::OK);
+    let reads = counted.reads_of("held-by") - before;
+    assert_eq!(reads, 1, "the event read the job once");
+    let job = app.job("held-by").await;
+    assert_eq!(job.state, JobState::Running);
+    assert!(job.owes(Channel::Discord), "owed, for the holder to send");
+    let outbox = job.discord.expect("a Discord outbox");
+    assert_eq!(
+        outbox.delivery.lease.map(|l| l.owner).as_deref(),
+        Some("another-sender")
+    );
+    assert_eq!(
+        app.discord_calls().len(),
+        posts,
+        "nothing sent past the holder"
+    );
+
+    app.advance_clock(Duration::from_secs(601));
+    app.sweep().await;
+    let job = app.job("held-by").await;
+    assert!(!job.owes(Channel::Discord), "sent once the lease ended");
+    assert!(
+        app.discord_text().contains("🏃 Running"),
+        "{}",
+        app.discord_text()
+    );
+}
+
 /// Discord posts the status message, then its answer is lost (a 500): the message may
 /// exist, so the call does not post it again; the sweep takes it from there.
 async fn a_post_whose_answer_was_lost_is_not_posted_again_in_the_same_call(kind: StoreKind) {
@@ -162,7 +216,7 @@ async fn every_try_leaves_time_to_record_what_it_did(kind: StoreKind) {
     app.discord.rate_limit_next(10, 3.5);
     let deadline = Deadline::after(Duration::from_millis(7_600));
     let job = app.job("reserved").await;
-    deliver::deliver(&app.sweeper, &job, deadline)
+    deliver::deliver(&app.sweeper, (&job, View::Own), deadline)
         .await
         .unwrap();
     let left = deadline.remaining();
@@ -834,6 +888,7 @@ async fn pending_reports_and_webhook_errors_reach_the_alarms_metrics(kind: Store
 on_both_stores!(
     discord_5xx_while_finishing_is_delivered_by_the_sweep,
     a_running_edit_held_back_by_429_never_replaces_the_final_report,
+    a_message_another_sender_holds_costs_an_event_no_second_read,
     a_deleted_status_message_gets_the_final_report_in_a_new_one,
     a_post_whose_answer_was_lost_is_not_posted_again_in_the_same_call,
     every_try_leaves_time_to_record_what_it_did,

@@ -12,8 +12,8 @@ use crate::support::{StoreKind, inflated_result, open_store};
 use kernelbot_dispatch::jobs::{
     BuildRef, CacheEntry, CallbackOutbox, Created, Creation, Cursor, DeliveryStatus, DynamoStore,
     Job, JobState, JobStore, Listed, Listing, OpenJob, Queue, Replaced, RunId, Shard, SharedKey,
-    SqliteStore, StoreError, Target, Transition, Updated, WebhookAddress, next_version, shared,
-    update, update_seen,
+    SqliteStore, StoreError, Target, Transition, Updated, View, WebhookAddress, next_version,
+    shared, update, update_from, update_seen,
 };
 use kernelbot_dispatch::result::{EvalResult, FullResult, Outcome, RunResult};
 
@@ -348,7 +348,42 @@ async fn updates_from_a_stale_view_decide_on_the_stored_job(kind: StoreKind) {
     let again = update_seen(store.as_ref(), &fresh, |j| j.apply(&running))
         .await
         .unwrap();
-    assert_eq!(again, Updated::Unchanged(fresh));
+    assert_eq!(again, Updated::Unchanged(fresh.clone()));
+
+    // The caller's own view is trusted as a read would be: its "no change" is taken as it
+    // stands (no read), though another writer has since moved the job; a change still goes
+    // by the version check.
+    let s1 = id("s1");
+    let other = update(store.as_ref(), &s1, |j| {
+        let mut next = j.clone();
+        next.queue = "moved".into();
+        Some(next)
+    });
+    let Updated::Written(later) = other.await.unwrap() else {
+        panic!("another writer moved it");
+    };
+    let kept = update_from(store.as_ref(), &fresh, View::Own, |j| j.apply(&running))
+        .await
+        .unwrap();
+    assert_eq!(kept, Updated::Unchanged(fresh.clone()), "no read was made");
+    let mut saw = Vec::new();
+    let moved = update_from(store.as_ref(), &fresh, View::Own, |j| {
+        saw.push(j.state);
+        let mut next = j.clone();
+        next.queue = format!("{}!", j.queue).into();
+        Some(next)
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        saw,
+        [JobState::Finished; 2],
+        "decided again on the stored job"
+    );
+    assert!(
+        matches!(&moved, Updated::Written(j) if j.queue == "moved!" && j.version == later.version + 1),
+        "{moved:?}"
+    );
 
     // A job that is gone is Missing, whatever the view said.
     let mut ghost = job("ghost", 1);

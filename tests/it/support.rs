@@ -12,9 +12,11 @@ use kernelbot_dispatch::devstack::stack::{self, Stack};
 pub(crate) use kernelbot_dispatch::devstack::stack::{
     API_TOKEN, BK_TOKEN, HOOK_URL, SECRET, StoreKind, submission,
 };
+use kernelbot_dispatch::devstack::units::CountingStore;
 use kernelbot_dispatch::flow::sweep::SweepReport;
 use kernelbot_dispatch::jobs::{Job, JobStore};
 use kernelbot_dispatch::result::{EvalResult, FullResult, RunResult};
+use kernelbot_dispatch::time::Clock;
 use reqwest::StatusCode;
 use serde_json::Value;
 
@@ -36,6 +38,17 @@ impl TestApp {
     pub(crate) async fn spawn_with(kind: StoreKind, vars: &[(&str, &str)]) -> Self {
         let stack = Stack::spawn_with(kind, vars).await;
         Self(stack.expect("the local stack starts"))
+    }
+
+    /// As `spawn_with`, the functions' store counted as DynamoDB would bill its calls.
+    pub(crate) async fn spawn_counted(
+        kind: StoreKind,
+        vars: &[(&str, &str)],
+    ) -> (Self, Arc<CountingStore>) {
+        let (timeout, clock) = (Duration::from_secs(5), Clock::default());
+        let stack = Stack::spawn_counted(kind, vars, timeout, clock).await;
+        let (stack, counted) = stack.expect("the local stack starts");
+        (Self(stack), counted)
     }
 
     pub(crate) async fn spawn_tuned(
