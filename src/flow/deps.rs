@@ -14,7 +14,7 @@ use crate::flow::place_buckets::PlaceBuckets;
 use crate::flow::profiles::ClickCounter;
 use crate::flow::quiet_lists::QuietLists;
 use crate::flow::status::PageCache;
-use crate::jobs::{Job, JobStore, StoreWindows, Target};
+use crate::jobs::{Job, JobStore, SeenEntries, StoreWindows, Target};
 use crate::retry::{Deadline, Policy};
 use crate::telemetry::metrics::Metrics;
 use crate::time::Clock;
@@ -47,6 +47,8 @@ pub struct Deps {
     pub(crate) quiet_lists: QuietLists,
     /// Waiting jobs' Discord buckets, as this instance last read them (placing).
     pub(crate) place_buckets: PlaceBuckets,
+    /// Shared entries (queues' leases and records) as this instance last saw them.
+    pub(crate) seen: Arc<SeenEntries>,
 }
 
 /// Why a function could not start.
@@ -131,6 +133,7 @@ impl Deps {
             status_page: PageCache::default(),
             quiet_lists: QuietLists::default(),
             place_buckets: PlaceBuckets::default(),
+            seen: Arc::default(),
         })
     }
 

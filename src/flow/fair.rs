@@ -22,7 +22,7 @@ use super::rules::stats::{Ended, QueueRecord};
 use super::{Deps, DispatchError};
 use crate::discord::Priority;
 use crate::jobs::{
-    Job, JobState, OpenJob, Queue, RunId, SharedKey, StoreError, Updated, View, shared, update_seen,
+    Job, JobState, OpenJob, Queue, RunId, SharedKey, StoreError, Updated, View, update_seen,
 };
 use crate::result::Verdict;
 use crate::retry::Deadline;
@@ -33,6 +33,8 @@ use crate::time::Millis;
 const MAX_PLACE_EDITS: usize = 8;
 /// Rounds one holder releases at most before it lets go (asks left for the next holder).
 const MAX_ROUNDS: usize = 4;
+/// How old a queue's record seen by this instance may be for a standing shown.
+const RECORD_SEEN_MS: Millis = 5_000;
 /// The longest a release waits for the agents list.
 const AGENTS_WAIT: Duration = Duration::from_secs(2);
 /// Jobs one end reads at most to place them: those whose place the queue index shows
@@ -348,15 +350,17 @@ async fn note_end(d: &Deps, job: &Job) -> Result<Option<QueueRecord>, StoreError
         record.note(ended.clone(), infra);
         record.clone()
     };
-    let changed = shared::update(d.store.as_ref(), key, now, QueueRecord::default, note).await?;
-    Ok(Some(changed.said))
+    let store = d.store.as_ref();
+    let changed = d.seen.update(store, (key, now), QueueRecord::default, note);
+    Ok(Some(changed.await?.said))
 }
 
-/// A queue's record of its ended jobs, as last written.
+/// A queue's record of its ended jobs, as last written (or as this instance saw it less
+/// than [`RECORD_SEEN_MS`] before: the median run time it gives is shown, not decided by).
 pub(crate) async fn queue_record(d: &Deps, queue: &Queue) -> Result<QueueRecord, StoreError> {
-    let key = SharedKey::QueueRecord(queue);
-    let (record, _) = shared::read(d.store.as_ref(), key, d.clock.now()).await?;
-    Ok(record.unwrap_or_default())
+    let key = (SharedKey::QueueRecord(queue), d.clock.now());
+    let record = d.seen.read_within(d.store.as_ref(), key, RECORD_SEEN_MS);
+    Ok(record.await?.unwrap_or_default())
 }
 
 /// What a standing is computed from, besides the queue's open jobs: its connected agents

@@ -1,6 +1,7 @@
 //! A queue's fair-share lease in the store: taken, or marked asked when another holds it;
 //! let go, or held again while releases were asked of it ([`rules::lease`] decides). Each
-//! move is a compare-and-swap on the entry's version, tried again on what won.
+//! move is a compare-and-swap on the entry's version, from the entry as this instance last
+//! saw it, tried again on what won (which the refusal brings: no read).
 
 use tracing::warn;
 
@@ -35,18 +36,51 @@ fn entry(lease: &Lease, queue: &Queue, version: Millis, now: Millis) -> CacheEnt
     CacheEntry::unclaimed(value, now, version, expires_at)
 }
 
-/// The lease as stored, and its version.
-async fn read(d: &Deps, key: &str) -> Result<(Lease, Option<Millis>), StoreError> {
-    let found = d.store.cached(key).await?;
-    let lease = Lease::parse(found.as_ref().and_then(|e| e.value.as_deref()));
-    Ok((lease, found.map(|e| e.version)))
+/// The lease in `entry`, and its version.
+fn parse(entry: Option<&CacheEntry>) -> (Lease, Option<Millis>) {
+    let lease = Lease::parse(entry.and_then(|e| e.value.as_deref()));
+    (lease, entry.map(|e| e.version))
 }
 
-/// Takes `queue`'s lease, or marks it asked with what the caller `knew`.
+/// The lease entry to decide from: `known` (as this instance last saw it, or as a refusal
+/// brought it), else as stored.
+async fn current(
+    d: &Deps,
+    key: &str,
+    known: Option<Option<CacheEntry>>,
+) -> Result<Option<CacheEntry>, StoreError> {
+    match known {
+        Some(entry) => Ok(entry),
+        None => d.store.cached(key).await,
+    }
+}
+
+/// Writes `value` over the entry of `version`: whether it landed, else the entry that
+/// refused it. What stands after is noted as this instance's view of the lease.
+async fn swap(
+    d: &Deps,
+    (key, queue): (&str, &Queue),
+    (value, next, version): (&Lease, Millis, Option<Millis>),
+    now: Millis,
+) -> Result<Result<(), Option<CacheEntry>>, StoreError> {
+    let written = entry(value, queue, next, now);
+    let swapped = d.store.swap_cached(key, &written, version).await;
+    match &swapped {
+        Ok(Ok(())) => d.seen.keep(key, Some(written), now),
+        Ok(Err(standing)) => d.seen.keep(key, standing.clone(), now),
+        Err(_) => d.seen.keep(key, None, now),
+    }
+    swapped
+}
+
+/// Takes `queue`'s lease, or marks it asked with what the caller `knew`: from the lease as
+/// this instance last saw it (a write over an entry since changed is refused, and decided
+/// again on the entry that refused it).
 pub(crate) async fn take(d: &Deps, queue: &Queue, knew: &Asked) -> Result<Taken, StoreError> {
     let key = SharedKey::FairLease(queue).key();
+    let mut known = d.seen.get(&key).map(Some);
     for _ in 0..shared::TRIES {
-        let (lease, version) = read(d, &key).await?;
+        let (lease, version) = parse(current(d, &key, known.take()).await?.as_ref());
         let now = d.clock.now();
         let (value, taken) = match lease.arrive(knew, now, LEASE_MS) {
             Move::Take(value, left) => {
@@ -56,20 +90,20 @@ pub(crate) async fn take(d: &Deps, queue: &Queue, knew: &Asked) -> Result<Taken,
             Move::Ask(value) => (value, None),
         };
         let next = next_version(version, now);
-        if d.store
-            .put_cached(&key, &entry(&value, queue, next, now), version)
-            .await?
-        {
-            return Ok(match taken {
-                Some((until, left)) => Taken::Held(
-                    Held {
-                        until,
-                        wrote: (value, next),
-                    },
-                    left,
-                ),
-                None => Taken::Asked,
-            });
+        match swap(d, (&key, queue), (&value, next, version), now).await? {
+            Ok(()) => {
+                return Ok(match taken {
+                    Some((until, left)) => Taken::Held(
+                        Held {
+                            until,
+                            wrote: (value, next),
+                        },
+                        left,
+                    ),
+                    None => Taken::Asked,
+                });
+            }
+            Err(standing) => known = Some(standing),
         }
     }
     Err(StoreError::unavailable(format!(
@@ -88,12 +122,13 @@ pub(crate) async fn leave(
 ) -> Result<Option<(Held, Asked)>, StoreError> {
     let key = SharedKey::FairLease(queue).key();
     // First from the entry as this holder wrote it; an asker's mark (or, past its time,
-    // another holder) changed its version, and the write is refused: then read.
+    // another holder) changed its version, and the write is refused with their entry.
     let mut wrote = Some((held.wrote.0, Some(held.wrote.1)));
+    let mut known = None;
     for _ in 0..shared::TRIES {
         let (lease, version) = match wrote.take() {
-            Some(known) => known,
-            None => read(d, &key).await?,
+            Some(mine) => mine,
+            None => parse(current(d, &key, known.take()).await?.as_ref()),
         };
         let now = d.clock.now();
         let Some(next) = lease.leave(held.until, (now, LEASE_MS), last) else {
@@ -105,15 +140,15 @@ pub(crate) async fn leave(
             Err((value, asked)) => (value, Some(asked)),
         };
         let v = next_version(version, now);
-        if d.store
-            .put_cached(&key, &entry(&value, queue, v, now), version)
-            .await?
-        {
-            let until = value.until.unwrap_or(now);
-            return Ok(again.map(|asked| {
-                let wrote = (value, v);
-                (Held { until, wrote }, asked)
-            }));
+        match swap(d, (&key, queue), (&value, v, version), now).await? {
+            Ok(()) => {
+                let until = value.until.unwrap_or(now);
+                return Ok(again.map(|asked| {
+                    let wrote = (value, v);
+                    (Held { until, wrote }, asked)
+                }));
+            }
+            Err(standing) => known = Some(standing),
         }
     }
     Err(StoreError::unavailable(format!(

@@ -27,6 +27,8 @@ pub(crate) const FRESH_MS: Millis = 60_000;
 const MAX_STALE_MS: Millis = 10 * 60_000;
 /// While another instance fetches the first list, wait this long for it at most.
 const WAIT_FOR_FIRST: Duration = Duration::from_secs(3);
+/// How old this instance's view of the agents list may be where no Buildkite call is made.
+const SEEN_MS: Millis = 5_000;
 
 #[derive(Debug, thiserror::Error)]
 pub enum QueueError {
@@ -184,11 +186,14 @@ pub(crate) async fn cached_agents(d: &Deps) -> Result<Vec<SeenAgent>, StoreError
 }
 
 /// The agents list as last cached and when Buildkite gave it (no Buildkite call): what fair
-/// share counts idle GPUs by while it is younger than [`FRESH_MS`].
+/// share counts idle GPUs by while it is younger than [`FRESH_MS`]. The entry as this
+/// instance saw it less than [`SEEN_MS`] before serves (it changes once in [`REFRESH_MS`],
+/// and this instance's own refresh is seen at once).
 pub(crate) async fn listed_agents(
     d: &Deps,
 ) -> Result<Option<(Vec<SeenAgent>, Millis)>, StoreError> {
-    let entry = d.store.cached(&agents_key()).await?;
+    let key = (SharedKey::Agents, d.clock.now());
+    let entry = d.seen.entry_within(d.store.as_ref(), key, SEEN_MS).await?;
     Ok(entry.and_then(|e| Some((parse(&e)?, e.fetched_at))))
 }
 
@@ -212,6 +217,7 @@ pub async fn status(d: &Deps, gpu: &str, deadline: Deadline) -> Result<QueueStat
 pub(crate) async fn agents(d: &Deps, deadline: Deadline) -> Result<Vec<SeenAgent>, QueueError> {
     let now = d.clock.now();
     let entry = d.store.cached(&agents_key()).await?;
+    d.seen.keep(&agents_key(), entry.clone(), now);
     let cached = entry.as_ref().and_then(parse);
     if let (Some(e), Some(list)) = (&entry, &cached)
         && now - e.fetched_at < REFRESH_MS
@@ -270,9 +276,12 @@ async fn refresh_agents(
         expires_at: SharedKey::Agents.expires(now),
     };
     // Lost only to a later claim, whose list is as good.
-    d.store
+    if d.store
         .put_cached(&agents_key(), &entry, Some(claim.version))
-        .await?;
+        .await?
+    {
+        d.seen.keep(&agents_key(), Some(entry), now);
+    }
     Ok(list)
 }
 

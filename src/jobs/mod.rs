@@ -9,6 +9,7 @@ mod model;
 mod outbox;
 mod outcome;
 mod record;
+mod seen;
 pub mod shared;
 #[cfg(feature = "embedded-store")]
 mod sqlite;
@@ -38,6 +39,7 @@ pub use sqlite::SqliteStore;
 pub use state::JobState;
 pub use store::{CacheEntry, Created, Cursor, JobStore, OpenJob, Replaced, Shard, next_version};
 
+pub(crate) use seen::SeenEntries;
 pub use update::{Updated, View, update, update_from, update_seen};
 pub(crate) use windows::StoreWindows;
 

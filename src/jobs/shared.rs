@@ -127,7 +127,7 @@ async fn read_entry<T: DeserializeOwned>(
 }
 
 /// `entry`'s value (`None` where it does not parse or has expired), version and expiry.
-fn parse<T: DeserializeOwned>(
+pub(crate) fn parse<T: DeserializeOwned>(
     entry: Option<&CacheEntry>,
     now: Millis,
 ) -> (Option<T>, Option<Millis>, Option<Millis>) {

@@ -5,13 +5,13 @@
 //! comes to nothing, and none when another instance wrote in between (the refusal brings
 //! their entry).
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use super::shared::{self, SharedKey};
-use super::store::{CacheEntry, JobStore};
+use super::seen::SeenEntries;
+use super::shared::SharedKey;
+use super::store::JobStore;
 use crate::error::BoxError;
 use crate::time::Millis;
 use crate::window::{News, SharedWindows, Window};
@@ -20,7 +20,7 @@ use crate::window::{News, SharedWindows, Window};
 pub(crate) struct StoreWindows {
     store: Arc<dyn JobStore>,
     /// Each window's entry as this instance last read or wrote it.
-    seen: Mutex<HashMap<String, CacheEntry>>,
+    seen: SeenEntries,
 }
 
 impl StoreWindows {
@@ -28,7 +28,7 @@ impl StoreWindows {
     pub(crate) fn of(store: Arc<dyn JobStore>) -> Arc<dyn SharedWindows> {
         Arc::new(Self {
             store,
-            seen: Mutex::default(),
+            seen: SeenEntries::default(),
         })
     }
 
@@ -40,36 +40,12 @@ impl StoreWindows {
         (span, now): (Millis, Millis),
         change: impl FnMut(&mut Window) -> R,
     ) -> Result<R, BoxError> {
-        let seen = self.seen().get(name).cloned();
         let init = || Window::of_span(span);
         let key = SharedKey::Window(name);
-        let outcome =
-            shared::update_seen(self.store.as_ref(), key, (now, seen), init, change).await;
-        let (changed, standing) = match outcome {
-            Ok(done) => done,
-            Err(e) => {
-                // Whatever this instance saw is in doubt: the next change reads.
-                self.seen().remove(name);
-                return Err(e.into());
-            }
-        };
-        let mut seen = self.seen();
-        match standing {
-            // A change of this instance's that ended later may have seen a newer entry.
-            Some(entry) if seen.get(name).is_none_or(|s| s.version <= entry.version) => {
-                seen.insert(name.to_owned(), entry);
-            }
-            Some(_) => {}
-            None => {
-                seen.remove(name);
-            }
-        }
-        Ok(changed.said)
-    }
-
-    /// The entries as this instance last saw them.
-    fn seen(&self) -> std::sync::MutexGuard<'_, HashMap<String, CacheEntry>> {
-        self.seen.lock().unwrap_or_else(|p| p.into_inner())
+        let changed = self
+            .seen
+            .update(self.store.as_ref(), (key, now), init, change);
+        Ok(changed.await?.said)
     }
 }
 

@@ -301,6 +301,50 @@ async fn a_lease_contender_s_release_is_not_lost(kind: StoreKind) {
     );
 }
 
+/// The queue's lease is taken and let go from its entry as this instance last saw it: a run
+/// of submissions to one instance reads it once; a holder elsewhere still turns the next
+/// take into an ask, decided on the holder's entry, which the refusal brought (no read).
+async fn an_instance_takes_the_lease_from_the_entry_it_last_saw(kind: StoreKind) {
+    let (app, counted) = TestApp::spawn_counted(kind, &[("USER_MAX_IN_FLIGHT", "1")]).await;
+    let lease_reads = || {
+        let by_kind = counted.units_by_kind();
+        let reads = by_kind.iter().find(|(k, _)| k == "read ~fair");
+        reads.map_or(0, |(_, u)| u.calls)
+    };
+    for run_id in ["a1", "a2", "a3", "a4"] {
+        submit(&app, "alice", run_id).await;
+    }
+    assert_eq!(built(&app), ["a1"], "the others wait");
+    assert_eq!(
+        lease_reads(),
+        1,
+        "read once, then taken from the entry left"
+    );
+
+    // Another instance takes the lease, and holds it.
+    let lease = "~fair/h100";
+    let until = app.clock.now() + 5_000;
+    let before = app.store.cached(lease).await.unwrap().map(|e| e.version);
+    let held = CacheEntry {
+        value: Some(json!({ "until": until }).to_string()),
+        fetched_at: 0,
+        claimed_at: 7,
+        version: before.unwrap_or(0) + 1,
+        expires_at: None,
+    };
+    assert!(app.store.put_cached(lease, &held, before).await.unwrap());
+    submit(&app, "bob", "b1").await;
+    let entry = app.store.cached(lease).await.unwrap();
+    let marked: Value = serde_json::from_str(entry.and_then(|e| e.value).as_deref().unwrap())
+        .expect("the lease's value");
+    assert_eq!(
+        (&marked["until"], &marked["asked"], &marked["knew"]["new"]),
+        (&json!(until), &json!(true), &json!(["b1"])),
+        "the holder is asked, with the new job: {marked}"
+    );
+    assert_eq!(lease_reads(), 1, "the refusal brought the holder's entry");
+}
+
 /// At most `USER_MAX_WAITING` of a user's jobs wait on a queue: the next is refused with
 /// 429 and `Retry-After`, and nothing of it is recorded; a retry of one already recorded is
 /// answered as before, another user is not held back, and once one of the user's jobs
@@ -525,6 +569,7 @@ async fn a_place_a_full_bucket_cannot_show_is_not_read_at_every_end(kind: StoreK
 }
 
 on_both_stores!(
+    an_instance_takes_the_lease_from_the_entry_it_last_saw,
     a_place_a_full_bucket_cannot_show_is_not_read_at_every_end,
     idle_gpus_take_waiting_jobs_though_the_list_was_old,
     a_job_the_sweep_ends_lets_a_waiting_one_go_in_the_same_pass,
