@@ -59,6 +59,23 @@ async fn message_of(app: &TestApp, run_id: &str) -> String {
         .to_owned()
 }
 
+/// Another instance takes queue h100's lease for 5 s (its entry's `version` from the
+/// version before) and stops there; until when it holds it.
+async fn hold_lease(app: &TestApp, version: impl Fn(Option<i64>) -> i64) -> i64 {
+    let lease = "~fair/h100";
+    let until = app.clock.now() + 5_000;
+    let before = app.store.cached(lease).await.unwrap().map(|e| e.version);
+    let held = CacheEntry {
+        value: Some(json!({ "until": until }).to_string()),
+        fetched_at: 0,
+        claimed_at: 7,
+        version: version(before),
+        expires_at: None,
+    };
+    assert!(app.store.put_cached(lease, &held, before).await.unwrap());
+    until
+}
+
 /// A user's third submission waits while two of theirs have builds, and gets its build when
 /// one of them ends; another user is not held back by them.
 async fn a_third_submission_waits_while_two_run(kind: StoreKind) {
@@ -260,16 +277,7 @@ async fn a_lease_contender_s_release_is_not_lost(kind: StoreKind) {
     assert_eq!(built(&app), ["a1"], "a2 waits");
     // Another instance takes the queue's lease, and stops there.
     let lease = "~fair/h100";
-    let until = app.clock.now() + 5_000;
-    let before = app.store.cached(lease).await.unwrap().map(|e| e.version);
-    let held = CacheEntry {
-        value: Some(json!({ "until": until }).to_string()),
-        fetched_at: 0,
-        claimed_at: 7,
-        version: 7,
-        expires_at: None,
-    };
-    assert!(app.store.put_cached(lease, &held, before).await.unwrap());
+    let until = hold_lease(&app, |_| 7).await;
     let a1 = build_of(&app, "a1").await;
     let status = app.finish(a1, "passed", Some(sample_result(false))).await;
     assert_eq!(status, StatusCode::OK);
@@ -323,16 +331,7 @@ async fn an_instance_takes_the_lease_from_the_entry_it_last_saw(kind: StoreKind)
 
     // Another instance takes the lease, and holds it.
     let lease = "~fair/h100";
-    let until = app.clock.now() + 5_000;
-    let before = app.store.cached(lease).await.unwrap().map(|e| e.version);
-    let held = CacheEntry {
-        value: Some(json!({ "until": until }).to_string()),
-        fetched_at: 0,
-        claimed_at: 7,
-        version: before.unwrap_or(0) + 1,
-        expires_at: None,
-    };
-    assert!(app.store.put_cached(lease, &held, before).await.unwrap());
+    let until = hold_lease(&app, |before| before.unwrap_or(0) + 1).await;
     submit(&app, "bob", "b1").await;
     let entry = app.store.cached(lease).await.unwrap();
     let marked: Value = serde_json::from_str(entry.and_then(|e| e.value).as_deref().unwrap())
