@@ -125,8 +125,10 @@ struct Artifact<'a> {
     artifact_id: &'a str,
 }
 
-/// How long a click waits for another instance's fetch of the same link.
-const WAIT_FOR_FETCH: Duration = Duration::from_secs(5);
+/// How long a click waits for another instance's fetch of the same link: as long as the
+/// fetch's claim holds the others off, since that fetch may take a Buildkite call's whole
+/// timeout (a shorter wait answered a burst of clicks 503 while the one fetch was on its way).
+const WAIT_FOR_FETCH: Duration = Duration::from_millis(clicks::CLAIM_MS as u64);
 
 /// The zip's storage URL: the one kept under `key` while it lasts, else fetched by whichever
 /// click claims the fetch first (the others wait for it), within the quota's reserve.
