@@ -2,12 +2,15 @@
 //! webhook's bucket alike: the calls left and when the window resets (as the service's
 //! answers tell it, each through its own header adapter), the limit and the window's length,
 //! so that calls made after a reset, before any answer, are counted too. A call of lower
-//! priority leaves a reserve of the window to those above it.
+//! priority leaves a reserve of the window to those above it. The service counts a call when
+//! it arrives: the calls still on their way are counted in any window an answer tells of and
+//! in the next one.
 //!
 //! A [`Limiter`] keeps one instance's view and, where the deployment shares one, spends the
 //! window every instance spends ([`SharedWindows`], kept in the store by compare-and-swap):
 //! together they stay within it, where each alone would meet the others' 429s.
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
@@ -20,6 +23,10 @@ use crate::time::{Clock, Millis};
 /// How long a call waits (at least, jittered up to twice) when the shared window could not
 /// be read.
 const UNREAD_WAIT_MS: Millis = 100;
+
+/// A call unanswered this long is taken to have failed on its way (longer than any call's
+/// timeout): it no longer counts as on its way.
+const ANSWER_WITHIN_MS: Millis = 30_000;
 
 /// The longest window learned from resets (Buildkite's is a minute, Discord's buckets a few
 /// seconds); a service's own window (given at construction) may be longer.
@@ -79,17 +86,25 @@ impl Window {
         }
     }
 
-    /// Past the reset, a new window of the known limit begins: counted from here.
-    pub(crate) fn roll(&mut self, now: Millis) {
+    /// Past the reset, a new window of the known limit begins: counted from here, less the
+    /// calls still `on_the_way` (the service counts a call when it arrives: one taken before
+    /// this reset may land after the service's).
+    pub(crate) fn roll(&mut self, now: Millis, on_the_way: i64) {
         if self.remaining.is_some() && now >= self.reset_at {
-            self.remaining = self.limit;
+            self.remaining = self.limit.map(|l| l - on_the_way.max(0));
             self.reset_at = now.saturating_add(self.span);
         }
     }
 
-    /// Takes a call that leaves `reserve`, or says how long to wait for room.
-    pub(crate) fn take(&mut self, reserve: i64, now: Millis) -> Result<(), Millis> {
-        self.roll(now);
+    /// Takes a call that leaves `reserve` (with `on_the_way` calls unanswered), or says how
+    /// long to wait for room.
+    pub(crate) fn take(
+        &mut self,
+        reserve: i64,
+        now: Millis,
+        on_the_way: i64,
+    ) -> Result<(), Millis> {
+        self.roll(now, on_the_way);
         self.admits(reserve, now)?;
         if let Some(r) = &mut self.remaining {
             *r -= 1;
@@ -97,11 +112,14 @@ impl Window {
         Ok(())
     }
 
-    /// Notes what an answer said at `now`. Within the window held, the fewer calls left and
-    /// the later reset are kept: an answer counts only the calls that reached the service
-    /// (others may be on their way), and arrives after the service measured its reset. A
-    /// reset well past the held one is a later window: taken as told.
-    pub(crate) fn hear(&mut self, news: News, now: Millis) {
+    /// Notes what an answer said at `now`, `on_the_way` other calls still unanswered. The
+    /// calls it tells are left less those on their way: the service counts a call when it
+    /// arrives, and where windows begin with a call's arrival and a reset is learned an
+    /// answer's way late, this window's calls may land in the service's next one. Within
+    /// the window held, the fewer calls left and the later reset are kept (the answer
+    /// arrives after the service measured its reset). A reset well past the held one is a
+    /// later window: taken as told.
+    pub(crate) fn hear(&mut self, news: News, now: Millis, on_the_way: i64) {
         match news {
             News::Told {
                 remaining,
@@ -109,6 +127,7 @@ impl Window {
                 reset_after,
             } => {
                 let reset_at = now.saturating_add(reset_after.max(0));
+                let remaining = remaining - on_the_way.max(0);
                 self.limit = limit.or(self.limit);
                 let held = self.remaining.filter(|_| now < self.reset_at);
                 let half = self.span / 2;
@@ -162,18 +181,25 @@ fn worth_telling(news: News, (before, after): (&Window, &Window), grain: Millis)
 #[async_trait]
 pub(crate) trait SharedWindows: Send + Sync {
     /// Takes a call that leaves `reserve` from the window `name` (one `span` long when it
-    /// is new): `Ok(Err(ms))` when it has no room for that long.
+    /// is new), `on_the_way` calls of the taker's unanswered: `Ok(Err(ms))` when it has no
+    /// room for that long.
     async fn take(
         &self,
         name: &str,
         span: Millis,
-        reserve: i64,
+        (reserve, on_the_way): (i64, i64),
         now: Millis,
     ) -> Result<Result<(), Millis>, BoxError>;
 
-    /// Notes what an answer said of the window `name`.
-    async fn hear(&self, name: &str, span: Millis, news: News, now: Millis)
-    -> Result<(), BoxError>;
+    /// Notes what an answer said of the window `name`, `on_the_way` other calls of the
+    /// hearer's unanswered.
+    async fn hear(
+        &self,
+        name: &str,
+        span: Millis,
+        (news, on_the_way): (News, i64),
+        now: Millis,
+    ) -> Result<(), BoxError>;
 }
 
 /// A shared window and the name it is kept under.
@@ -191,6 +217,8 @@ pub(crate) struct Limiter {
     clock: Clock,
     /// How finely the service tells its resets: a reset later by less is not news.
     grain: Millis,
+    /// When each call this instance sent and has not heard back on was taken, oldest first.
+    unanswered: Arc<Mutex<VecDeque<Millis>>>,
 }
 
 impl fmt::Debug for Limiter {
@@ -211,6 +239,7 @@ impl Limiter {
             shared: None,
             clock,
             grain: grain.max(1),
+            unanswered: Arc::default(),
         }
     }
 
@@ -248,8 +277,9 @@ impl Limiter {
     /// How many calls that leave `reserve` this instance's view has room for now
     /// (`i64::MAX` while nothing was told).
     pub(crate) fn room(&self, reserve: i64) -> i64 {
+        let on_the_way = self.on_the_way(self.clock.now(), None);
         self.with(|w, now| {
-            w.roll(now);
+            w.roll(now, on_the_way);
             match w.remaining {
                 Some(r) if now < w.reset_at => (r - reserve).max(0),
                 _ => i64::MAX,
@@ -257,24 +287,60 @@ impl Limiter {
         })
     }
 
+    /// The time on the service's clock: what a call sent now gives [`Self::hear`].
+    pub(crate) fn now(&self) -> Millis {
+        self.clock.now()
+    }
+
+    /// Calls of this instance still on their way at `now` (after forgetting those unanswered
+    /// too long); `answered`: the call sent at that time is heard back now.
+    fn on_the_way(&self, now: Millis, answered: Option<Millis>) -> i64 {
+        let mut calls = self.unanswered.lock().unwrap_or_else(|p| p.into_inner());
+        while calls
+            .front()
+            .is_some_and(|&at| now - at >= ANSWER_WITHIN_MS)
+        {
+            calls.pop_front();
+        }
+        if let Some(sent_at) = answered {
+            // Its own entry (taken just before it was sent), else the oldest.
+            let at = calls.iter().rposition(|&at| at <= sent_at).unwrap_or(0);
+            calls.remove(at);
+        }
+        calls.len() as i64
+    }
+
+    /// Notes a call taken at `now`: on its way until heard back.
+    fn sent(&self, now: Millis) {
+        let mut calls = self.unanswered.lock().unwrap_or_else(|p| p.into_inner());
+        calls.push_back(now);
+    }
+
     /// Takes a call that leaves `reserve`, or says how long to wait for room. A window this
     /// instance knows to be spent costs no store read; the shared one decides the rest.
     pub(crate) async fn take(&self, reserve: i64) -> Result<(), Millis> {
+        let on_the_way = self.on_the_way(self.clock.now(), None);
         self.with(|w, now| {
-            w.roll(now);
+            w.roll(now, on_the_way);
             w.admits(reserve, now)
         })?;
         let Some(s) = &self.shared else {
-            return self.with(|w, now| w.take(reserve, now));
+            let taken = self.with(|w, now| w.take(reserve, now, on_the_way).map(|()| now));
+            return taken.map(|now| self.sent(now));
         };
         let (span, now) = (self.view().span, self.clock.now());
-        match s.windows.take(&s.name, span, reserve, now).await {
+        match s
+            .windows
+            .take(&s.name, span, (reserve, on_the_way), now)
+            .await
+        {
             Ok(Ok(())) => {
                 // Taken where every instance counts: this view counts it too.
                 self.with(|w, now| {
-                    w.roll(now);
+                    w.roll(now, on_the_way);
                     w.remaining = w.remaining.map(|r| r - 1);
                 });
+                self.sent(now);
                 Ok(())
             }
             Ok(Err(wait)) => Err(wait),
@@ -288,12 +354,14 @@ impl Limiter {
         }
     }
 
-    /// Notes what an answer said. The shared window hears only what this instance's view did
-    /// not already hold (fewer calls left, a later reset, a 429): most answers cost no write.
-    pub(crate) async fn hear(&self, news: News) {
+    /// Notes what an answer to a call sent at `sent_at` said. The shared window hears only
+    /// what this instance's view did not already hold (fewer calls left, a later reset, a
+    /// 429): most answers cost no write.
+    pub(crate) async fn hear(&self, news: News, sent_at: Millis) {
+        let on_the_way = self.answered(sent_at);
         let (before, after) = self.with(|w, now| {
             let before = *w;
-            w.hear(news, now);
+            w.hear(news, now, on_the_way);
             (before, *w)
         });
         let Some(s) = &self.shared else {
@@ -303,9 +371,16 @@ impl Limiter {
             return;
         }
         let now = self.clock.now();
-        if let Err(e) = s.windows.hear(&s.name, after.span, news, now).await {
+        let told = (news, on_the_way);
+        if let Err(e) = s.windows.hear(&s.name, after.span, told, now).await {
             tracing::warn!(window = %s.name, error = %e, "shared window not told");
         }
+    }
+
+    /// Notes that the call sent at `sent_at` was answered (whether or not the answer told of
+    /// the window): it is no longer on its way. The calls that still are.
+    pub(crate) fn answered(&self, sent_at: Millis) -> i64 {
+        self.on_the_way(self.clock.now(), Some(sent_at))
     }
 
     /// Waits `ms` on the service's clock.
@@ -356,27 +431,27 @@ mod tests {
     #[test]
     fn answers_within_a_window_keep_the_fewer_calls_and_the_later_reset() {
         let mut w = Window::of_span(2_000);
-        w.hear(told(4, 5, 2_000), 0);
+        w.hear(told(4, 5, 2_000), 0, 0);
         assert_eq!((w.remaining, w.reset_at), (Some(4), 2_000));
-        w.take(0, 100).unwrap();
-        w.take(0, 100).unwrap();
-        w.hear(told(3, 5, 1_850), 200);
+        w.take(0, 100, 0).unwrap();
+        w.take(0, 100, 0).unwrap();
+        w.hear(told(3, 5, 1_850), 200, 0);
         assert_eq!(
             (w.remaining, w.reset_at),
             (Some(2), 2_050),
             "one call still on its way; the service's reset is later than held"
         );
-        w.hear(told(0, 5, 1_700), 300);
+        w.hear(told(0, 5, 1_700), 300, 0);
         assert_eq!(w.remaining, Some(0), "others spent the rest");
-        w.hear(told(4, 5, 2_000), 2_100);
+        w.hear(told(4, 5, 2_000), 2_100, 0);
         assert_eq!(
             (w.remaining, w.reset_at),
             (Some(4), 4_100),
             "past the reset: the new window as told"
         );
         let mut w = Window::of_span(60_000);
-        w.hear(told(40, 50, 10_000), 0);
-        w.hear(told(49, 50, 60_000), 30_000);
+        w.hear(told(40, 50, 10_000), 0, 0);
+        w.hear(told(49, 50, 60_000), 30_000, 0);
         assert_eq!(
             (w.remaining, w.reset_at),
             (Some(49), 90_000),
@@ -387,17 +462,17 @@ mod tests {
     #[test]
     fn a_late_answer_of_the_window_before_says_nothing_of_this_one() {
         let mut w = Window::of_span(60_000);
-        w.hear(told(3, 50, 1_000), 59_000);
-        w.roll(60_000);
+        w.hear(told(3, 50, 1_000), 59_000, 0);
+        w.roll(60_000, 0);
         assert_eq!((w.remaining, w.reset_at), (Some(50), 120_000));
         // Sent at 59.9 s, answered at 60.2 s: the old window's last call, reset "now".
-        w.hear(told(0, 50, 0), 60_200);
+        w.hear(told(0, 50, 0), 60_200, 0);
         assert_eq!(
             (w.remaining, w.reset_at),
             (Some(50), 120_000),
             "the new window keeps its calls"
         );
-        w.hear(told(48, 50, 59_000), 60_500);
+        w.hear(told(48, 50, 59_000), 60_500, 0);
         assert_eq!(w.remaining, Some(48), "its own answers count");
     }
 
@@ -433,25 +508,27 @@ mod tests {
     #[test]
     fn a_long_reset_is_one_wait_not_every_window_s_length() {
         let mut w = Window::of_span(60_000);
-        w.hear(told(5, 50, 3_600_000), 0);
+        w.hear(told(5, 50, 3_600_000), 0, 0);
         assert_eq!(w.reset_at, 3_600_000, "this window waits as told");
         assert_eq!(w.span, 60_000, "the next ones are a minute long");
         let mut d = Window::of_span(0);
-        d.hear(told(4, 5, 2_000), 0);
+        d.hear(told(4, 5, 2_000), 0, 0);
         d.hear(
             News::Refused {
                 reset_after: Some(600_000),
             },
             100,
+            0,
         );
         assert_eq!(d.span, 2_000, "a 429's wait is not the bucket's length");
         let mut r = Window::of_span(2_000);
-        r.hear(told(2, 5, 2_000), 0);
+        r.hear(told(2, 5, 2_000), 0, 0);
         r.hear(
             News::Refused {
                 reset_after: Some(500),
             },
             100,
+            0,
         );
         assert_eq!(r.reset_at, 2_000, "a 429 does not shorten the reset held");
     }
@@ -464,20 +541,90 @@ mod tests {
                 reset_after: Some(7_000),
             },
             2_000,
+            0,
         );
         assert_eq!(w.admits(0, 8_999), Err(1));
-        w.hear(News::Refused { reset_after: None }, 0);
+        w.hear(News::Refused { reset_after: None }, 0, 0);
         assert_eq!(w.reset_at, 60_000);
     }
 
     #[test]
     fn after_a_reset_calls_are_counted_before_any_answer() {
         let mut w = Window::of_span(0);
-        w.hear(told(0, 5, 2_000), 0);
-        assert!(w.take(0, 1_000).is_err(), "spent");
+        w.hear(told(0, 5, 2_000), 0, 0);
+        assert!(w.take(0, 1_000, 0).is_err(), "spent");
         for i in 0..5 {
-            assert_eq!(w.take(0, 2_001), Ok(()), "call {i} of the new window");
+            assert_eq!(w.take(0, 2_001, 0), Ok(()), "call {i} of the new window");
         }
-        assert_eq!(w.take(0, 2_001), Err(2_000), "the sixth waits a window");
+        assert_eq!(w.take(0, 2_001, 0), Err(2_000), "the sixth waits a window");
+    }
+
+    #[test]
+    fn calls_still_on_their_way_at_a_reset_count_in_the_next_window() {
+        // (calls unanswered at the reset, calls the next window has)
+        for (on_the_way, next) in [(0, 5), (1, 4), (3, 2)] {
+            let mut w = Window::of_span(2_000);
+            w.hear(told(2, 5, 2_000), 0, 0);
+            w.take(0, 1_900, 0).unwrap();
+            w.roll(2_000, on_the_way);
+            assert_eq!(w.remaining, Some(next), "{on_the_way} on their way");
+        }
+    }
+
+    #[test]
+    fn an_answer_from_the_service_s_next_window_holds_the_calls_on_their_way_to_it() {
+        // As seen in a rush: this window was learned from an answer that came 0.9 s late,
+        // so the service's next window began 0.9 s before the reset held here. Three calls
+        // taken in that gap are on their way when the first of the new window's answers
+        // comes: they land in it too.
+        // (calls unanswered, calls left as held)
+        for (on_the_way, left) in [(3, 1), (0, 4)] {
+            let mut w = Window::of_span(2_000);
+            w.hear(told(5, 5, 2_000), 1_567, 0);
+            w.take(0, 1_567, 0).unwrap();
+            w.take(0, 2_377, 0).unwrap();
+            w.take(0, 2_407, 0).unwrap();
+            w.take(0, 2_407, 0).unwrap();
+            w.hear(told(4, 5, 2_000), 2_647, on_the_way);
+            assert_eq!(
+                (w.remaining, w.reset_at),
+                (Some(left), 4_647),
+                "{on_the_way}"
+            );
+        }
+    }
+
+    #[test]
+    fn within_the_window_held_the_calls_on_their_way_are_not_left() {
+        // (calls left as held, as told, calls on their way, calls left)
+        for (held, told, on_the_way, left) in [(3, 4, 0, 3), (3, 4, 2, 2), (1, 4, 2, 1)] {
+            let mut w = Window::of_span(2_000);
+            w.hear(self::told(5, 5, 2_000), 0, 0);
+            for _ in held..5 {
+                w.take(0, 100, 0).unwrap();
+            }
+            w.hear(self::told(told, 5, 1_800), 200, on_the_way);
+            assert_eq!(w.remaining, Some(left), "{held} {told} {on_the_way}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_limiter_counts_the_calls_it_has_not_heard_back_on() {
+        let clock = Clock::default();
+        let limiter = Limiter::new(clock.clone(), 0, 1);
+        let sent = limiter.now();
+        limiter.take(0).await.unwrap();
+        limiter.hear(told(4, 5, 2_000), sent).await;
+        for _ in 0..3 {
+            limiter.take(0).await.unwrap();
+        }
+        // One of the three is answered from the service's next window; two are on the way.
+        clock.advance(std::time::Duration::from_millis(1_500));
+        limiter.hear(told(4, 5, 2_000), sent).await;
+        assert_eq!(limiter.view().remaining, Some(2));
+        // Calls unanswered past any timeout failed on their way: not counted at the reset.
+        clock.advance(std::time::Duration::from_millis(ANSWER_WITHIN_MS as u64));
+        limiter.take(0).await.unwrap();
+        assert_eq!(limiter.view().remaining, Some(4));
     }
 }

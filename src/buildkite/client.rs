@@ -295,9 +295,10 @@ impl BuildkiteClient {
         if let Some(b) = call.body {
             req = req.json(b);
         }
+        let sent_at = self.gate.now();
         match req.send().await {
             Ok(resp) => {
-                self.noted(&resp).await;
+                self.noted(&resp, sent_at).await;
                 match classify(resp, call).await {
                     // The gate holds the reset now: the retry waits there, on the service's
                     // clock, or comes back at once with the time left.
@@ -331,15 +332,15 @@ impl BuildkiteClient {
 
     /// What an answer says of the rate limit. A 429's own wait is left to [`Self::admit`]
     /// (the retry comes back at once and waits there, on the service's clock).
-    async fn noted(&self, resp: &Response) {
+    async fn noted(&self, resp: &Response, sent_at: crate::time::Millis) {
         if let Some(b) = &self.budget {
             b.observe(resp.headers());
         }
         if resp.status() == StatusCode::TOO_MANY_REQUESTS {
             let reset = rate_limit_reset(resp).map(|d| d.as_secs() as i64);
-            self.gate.refused(reset).await;
+            self.gate.refused(reset, sent_at).await;
         } else {
-            self.gate.observe(resp.headers()).await;
+            self.gate.observe(resp.headers(), sent_at).await;
         }
     }
 

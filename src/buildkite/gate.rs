@@ -134,16 +134,24 @@ impl RateGate {
         self.limiter.allows(priority.reserve())
     }
 
-    /// Notes what an answer's `RateLimit-*` headers say.
-    pub(crate) async fn observe(&self, headers: &HeaderMap) {
-        if let Some(news) = news(headers) {
-            self.limiter.hear(news).await;
+    /// The time on the service's clock: what a call sent now gives the answer's notes.
+    pub(crate) fn now(&self) -> Millis {
+        self.limiter.now()
+    }
+
+    /// Notes what the `RateLimit-*` headers of an answer to a call sent at `sent_at` say.
+    pub(crate) async fn observe(&self, headers: &HeaderMap, sent_at: Millis) {
+        match news(headers) {
+            Some(news) => self.limiter.hear(news, sent_at).await,
+            None => {
+                self.limiter.answered(sent_at);
+            }
         }
     }
 
-    /// Notes a 429 and the reset it gave.
-    pub(crate) async fn refused(&self, reset_secs: Option<i64>) {
-        self.limiter.hear(refusal(reset_secs)).await;
+    /// Notes a 429 (to a call sent at `sent_at`) and the reset it gave.
+    pub(crate) async fn refused(&self, reset_secs: Option<i64>, sent_at: Millis) {
+        self.limiter.hear(refusal(reset_secs), sent_at).await;
     }
 
     /// Waits `ms` on the service's clock.
@@ -202,7 +210,7 @@ mod tests {
         ] {
             headers.insert(name, value.parse().unwrap());
         }
-        gate.observe(&headers).await;
+        gate.observe(&headers, gate.now()).await;
         clock.advance(std::time::Duration::from_secs(39));
         assert!(
             !gate.allows(Priority::Finish),
@@ -227,11 +235,11 @@ mod tests {
             ("ratelimit-limit", "50"),
             ("ratelimit-reset", "40"),
         ];
-        w.hear(told(&answer).unwrap(), 1_000);
+        w.hear(told(&answer).unwrap(), 1_000, 0);
         assert_eq!((w.remaining, w.reset_at), (Some(12), 41_000));
-        w.take(0, 1_000).unwrap();
+        w.take(0, 1_000, 0).unwrap();
         assert_eq!(w.remaining, Some(11));
-        w.roll(41_000);
+        w.roll(41_000, 0);
         assert_eq!(
             (w.remaining, w.reset_at),
             (Some(50), 101_000),
@@ -244,16 +252,16 @@ mod tests {
         );
         let huge = i64::MAX.to_string();
         let answer = [("ratelimit-remaining", "5"), ("ratelimit-reset", &huge)];
-        w.hear(told(&answer).unwrap(), 2_000);
+        w.hear(told(&answer).unwrap(), 2_000, 0);
         assert_eq!(
             w.reset_at,
             2_000 + 3_600_000,
             "a reset past an hour is a bad header"
         );
         let mut w = Window::of_span(WINDOW_MS);
-        w.hear(refusal(Some(7)), 2_000);
+        w.hear(refusal(Some(7)), 2_000, 0);
         assert_eq!(w.admits(Priority::Finish.reserve(), 8_999), Err(1));
-        w.hear(refusal(None), 0);
+        w.hear(refusal(None), 0, 0);
         assert_eq!(
             w.reset_at, 60_000,
             "a 429 without a reset: Buildkite's minute"

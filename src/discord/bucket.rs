@@ -150,15 +150,35 @@ impl Buckets {
             .map_or(i64::MAX, |b| b.room(priority.reserve()))
     }
 
-    /// Notes an answer's bucket headers; a 429 (`retry_after` in its body) empties it.
+    /// The time on the service's clock: what a call sent now gives [`Self::observe`].
+    pub(crate) fn now(&self) -> Millis {
+        self.clock.now()
+    }
+
+    /// Notes the bucket headers of an answer to a call sent at `sent_at`; a 429
+    /// (`retry_after` in its body) empties it.
     pub(crate) async fn observe(
         &self,
         webhook: &str,
-        headers: &HeaderMap,
-        retry_after: Option<Millis>,
+        (headers, retry_after): (&HeaderMap, Option<Millis>),
+        sent_at: Millis,
     ) {
-        if let (Some(news), Some(b)) = (news(headers, retry_after), self.bucket(webhook)) {
-            b.hear(news).await;
+        let Some(b) = self.bucket(webhook) else {
+            return;
+        };
+        match news(headers, retry_after) {
+            Some(news) => b.hear(news, sent_at).await,
+            None => {
+                b.answered(sent_at);
+            }
+        }
+    }
+
+    /// Notes an answer to a call sent at `sent_at` that says nothing of the bucket (another
+    /// failure's headers may be of another bucket): the call is no longer on its way.
+    pub(crate) fn answered(&self, webhook: &str, sent_at: Millis) {
+        if let Some(b) = self.bucket(webhook) {
+            b.answered(sent_at);
         }
     }
 
@@ -241,7 +261,7 @@ mod tests {
             ("x-ratelimit-remaining", "1"),
             ("x-ratelimit-reset-after", "1.5"),
         ]);
-        buckets.observe("1", &h, None).await;
+        buckets.observe("1", (&h, None), buckets.now()).await;
         assert_eq!(buckets.take("1", Priority::Final).await, Ok(()), "one left");
         let wait = buckets
             .take("1", Priority::Final)
@@ -253,14 +273,20 @@ mod tests {
             Ok(()),
             "another webhook's bucket"
         );
-        buckets.observe("2", &HeaderMap::new(), Some(700)).await;
+        buckets
+            .observe("2", (&HeaderMap::new(), Some(700)), buckets.now())
+            .await;
         let wait = buckets
             .take("2", Priority::Final)
             .await
             .expect_err("a 429 empties it");
         assert!((600..=700).contains(&wait), "{wait}");
         buckets
-            .observe("3", &headers(&[("x-ratelimit-remaining", "2")]), None)
+            .observe(
+                "3",
+                (&headers(&[("x-ratelimit-remaining", "2")]), None),
+                buckets.now(),
+            )
             .await;
         assert_eq!(
             buckets.take("3", Priority::Final).await,
@@ -278,7 +304,7 @@ mod tests {
             ("x-ratelimit-remaining", "0"),
             ("x-ratelimit-reset-after", "2"),
         ]);
-        buckets.observe("1", &h, None).await;
+        buckets.observe("1", (&h, None), buckets.now()).await;
         assert!(buckets.take("1", Priority::Final).await.is_err(), "spent");
         clock.advance(std::time::Duration::from_millis(2_001));
         for i in 0..5 {

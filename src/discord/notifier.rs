@@ -311,9 +311,11 @@ impl Notifier {
             None => request.json(message),
             Some(text) => request.multipart(form(message, text)?),
         };
+        let sent_at = self.buckets.now();
         let resp = request.send().await.map_err(transport)?;
         if resp.status().is_success() {
-            self.buckets.observe(&bucket, resp.headers(), None).await;
+            let told = (resp.headers(), None);
+            self.buckets.observe(&bucket, told, sent_at).await;
             return Ok(resp);
         }
         // Only a 429 says more of the bucket than a success does: another failure's headers
@@ -329,7 +331,10 @@ impl Notifier {
             _ => None,
         };
         if limited || retry_after.is_some() {
-            self.buckets.observe(&bucket, &headers, retry_after).await;
+            let told = (&headers, retry_after);
+            self.buckets.observe(&bucket, told, sent_at).await;
+        } else {
+            self.buckets.answered(&bucket, sent_at);
         }
         // The bucket holds the wait now: the retry waits there, on the service's clock.
         Err(match error {

@@ -55,10 +55,10 @@ impl SharedWindows for StoreWindows {
         &self,
         name: &str,
         span: Millis,
-        reserve: i64,
+        (reserve, on_the_way): (i64, i64),
         now: Millis,
     ) -> Result<Result<(), Millis>, BoxError> {
-        self.change(name, (span, now), |w| w.take(reserve, now))
+        self.change(name, (span, now), |w| w.take(reserve, now, on_the_way))
             .await
     }
 
@@ -66,9 +66,10 @@ impl SharedWindows for StoreWindows {
         &self,
         name: &str,
         span: Millis,
-        news: News,
+        (news, on_the_way): (News, i64),
         now: Millis,
     ) -> Result<(), BoxError> {
-        self.change(name, (span, now), |w| w.hear(news, now)).await
+        self.change(name, (span, now), |w| w.hear(news, now, on_the_way))
+            .await
     }
 }
