@@ -188,7 +188,16 @@ async fn take_turn(
         mine: Some(&job),
         ended: None,
     };
-    let released = fair::release(d, &job.queue, fresh).await?;
+    // The job is recorded as waiting: a release that cannot be made now (the queue's lease
+    // fought over in a burst, the store failing) leaves it to the next end or sweep pass,
+    // never fails the submission.
+    let released = match fair::release(d, &job.queue, fresh).await {
+        Ok(released) => released,
+        Err(e) => {
+            warn!(error = %e, queue = %job.queue, "no release at submit; the job waits for the next");
+            return Ok((Turn::Wait(job), Vec::new(), None));
+        }
+    };
     let turn = match released.mine {
         Some(mine) => Turn::Go(mine),
         None => Turn::Wait(job),

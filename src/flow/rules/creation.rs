@@ -40,17 +40,26 @@ pub(crate) enum CreateMiss {
     NotSent,
 }
 
-/// The job with its creation rescheduled after `miss`.
+/// The job with its creation rescheduled after `miss`. A create known to have made nothing
+/// (refused, or never sent) needs no look-up before the next: the one a new job is recorded
+/// with (should its function stop mid-call) is dropped, else each create deferred in a rush
+/// would cost the quota a look-up too.
 pub(crate) fn defer_creation(job: &Job, miss: CreateMiss, now: Millis) -> Option<Job> {
     let mut next = job.clone();
     let c = next.creation.as_mut()?;
     match miss {
-        CreateMiss::RateLimited { reset_ms } => c.after = now + reset_ms,
+        CreateMiss::RateLimited { reset_ms } => {
+            c.after = now + reset_ms;
+            c.look_up_first = false;
+        }
         CreateMiss::Unconfirmed => {
             c.after = now + LOOK_UP_AFTER_MS;
             c.look_up_first = true;
         }
-        CreateMiss::NotSent => c.after = now,
+        CreateMiss::NotSent => {
+            c.after = now;
+            c.look_up_first = false;
+        }
     }
     next.updated_at = now;
     Some(next)
@@ -81,9 +90,19 @@ mod tests {
         let unconfirmed = defer_creation(&held, CreateMiss::Unconfirmed, 200).unwrap();
         let c = unconfirmed.creation.as_ref().unwrap();
         assert_eq!((c.after, c.look_up_first), (200 + LOOK_UP_AFTER_MS, true));
-        let limited =
-            defer_creation(&held, CreateMiss::RateLimited { reset_ms: 42_000 }, 200).unwrap();
-        assert_eq!(limited.creation.unwrap().after, 42_200);
+        // (what the call did, when the next is due, whether it looks the build up first)
+        for (miss, after, look_up) in [
+            (CreateMiss::RateLimited { reset_ms: 42_000 }, 42_200, false),
+            (CreateMiss::NotSent, 200, false),
+            (CreateMiss::Unconfirmed, 200 + LOOK_UP_AFTER_MS, true),
+        ] {
+            // From a job as submit records it (looked up first, should its function stop).
+            let mut recorded = held.clone();
+            recorded.creation.as_mut().unwrap().look_up_first = true;
+            let next = defer_creation(&recorded, miss, 200).unwrap();
+            let c = next.creation.unwrap();
+            assert_eq!((c.after, c.look_up_first), (after, look_up), "{miss:?}");
+        }
         let scheduled = held
             .apply(&Transition::to(JobState::Scheduled, 300).with_build(build()))
             .unwrap();
