@@ -25,8 +25,8 @@ use crate::time::{Clock, Millis};
 const UNREAD_WAIT_MS: Millis = 100;
 
 /// A call unanswered this long is taken to have failed on its way (longer than any call's
-/// timeout): it no longer counts as on its way.
-const ANSWER_WITHIN_MS: Millis = 30_000;
+/// timeout; a call that ends unanswered is let go at once: this is for one cut short).
+const ANSWER_WITHIN_MS: Millis = 15_000;
 
 /// The longest window learned from resets (Buildkite's is a minute, Discord's buckets a few
 /// seconds); a service's own window (given at construction) may be longer.
@@ -293,21 +293,18 @@ impl Limiter {
     }
 
     /// Calls of this instance still on their way at `now` (after forgetting those unanswered
-    /// too long); `answered`: the call sent at that time is heard back now.
+    /// too long); `answered`: the call sent at that time is heard back now, and only the
+    /// calls taken after it count (the service most likely counted those before it).
     fn on_the_way(&self, now: Millis, answered: Option<Millis>) -> i64 {
         let mut calls = self.unanswered.lock().unwrap_or_else(|p| p.into_inner());
-        while calls
-            .front()
-            .is_some_and(|&at| now - at >= ANSWER_WITHIN_MS)
-        {
-            calls.pop_front();
-        }
-        if let Some(sent_at) = answered {
-            // Its own entry (taken just before it was sent), else the oldest.
-            let at = calls.iter().rposition(|&at| at <= sent_at).unwrap_or(0);
-            calls.remove(at);
-        }
-        calls.len() as i64
+        calls.retain(|&at| now - at < ANSWER_WITHIN_MS);
+        let Some(sent_at) = answered else {
+            return calls.len() as i64;
+        };
+        // Its own entry (taken just before it was sent), else the oldest.
+        let at = calls.iter().rposition(|&at| at <= sent_at).unwrap_or(0);
+        calls.remove(at);
+        calls.iter().filter(|&&at| at > sent_at).count() as i64
     }
 
     /// Notes a call taken at `now`: on its way until heard back.
@@ -615,14 +612,17 @@ mod tests {
         let sent = limiter.now();
         limiter.take(0).await.unwrap();
         limiter.hear(told(4, 5, 2_000), sent).await;
-        for _ in 0..3 {
-            limiter.take(0).await.unwrap();
-        }
-        // One of the three is answered from the service's next window; two are on the way.
+        let first = limiter.now();
+        limiter.take(0).await.unwrap();
+        clock.advance(std::time::Duration::from_millis(10));
+        limiter.take(0).await.unwrap();
+        limiter.take(0).await.unwrap();
+        // The first of the three is answered from the service's next window; the two taken
+        // after it are on their way.
         clock.advance(std::time::Duration::from_millis(1_500));
-        limiter.hear(told(4, 5, 2_000), sent).await;
+        limiter.hear(told(4, 5, 2_000), first).await;
         assert_eq!(limiter.view().remaining, Some(2));
-        // Calls unanswered past any timeout failed on their way: not counted at the reset.
+        // Calls unanswered past any timeout were cut short: not counted at the reset.
         clock.advance(std::time::Duration::from_millis(ANSWER_WITHIN_MS as u64));
         limiter.take(0).await.unwrap();
         assert_eq!(limiter.view().remaining, Some(4));

@@ -281,11 +281,18 @@ impl BuildkiteClient {
         deadline: Deadline,
     ) -> Result<Response, BuildkiteError> {
         self.admit(call.priority, deadline).await?;
+        let sent_at = self.gate.now();
+        // A call the gate let go that ends without an answer is no longer on its way: it was
+        // not sent, or the service counted it or never will.
+        let unanswered = |e: BuildkiteError| {
+            self.gate.answered(sent_at);
+            e
+        };
         let timeout = deadline
             .call_timeout(self.timeout)
-            .ok_or_else(|| BuildkiteError::unavailable("no time left for the call"))?;
+            .ok_or_else(|| unanswered(BuildkiteError::unavailable("no time left for the call")))?;
         if self.budget.as_ref().is_some_and(|b| !b.take()) {
-            return Err(BuildkiteError::OverBudget);
+            return Err(unanswered(BuildkiteError::OverBudget));
         }
         let mut req = self
             .api
@@ -295,7 +302,6 @@ impl BuildkiteClient {
         if let Some(b) = call.body {
             req = req.json(b);
         }
-        let sent_at = self.gate.now();
         match req.send().await {
             Ok(resp) => {
                 self.noted(&resp, sent_at).await;
@@ -309,8 +315,10 @@ impl BuildkiteClient {
                 }
             }
             // A request that may have reached Buildkite is not repeated unless idempotent.
-            Err(e) if call.idempotent || e.is_connect() => Err(transport(e)),
-            Err(e) => Err(BuildkiteError::Unconfirmed(e.without_url().into())),
+            Err(e) if call.idempotent || e.is_connect() => Err(unanswered(transport(e))),
+            Err(e) => Err(unanswered(BuildkiteError::Unconfirmed(
+                e.without_url().into(),
+            ))),
         }
     }
 

@@ -149,6 +149,11 @@ impl RateGate {
         }
     }
 
+    /// Notes that the call sent at `sent_at` ended without an answer that tells the window.
+    pub(crate) fn answered(&self, sent_at: Millis) {
+        self.limiter.answered(sent_at);
+    }
+
     /// Notes a 429 (to a call sent at `sent_at`) and the reset it gave.
     pub(crate) async fn refused(&self, reset_secs: Option<i64>, sent_at: Millis) {
         self.limiter.hear(refusal(reset_secs), sent_at).await;

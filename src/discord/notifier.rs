@@ -303,16 +303,22 @@ impl Notifier {
     ) -> Result<Response, DiscordError> {
         let bucket = target.bucket();
         self.admit(&bucket, priority, deadline).await?;
+        let sent_at = self.buckets.now();
+        // A call the bucket let go that ends without an answer is no longer on its way: it
+        // was not sent, or Discord counted it or never will.
+        let unanswered = |e: DiscordError| {
+            self.buckets.answered(&bucket, sent_at);
+            e
+        };
         let timeout = deadline
             .call_timeout(self.timeout)
-            .ok_or_else(|| DiscordError::unavailable("no time left for the call"))?;
+            .ok_or_else(|| unanswered(DiscordError::unavailable("no time left for the call")))?;
         let request = self.http.request(method, url.clone()).timeout(timeout);
         let request = match &message.file {
             None => request.json(message),
-            Some(text) => request.multipart(form(message, text)?),
+            Some(text) => request.multipart(form(message, text).map_err(unanswered)?),
         };
-        let sent_at = self.buckets.now();
-        let resp = request.send().await.map_err(transport)?;
+        let resp = request.send().await.map_err(|e| unanswered(transport(e)))?;
         if resp.status().is_success() {
             let told = (resp.headers(), None);
             self.buckets.observe(&bucket, told, sent_at).await;

@@ -85,12 +85,13 @@ pub(crate) async fn try_create(d: &Deps, job: &Job, payload: &str, deadline: Dea
     }
 }
 
-/// Records what a create try did; returns the job as it is then, as this write (or the read
-/// that declined it) left it (a job it failed owes its report to `effects`).
+/// Records what a create try did (`earlier_unconfirmed`: a create before it may have made a
+/// build); returns the job as it is then, as this write (or the read that declined it) left
+/// it (a job it failed owes its report to `effects`).
 pub(crate) async fn settle_creation(
     d: &Deps,
     job: &Job,
-    creating: Creating,
+    (creating, earlier_unconfirmed): (Creating, bool),
     deadline: Deadline,
     effects: &mut Effects,
 ) -> Result<Job, DispatchError> {
@@ -102,6 +103,7 @@ pub(crate) async fn settle_creation(
                 // Taken up by the next webhook whose window has room, not only the sweep.
                 deferred::note(d, job, Work::Create, now.saturating_add(reset_ms)).await;
             }
+            let miss = (miss, earlier_unconfirmed);
             update_seen(d.store.as_ref(), job, |j| defer_creation(j, miss, now)).await?
         }
         Creating::Refused(source) => return Err(refused(d, job, source, effects).await),
@@ -264,6 +266,7 @@ async fn create_claimed(
         other => other,
     };
     let created = matches!(creating, Creating::Created(_));
+    let creating = (creating, was.look_up_first);
     let after = settle_creation(d, held, creating, deadline, effects).await?;
     let tried = match after.state {
         _ if created => Tried::Created,
@@ -289,7 +292,8 @@ async fn adopt(
     effects: &mut Effects,
 ) -> Result<EventOutcome, DispatchError> {
     let before = job.state;
-    let after = settle_creation(d, job, Creating::Created(build), deadline, effects).await?;
+    let created = (Creating::Created(build), false);
+    let after = settle_creation(d, job, created, deadline, effects).await?;
     effects.deliver(after.clone(), View::Own);
     Ok(if after.state == before {
         EventOutcome::Ignored("build found; the job had moved on")

@@ -155,7 +155,8 @@ async fn make(
             let bk_deadline = d.buildkite_deadline(deadline);
             let creating = try_create(d, &job, payload, bk_deadline).await;
             // A refused build ends here: the others are left to the sweep, as at any failure.
-            settle_creation(d, &job, creating, deadline, own).await?
+            // Its first create: none before it may have made a build.
+            settle_creation(d, &job, (creating, false), deadline, own).await?
         }
         Turn::Wait(job) => {
             info!(user = ?job.user, "waiting: its user has builds in flight");
@@ -190,7 +191,9 @@ async fn take_turn(
     };
     // The job is recorded as waiting: a release that cannot be made now (the queue's lease
     // fought over in a burst, the store failing) leaves it to the next end or sweep pass,
-    // never fails the submission.
+    // never fails the submission. One that let this job go before it failed leaves its
+    // create to the sweep (another instance's release may have let it go too, and creates
+    // it: a create here could make a second build).
     let released = match fair::release(d, &job.queue, fresh).await {
         Ok(released) => released,
         Err(e) => {

@@ -40,17 +40,22 @@ pub(crate) enum CreateMiss {
     NotSent,
 }
 
-/// The job with its creation rescheduled after `miss`. A create known to have made nothing
-/// (refused, or never sent) needs no look-up before the next: the one a new job is recorded
-/// with (should its function stop mid-call) is dropped, else each create deferred in a rush
-/// would cost the quota a look-up too.
-pub(crate) fn defer_creation(job: &Job, miss: CreateMiss, now: Millis) -> Option<Job> {
+/// The job with its creation rescheduled after `miss`; `earlier_unconfirmed`: a create
+/// before this one may have made a build. A create known to have made nothing (refused, or
+/// never sent) needs no look-up before the next unless an earlier one does: the look-up a
+/// new job is recorded with (should its function stop mid-call) is dropped, else each create
+/// deferred in a rush would cost the quota a look-up too.
+pub(crate) fn defer_creation(
+    job: &Job,
+    (miss, earlier_unconfirmed): (CreateMiss, bool),
+    now: Millis,
+) -> Option<Job> {
     let mut next = job.clone();
     let c = next.creation.as_mut()?;
     match miss {
         CreateMiss::RateLimited { reset_ms } => {
             c.after = now + reset_ms;
-            c.look_up_first = false;
+            c.look_up_first = earlier_unconfirmed;
         }
         CreateMiss::Unconfirmed => {
             c.after = now + LOOK_UP_AFTER_MS;
@@ -58,7 +63,7 @@ pub(crate) fn defer_creation(job: &Job, miss: CreateMiss, now: Millis) -> Option
         }
         CreateMiss::NotSent => {
             c.after = now;
-            c.look_up_first = false;
+            c.look_up_first = earlier_unconfirmed;
         }
     }
     next.updated_at = now;
@@ -87,21 +92,29 @@ mod tests {
             None,
             "held by the first claimant"
         );
-        let unconfirmed = defer_creation(&held, CreateMiss::Unconfirmed, 200).unwrap();
+        let unconfirmed = defer_creation(&held, (CreateMiss::Unconfirmed, false), 200).unwrap();
         let c = unconfirmed.creation.as_ref().unwrap();
         assert_eq!((c.after, c.look_up_first), (200 + LOOK_UP_AFTER_MS, true));
-        // (what the call did, when the next is due, whether it looks the build up first)
-        for (miss, after, look_up) in [
-            (CreateMiss::RateLimited { reset_ms: 42_000 }, 42_200, false),
-            (CreateMiss::NotSent, 200, false),
-            (CreateMiss::Unconfirmed, 200 + LOOK_UP_AFTER_MS, true),
+        // (what the call did, whether one before may have made a build, when the next is
+        // due, whether it looks the build up first)
+        let limited = CreateMiss::RateLimited { reset_ms: 42_000 };
+        for (miss, earlier, after, look_up) in [
+            (limited, false, 42_200, false),
+            (limited, true, 42_200, true),
+            (CreateMiss::NotSent, false, 200, false),
+            (CreateMiss::NotSent, true, 200, true),
+            (CreateMiss::Unconfirmed, false, 200 + LOOK_UP_AFTER_MS, true),
         ] {
             // From a job as submit records it (looked up first, should its function stop).
             let mut recorded = held.clone();
             recorded.creation.as_mut().unwrap().look_up_first = true;
-            let next = defer_creation(&recorded, miss, 200).unwrap();
+            let next = defer_creation(&recorded, (miss, earlier), 200).unwrap();
             let c = next.creation.unwrap();
-            assert_eq!((c.after, c.look_up_first), (after, look_up), "{miss:?}");
+            assert_eq!(
+                (c.after, c.look_up_first),
+                (after, look_up),
+                "{miss:?} {earlier}"
+            );
         }
         let scheduled = held
             .apply(&Transition::to(JobState::Scheduled, 300).with_build(build()))
