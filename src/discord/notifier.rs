@@ -324,9 +324,19 @@ impl Notifier {
             self.buckets.observe(&bucket, told, sent_at).await;
             return Ok(resp);
         }
-        // Only a 429 says more of the bucket than a success does: another failure's headers
-        // (an unknown webhook's, a bad token's) may be of another bucket.
-        let limited = resp.status() == reqwest::StatusCode::TOO_MANY_REQUESTS;
+        Err(self.failed(&bucket, resp, sent_at).await)
+    }
+
+    /// What a failed answer (to a call sent at `sent_at`) means, its bucket noted. Only a 429
+    /// says more of the bucket than a success does: another failure's headers (an unknown
+    /// webhook's, a bad token's) may be of another bucket.
+    async fn failed(
+        &self,
+        bucket: &str,
+        resp: Response,
+        sent_at: crate::time::Millis,
+    ) -> DiscordError {
+        let limited = resp.status() == StatusCode::TOO_MANY_REQUESTS;
         let headers = resp.headers().clone();
         let error = classify(resp).await;
         let retry_after = match &error {
@@ -338,12 +348,12 @@ impl Notifier {
         };
         if limited || retry_after.is_some() {
             let told = (&headers, retry_after);
-            self.buckets.observe(&bucket, told, sent_at).await;
+            self.buckets.observe(bucket, told, sent_at).await;
         } else {
-            self.buckets.answered(&bucket, sent_at);
+            self.buckets.answered(bucket, sent_at);
         }
         // The bucket holds the wait now: the retry waits there, on the service's clock.
-        Err(match error {
+        match error {
             DiscordError::Unavailable {
                 source,
                 retry_after: Some(_),
@@ -354,7 +364,7 @@ impl Notifier {
                 maybe_done,
             },
             other => other,
-        })
+        }
     }
 
     /// Lets a call go within the webhook's bucket: at once, after a wait for its reset that
