@@ -226,8 +226,8 @@ async fn too_late(
         return adopt(d, job, build, deadline, effects).await;
     }
     let why = if job.waiting {
-        "it waited for its turn past the queue deadline: this user's earlier runs held its \
-         share of the GPUs"
+        "it waited for its turn past the queue deadline: the queue's GPUs went by share and its \
+         turn did not come"
     } else {
         "no Buildkite build could be created in time"
     };

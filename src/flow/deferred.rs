@@ -173,6 +173,28 @@ pub(crate) async fn finishes(d: &Deps, queue: &Queue) -> Result<Vec<RunId>, Stor
         .collect())
 }
 
+/// Run ids of `queue`'s deferred finishes, builds that ended and hold no GPU, as this
+/// instance saw the list less than `within` before (none while it read the list empty
+/// lately): what fair share counts out of the queue's builds in flight.
+pub(crate) async fn finishes_seen(
+    d: &Deps,
+    queue: &Queue,
+    within: Millis,
+) -> Result<Vec<RunId>, StoreError> {
+    let now = d.clock.now();
+    if d.quiet_lists.quiet(queue, now) {
+        return Ok(Vec::new());
+    }
+    let key = (SharedKey::Deferred(queue), now);
+    let list: Option<Vec<Deferred>> = d.seen.read_within(d.store.as_ref(), key, within).await?;
+    Ok(list
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|w| w.work == Work::Finish)
+        .map(|w| w.run_id)
+        .collect())
+}
+
 /// Takes the next items off `queue`'s list (none while this instance read it empty lately).
 pub(crate) async fn claim(
     d: &Deps,

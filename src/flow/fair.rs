@@ -1,6 +1,7 @@
 //! Fair share as the functions run it: a submission waits in the store while its user has
-//! `USER_MAX_IN_FLIGHT` builds on the queue; waiting jobs are released (round-robin over
-//! users, oldest first: [`fair`](super::rules::fair)) by whoever holds the queue's short
+//! `USER_MAX_IN_FLIGHT` builds on the queue, or the queue as many builds as its GPUs and a
+//! few queued; waiting jobs are released (the user with the fewest in flight first, oldest
+//! first: [`fair`](super::rules::fair)) by whoever holds the queue's short
 //! lease in the store, when a submission arrives, when a job of the queue ends, and on every
 //! sweep pass. The lease keeps two instances from both filling one user's last slot; the
 //! job's own compare-and-swap (its creation's claim) keeps a build from being made twice.
@@ -35,6 +36,9 @@ const MAX_PLACE_EDITS: usize = 8;
 const MAX_ROUNDS: usize = 4;
 /// How old a queue's record seen by this instance may be for a standing shown.
 const RECORD_SEEN_MS: Millis = 5_000;
+/// How old a queue's deferred list seen by this instance may be when releasing by it: a
+/// finish deferred meanwhile counts in flight that much longer.
+const DEFERRED_SEEN_MS: Millis = 5_000;
 /// The longest a release waits for the agents list.
 const AGENTS_WAIT: Duration = Duration::from_secs(2);
 /// Jobs one end reads at most to place them: those whose place the queue index shows
@@ -208,6 +212,9 @@ async fn release_held(
     let mut open = open_jobs(d, queue, (fresh, asked)).await?;
     let now = d.clock.now();
     let (agents, taking, listed_at) = agents_for_release(d, queue, now).await?;
+    if fair::bounded(&open, agents) {
+        without_ended_builds(d, queue, &mut open).await;
+    }
     let releases: Vec<RunId> = fair::releases(&open, limit, agents)
         .into_iter()
         .map(|o| o.run_id.clone())
@@ -243,6 +250,17 @@ async fn release_held(
     Ok(out)
 }
 
+/// `open` less the jobs whose builds ended with their results not yet read (a finish
+/// Buildkite's rate limit deferred): they hold no GPU, and counted in flight they would
+/// keep the queue's bound shut while its GPUs idle. Trouble reading the list is logged: the
+/// bound then counts them.
+async fn without_ended_builds(d: &Deps, queue: &Queue, open: &mut Vec<OpenJob>) {
+    match super::deferred::finishes_seen(d, queue, DEFERRED_SEEN_MS).await {
+        Ok(ended) => open.retain(|j| !ended.contains(&j.run_id)),
+        Err(e) => warn!(error = %e, %queue, "deferred finishes could not be read"),
+    }
+}
+
 /// The queue's agents as the cached list shows them: what a release may fill idle GPUs by
 /// (nothing from a list [`FRESH_MS`] old or more), how many take jobs however old it is
 /// (what standings go by), and when Buildkite gave it. A paused agent takes no job.
@@ -257,14 +275,16 @@ async fn agents_for_release(
         .filter(|a| &a.queue == queue && !a.paused)
         .collect();
     let stale = now - listed_at >= FRESH_MS;
-    let agents = if stale {
-        fair::Agents::default()
-    } else {
-        fair::Agents {
-            taking: taking.len(),
-            idle: taking.iter().filter(|a| !a.busy).count(),
-            listed_at,
-        }
+    // A stale list still bounds the builds queued (agents come and go rarely); it fills no
+    // idle GPU.
+    let agents = fair::Agents {
+        taking: taking.len(),
+        idle: if stale {
+            0
+        } else {
+            taking.iter().filter(|a| !a.busy).count()
+        },
+        listed_at,
     };
     Ok((agents, taking.len(), listed_at))
 }

@@ -266,6 +266,40 @@ async fn a_cancel_of_a_job_holding_a_slot_releases_the_next_one(kind: StoreKind)
     assert_eq!(built(&app), ["a2", "a3"], "then a3");
 }
 
+/// A queue has no more builds at once than its GPUs and a few queued (2 beyond one GPU):
+/// past that a submission waits whatever its user's share, and the next GPU that frees goes
+/// to the user with the fewest builds on the queue, not to the one who waited longest.
+async fn a_queue_s_builds_stop_at_its_gpus_and_a_few_queued(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    app.buildkite
+        .set_agents(&[("h100-gpu0", "h100", "connected", false)]);
+    for run_id in ["a1", "a2", "a3"] {
+        submit(&app, "alice", run_id).await;
+    }
+    assert!(app.job("a3").await.waiting, "alice's share is two");
+    submit(&app, "bob", "b1").await;
+    assert_eq!(built(&app), ["a1", "a2", "b1"], "one GPU, two queued");
+    let carol = submit(&app, "carol", "c1").await;
+    assert_eq!(carol["waiting"], "user_limit", "the queue is full: {carol}");
+    submit(&app, "bob", "b2").await;
+    assert_eq!(
+        built(&app).len(),
+        3,
+        "nothing more while all three are open"
+    );
+    let a1 = build_of(&app, "a1").await;
+    app.buildkite.start_eval(a1);
+    app.finish(a1, "passed", Some(sample_result(false))).await;
+    assert_eq!(
+        built(&app),
+        ["a1", "a2", "b1", "c1"],
+        "carol, with nothing on the queue, before alice and bob, who waited longer"
+    );
+    for run_id in ["a3", "b2"] {
+        assert!(app.job(run_id).await.waiting, "{run_id} waits its turn");
+    }
+}
+
 /// A release asked while another instance holds the queue's lease is not lost: the caller
 /// marks the lease with the job that just ended and answers without waiting for it; a
 /// holder that never lets go leaves the mark, and whoever takes the lease next releases for
@@ -573,6 +607,7 @@ on_both_stores!(
     idle_gpus_take_waiting_jobs_though_the_list_was_old,
     a_job_the_sweep_ends_lets_a_waiting_one_go_in_the_same_pass,
     a_third_submission_waits_while_two_run,
+    a_queue_s_builds_stop_at_its_gpus_and_a_few_queued,
     waiting_jobs_start_round_robin_over_users,
     two_finishes_at_once_create_each_waiting_job_once,
     cancel_and_the_queue_deadline_reach_waiting_jobs,

@@ -212,7 +212,11 @@ async fn fill_window_to(app: &TestApp, used: u32) {
         if used_now(app) >= used {
             return;
         }
-        let (status, answer) = app.submit(&submission(&format!("anyone-{i}"))).await;
+        // On another queue: the window is the token's, not the queue's, and the fair-share
+        // queue's builds in flight stay its own.
+        let mut body = submission(&format!("anyone-{i}"));
+        body["gpu"] = "B200_BK".into();
+        let (status, answer) = app.submit(&body).await;
         assert_eq!(status, StatusCode::ACCEPTED, "{answer}");
     }
     panic!("the window fills: {:?}", app.buildkite.rate_limit_windows());

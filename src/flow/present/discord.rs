@@ -80,8 +80,8 @@ fn ordinal(n: u32) -> String {
 fn status_line(job: &Job, head: &str) -> String {
     match job.state {
         JobState::Submitted if job.waiting => format!(
-            "{head}\n> ⏳ Waiting for its turn on queue {}: this user's earlier runs hold its \
-             share of the GPUs{}",
+            "{head}\n> ⏳ Waiting for its turn on queue {}: its GPUs go by share, to the user \
+             with the fewest runs on them first{}",
             span(&job.queue),
             place(job)
         ),

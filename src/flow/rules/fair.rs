@@ -1,6 +1,6 @@
 //! Fair share on a queue, as pure functions of its open jobs: which waiting jobs get their
-//! builds now (round-robin over users, oldest first within a user, at most a limit of each
-//! user's jobs in flight), the order the queue's jobs are expected to start in, and where one
+//! builds now (the user with the fewest in flight first, oldest first within a user, at most
+//! a limit of each user's jobs in flight and of the queue's beyond its GPUs), the order the queue's jobs are expected to start in, and where one
 //! stands: its position and an expected start from the queue's agents and recent run times.
 
 use std::collections::{BTreeMap, HashMap};
@@ -38,27 +38,65 @@ pub(crate) fn retry_waiting_after(median_run: Option<Millis>) -> u64 {
         .clamp(1, 3600)
 }
 
-/// The waiting jobs in the order fair share releases them: round `r` holds each user's
-/// `r`-th oldest waiting job, and within a round users come in the order of their oldest
-/// waiting job.
+/// Builds a queue's GPUs may have queued ahead of them at most, beyond one each: a quarter
+/// of the GPUs, 2 at least. Enough that a freed GPU finds its next build already made while
+/// the end that freed it releases another; few enough that a run released now starts within
+/// about one run, by share, not behind a long first-in-first-out line in Buildkite.
+pub(crate) fn queued_beyond(gpus: usize) -> usize {
+    gpus.div_ceil(4).max(2)
+}
+
+/// The most jobs of a queue in flight at once: its GPUs and [`queued_beyond`] them; no bound
+/// with no agents listed.
+fn bound(agents: Agents) -> usize {
+    match agents.taking {
+        0 => usize::MAX,
+        gpus => gpus + queued_beyond(gpus),
+    }
+}
+
+/// Whether the queue's bound holds its waiting jobs back now: jobs wait and it is reached.
+pub(crate) fn bounded(open: &[OpenJob], agents: Agents) -> bool {
+    open.iter().any(|j| j.waiting) && open.iter().filter(|j| !j.waiting).count() >= bound(agents)
+}
+
+/// Each user's jobs in flight (open and not waiting: a build made, being made or running).
+fn in_flight(open: &[OpenJob]) -> HashMap<&str, usize> {
+    let mut by_user: HashMap<&str, usize> = HashMap::new();
+    for job in open.iter().filter(|j| !j.waiting) {
+        *by_user.entry(user_of(job)).or_default() += 1;
+    }
+    by_user
+}
+
+/// The waiting jobs in the order fair share releases them: fewest in flight first. A
+/// user's `k`-th oldest waiting job goes in round `k` plus the user's jobs in flight, and
+/// within a round users come in the order of their oldest waiting job; so the next free GPU
+/// goes to the user with the least of the queue, the longest waiting of them first.
 pub(crate) fn waiting_order(open: &[OpenJob]) -> Vec<&OpenJob> {
+    let flying = in_flight(open);
     let mut by_user: BTreeMap<&str, Vec<&OpenJob>> = BTreeMap::new();
     for job in open.iter().filter(|j| j.waiting) {
         by_user.entry(user_of(job)).or_default().push(job);
     }
-    let mut users: Vec<Vec<&OpenJob>> = by_user.into_values().collect();
-    for jobs in &mut users {
+    let mut order: Vec<(usize, (Millis, &RunId), &OpenJob)> = Vec::new();
+    for (user, mut jobs) in by_user {
         jobs.sort_by_key(|j| (j.created_at, j.run_id.clone()));
+        let first = (jobs[0].created_at, &jobs[0].run_id);
+        let base = flying.get(user).copied().unwrap_or(0);
+        order.extend(
+            jobs.into_iter()
+                .enumerate()
+                .map(|(k, j)| (base + k, first, j)),
+        );
     }
-    users.sort_by_key(|jobs| (jobs[0].created_at, jobs[0].run_id.clone()));
-    let rounds = users.iter().map(Vec::len).max().unwrap_or(0);
-    (0..rounds)
-        .flat_map(|r| users.iter().filter_map(move |jobs| jobs.get(r).copied()))
-        .collect()
+    order.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+    order.into_iter().map(|(_, _, j)| j).collect()
 }
 
 /// A queue's agents as a recent agents list showed them: those that take jobs (connected,
-/// not paused), those of them idle, and when the list was made.
+/// not paused; however old the list), those of them idle (0 when the list is too old to
+/// fill GPUs by), and when the list was made.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Agents {
     pub(crate) taking: usize,
@@ -67,7 +105,9 @@ pub(crate) struct Agents {
 }
 
 /// The waiting jobs to release now: in waiting order, each whose user has fewer than
-/// `limit` jobs in flight (open and not waiting), counting those released before it; then,
+/// `limit` jobs in flight (open and not waiting), counting those released before it, while
+/// the queue has fewer jobs in flight than its GPUs and [`queued_beyond`] them (no such
+/// bound with no agents listed: builds then wait in Buildkite for agents to come). Then,
 /// while the queue has agents that are idle and more agents than jobs in flight, the next
 /// in waiting order whatever their user's count: a GPU left idle helps no one, and a job
 /// released this way is running (not queued ahead of anyone) by the time another user's
@@ -75,22 +115,25 @@ pub(crate) struct Agents {
 /// hold (a build started by hand) takes nothing, and every build made since the list, or
 /// queued still, has taken (or takes first) one of those it listed idle.
 pub(crate) fn releases(open: &[OpenJob], limit: usize, agents: Agents) -> Vec<&OpenJob> {
-    let mut in_flight: HashMap<&str, usize> = HashMap::new();
-    for job in open.iter().filter(|j| !j.waiting) {
-        *in_flight.entry(user_of(job)).or_default() += 1;
-    }
+    let mut flying = in_flight(open);
+    let cap = bound(agents);
+    let mut busy = open.iter().filter(|j| !j.waiting).count();
     let mut released = Vec::new();
     let mut held = Vec::new();
     for job in waiting_order(open) {
-        let n = in_flight.entry(user_of(job)).or_default();
+        if busy >= cap {
+            // Past the bound no agent is spare either: nothing more goes.
+            break;
+        }
+        let n = flying.entry(user_of(job)).or_default();
         if *n < limit {
             *n += 1;
+            busy += 1;
             released.push(job);
         } else {
             held.push(job);
         }
     }
-    let busy = open.iter().filter(|j| !j.waiting).count() + released.len();
     let taken = open
         .iter()
         .filter(|j| !j.waiting)
@@ -330,8 +373,9 @@ mod tests {
         ];
         let none = Agents::default();
         assert_eq!(ids(&releases(&q, 2, none)), ["b1"]);
-        // One of alice's finished: her third goes, bob's too.
-        assert_eq!(ids(&releases(&q[1..], 2, none)), ["a3", "b1"]);
+        // One of alice's finished: her third goes, bob's too (bob, with none in flight,
+        // first).
+        assert_eq!(ids(&releases(&q[1..], 2, none)), ["b1", "a3"]);
         // With a limit of one, alice's third waits still.
         assert_eq!(ids(&releases(&q[1..], 1, none)), ["b1"]);
     }
@@ -427,6 +471,89 @@ mod tests {
     }
 
     #[test]
+    fn the_next_free_gpu_goes_to_the_user_with_fewest_in_flight() {
+        // heavy waited longest but has two in flight; l1 one, l2 none.
+        let q = [
+            open("h1", "heavy", 1, JobState::Running, false),
+            open("h2", "heavy", 2, JobState::Scheduled, false),
+            open("l1a", "l1", 3, JobState::Running, false),
+            open("h3", "heavy", 4, JobState::Submitted, true),
+            open("h4", "heavy", 5, JobState::Submitted, true),
+            open("l1b", "l1", 6, JobState::Submitted, true),
+            open("l1c", "l1", 7, JobState::Submitted, true),
+            open("l2a", "l2", 8, JobState::Submitted, true),
+            open("l2b", "l2", 9, JobState::Submitted, true),
+        ];
+        assert_eq!(
+            ids(&waiting_order(&q)),
+            ["l2a", "l1b", "l2b", "h3", "l1c", "h4"],
+            "rounds from each user's jobs in flight; within one, the longest waiting user first"
+        );
+        // 3 GPUs listed none idle: 3 in flight and at most 2 queued beyond them.
+        let full = Agents {
+            taking: 3,
+            idle: 0,
+            listed_at: 100,
+        };
+        assert_eq!(ids(&releases(&q, 4, full)), ["l2a", "l1b"]);
+        assert_eq!(
+            ids(&releases(&q, 1, full)),
+            ["l2a"],
+            "each user's limit holds"
+        );
+    }
+
+    #[test]
+    fn builds_queued_ahead_of_the_gpus_are_bounded_by_their_number() {
+        // (GPUs, builds queued beyond one each at most)
+        let cases = [(1, 2), (4, 2), (8, 2), (9, 3), (16, 4), (32, 8), (100, 25)];
+        for (gpus, queued) in cases {
+            assert_eq!(queued_beyond(gpus), queued, "{gpus} GPUs");
+        }
+        // 16 GPUs all busy with 16 users' runs; 30 users wait, one job each.
+        let mut q: Vec<OpenJob> = (0..16)
+            .map(|i| {
+                open(
+                    &format!("r{i}"),
+                    &format!("u{i}"),
+                    i,
+                    JobState::Running,
+                    false,
+                )
+            })
+            .collect();
+        q.extend((0..30).map(|i| {
+            let id = format!("w{i}");
+            open(&id, &format!("v{i}"), 100 + i, JobState::Submitted, true)
+        }));
+        let busy = Agents {
+            taking: 16,
+            idle: 0,
+            listed_at: 50,
+        };
+        let first = releases(&q, 2, busy);
+        assert_eq!(ids(&first), ["w0", "w1", "w2", "w3"], "the oldest four");
+        // No agents list at all: nothing to bound by, each user's limit alone.
+        assert_eq!(releases(&q, 2, Agents::default()).len(), 30);
+        // Those four made and queued: nothing more until a run ends.
+        let made: Vec<RunId> = first.iter().map(|j| j.run_id.clone()).collect();
+        for j in q.iter_mut().filter(|j| made.contains(&j.run_id)) {
+            (j.waiting, j.state) = (false, JobState::Scheduled);
+        }
+        assert!(releases(&q, 2, busy).is_empty());
+        assert!(
+            bounded(&q, busy),
+            "20 in flight of 16 GPUs and 4 queued, 26 waiting"
+        );
+        assert!(
+            !bounded(&q, Agents::default()),
+            "no agents listed: no bound"
+        );
+        q.retain(|j| j.run_id.as_str() != "r0");
+        assert!(!bounded(&q, busy), "one ended: room for one");
+        assert_eq!(ids(&releases(&q, 2, busy)), ["w4"], "one ended: one goes");
+    }
+    #[test]
     fn position_and_expected_start_come_from_the_queue_s_agents_and_run_times() {
         let q = [
             open("r1", "a", 1, JobState::Running, false),
@@ -447,9 +574,16 @@ mod tests {
                 expected_start: Some(1_030_000)
             })
         );
-        assert_eq!(at("w1", 2).map(|s| s.position), Some(2));
+        // d has nothing in flight and a has one running: d's goes first, though a's waited longer.
         assert_eq!(
             at("w2", 2),
+            Some(Standing {
+                position: 2,
+                expected_start: Some(1_030_000)
+            })
+        );
+        assert_eq!(
+            at("w1", 2),
             Some(Standing {
                 position: 3,
                 expected_start: Some(1_060_000)
@@ -481,8 +615,8 @@ mod tests {
             let ids: Vec<&str> = all.iter().map(|(j, _)| j.run_id.as_str()).collect();
             assert_eq!(
                 ids,
-                ["s1", "w1", "w2", "w3"],
-                "queue order, not the running one"
+                ["s1", "w2", "w1", "w3"],
+                "queue order (d, with nothing in flight, before a), not the running one"
             );
             for (j, s) in all {
                 assert_eq!(

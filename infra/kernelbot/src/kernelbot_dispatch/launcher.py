@@ -428,7 +428,7 @@ class DispatchLauncher(_Base):
             await status.update(f"⏳ Queued for {gpu}: {_link(accepted['build'])}{place}")
         elif accepted.get("waiting") == "user_limit":
             await status.update(
-                f"⏳ Waiting for its turn on {gpu}: your earlier runs hold your share{place}"
+                f"⏳ Waiting for its turn on {gpu}: GPUs go by share, fewest runs first{place}"
             )
         else:
             await status.update(f"⏳ Submitted for {gpu}: waiting for a build{place}")
@@ -562,7 +562,7 @@ class DispatchLauncher(_Base):
         state, build = job.get("state"), _link(job.get("build"))
         if state == "submitted" and job.get("waiting") == "user_limit":
             await status.update(
-                f"⏳ Waiting for its turn on {gpu}: your earlier runs hold your share{_place(job)}"
+                f"⏳ Waiting for its turn on {gpu}: GPUs go by share, fewest runs first{_place(job)}"
             )
         elif state == "scheduled":
             await status.update(
