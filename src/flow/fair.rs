@@ -15,7 +15,7 @@ use tracing::{info, warn};
 use super::create::create_if_due;
 use super::effects::Effects;
 use super::lease::{self, Taken};
-use super::queues::{FRESH_MS, REFRESH_MS, cached_agents, listed_agents};
+use super::queues::{FRESH_MS, MAX_STALE_MS, REFRESH_MS, cached_agents, listed_agents};
 use super::rules::fair;
 pub(crate) use super::rules::fair::Standing;
 use super::rules::lease::Asked;
@@ -212,7 +212,7 @@ async fn release_held(
     let mut open = open_jobs(d, queue, (fresh, asked)).await?;
     let now = d.clock.now();
     let (agents, taking, listed_at) = agents_for_release(d, queue, now).await?;
-    if fair::bounded(&open, agents) {
+    if fair::bounded(&open, limit, agents) {
         without_ended_builds(d, queue, &mut open).await;
     }
     let releases: Vec<RunId> = fair::releases(&open, limit, agents)
@@ -275,10 +275,15 @@ async fn agents_for_release(
         .filter(|a| &a.queue == queue && !a.paused)
         .collect();
     let stale = now - listed_at >= FRESH_MS;
-    // A stale list still bounds the builds queued (agents come and go rarely); it fills no
-    // idle GPU.
+    // A list a minute old still bounds the builds queued (agents come and go rarely); it
+    // fills no idle GPU. One [`MAX_STALE_MS`] old bounds nothing: GPUs that came since
+    // would idle by it.
     let agents = fair::Agents {
-        taking: taking.len(),
+        taking: if now - listed_at < MAX_STALE_MS {
+            taking.len()
+        } else {
+            0
+        },
         idle: if stale {
             0
         } else {

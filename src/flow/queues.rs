@@ -24,7 +24,7 @@ pub(crate) const REFRESH_MS: Millis = 50_000;
 /// work since.
 pub(crate) const FRESH_MS: Millis = 60_000;
 /// A list this old is not served: the agents API has been failing for minutes.
-const MAX_STALE_MS: Millis = 10 * 60_000;
+pub(crate) const MAX_STALE_MS: Millis = 10 * 60_000;
 /// While another instance fetches the first list, wait this long for it at most.
 const WAIT_FOR_FIRST: Duration = Duration::from_secs(3);
 /// How old this instance's view of the agents list may be where no Buildkite call is made.

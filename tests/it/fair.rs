@@ -1,6 +1,7 @@
 //! Fair share through the local stack, on both stores: a user's builds in flight per queue
-//! are capped (`USER_MAX_IN_FLIGHT`), the rest wait in the store and start, round-robin over
-//! users, as builds of the queue end; cancel and the queue deadline reach waiting jobs; each
+//! are capped (`USER_MAX_IN_FLIGHT`) and a queue's at its GPUs and a few queued, the rest
+//! wait in the store and start, the user with the fewest in flight first, as builds of the
+//! queue end; cancel and the queue deadline reach waiting jobs; each
 //! job's place and expected start show in the API and in its message.
 
 use std::time::Duration;

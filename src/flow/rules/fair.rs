@@ -47,17 +47,31 @@ pub(crate) fn queued_beyond(gpus: usize) -> usize {
 }
 
 /// The most jobs of a queue in flight at once: its GPUs and [`queued_beyond`] them; no bound
-/// with no agents listed.
-fn bound(agents: Agents) -> usize {
+/// with no agents listed, nor without a limit per user (fair share off: first come, first
+/// served, jobs left waiting included).
+fn bound(agents: Agents, limit: usize) -> usize {
     match agents.taking {
         0 => usize::MAX,
+        _ if limit == usize::MAX => usize::MAX,
         gpus => gpus + queued_beyond(gpus),
     }
 }
 
+/// The queue's jobs in flight as the bound counts them: those running no more than the
+/// agents that take jobs (a node that died leaves its runs open until Buildkite says they
+/// were lost; they hold none of the GPUs listed), and every other one.
+fn occupying(open: &[OpenJob], agents: Agents) -> usize {
+    let flying = open.iter().filter(|j| !j.waiting);
+    let running = flying
+        .clone()
+        .filter(|j| j.state == JobState::Running)
+        .count();
+    flying.count() - running + running.min(agents.taking)
+}
+
 /// Whether the queue's bound holds its waiting jobs back now: jobs wait and it is reached.
-pub(crate) fn bounded(open: &[OpenJob], agents: Agents) -> bool {
-    open.iter().any(|j| j.waiting) && open.iter().filter(|j| !j.waiting).count() >= bound(agents)
+pub(crate) fn bounded(open: &[OpenJob], limit: usize, agents: Agents) -> bool {
+    open.iter().any(|j| j.waiting) && occupying(open, agents) >= bound(agents, limit)
 }
 
 /// Each user's jobs in flight (open and not waiting: a build made, being made or running).
@@ -116,8 +130,8 @@ pub(crate) struct Agents {
 /// queued still, has taken (or takes first) one of those it listed idle.
 pub(crate) fn releases(open: &[OpenJob], limit: usize, agents: Agents) -> Vec<&OpenJob> {
     let mut flying = in_flight(open);
-    let cap = bound(agents);
-    let mut busy = open.iter().filter(|j| !j.waiting).count();
+    let cap = bound(agents, limit);
+    let mut busy = occupying(open, agents);
     let mut released = Vec::new();
     let mut held = Vec::new();
     for job in waiting_order(open) {
@@ -238,7 +252,7 @@ impl Line {
             } else {
                 (before - agents) / agents + 1
             };
-            // A waiting job goes when one of its user's own runs ends, free agents or not.
+            // A waiting job goes when a run of its queue ends, free agents or not.
             let turns = if waiting { turns.max(1) } else { turns };
             self.now + m * turns as Millis
         });
@@ -504,6 +518,39 @@ mod tests {
     }
 
     #[test]
+    fn runs_on_agents_no_longer_listed_hold_no_place_under_the_bound() {
+        // Four runs open; a node with two of the GPUs died, its runs not yet ended.
+        let mut q: Vec<OpenJob> = (0..4)
+            .map(|i| {
+                open(
+                    &format!("r{i}"),
+                    &format!("u{i}"),
+                    i,
+                    JobState::Running,
+                    false,
+                )
+            })
+            .collect();
+        q.push(open("w", "v", 9, JobState::Submitted, true));
+        let two_left = Agents {
+            taking: 2,
+            idle: 0,
+            listed_at: 50,
+        };
+        assert!(
+            !bounded(&q, 2, two_left),
+            "2 running on 2 GPUs, 2 may queue"
+        );
+        assert_eq!(ids(&releases(&q, 2, two_left)), ["w"]);
+        // The same four queued rather than running hold their places.
+        for j in q.iter_mut().take(4) {
+            j.state = JobState::Scheduled;
+        }
+        assert!(bounded(&q, 2, two_left));
+        assert!(releases(&q, 2, two_left).is_empty());
+    }
+
+    #[test]
     fn builds_queued_ahead_of_the_gpus_are_bounded_by_their_number() {
         // (GPUs, builds queued beyond one each at most)
         let cases = [(1, 2), (4, 2), (8, 2), (9, 3), (16, 4), (32, 8), (100, 25)];
@@ -541,16 +588,21 @@ mod tests {
             (j.waiting, j.state) = (false, JobState::Scheduled);
         }
         assert!(releases(&q, 2, busy).is_empty());
+        assert_eq!(
+            releases(&q, usize::MAX, busy).len(),
+            26,
+            "fair share off: no bound, jobs left waiting all go"
+        );
         assert!(
-            bounded(&q, busy),
+            bounded(&q, 2, busy),
             "20 in flight of 16 GPUs and 4 queued, 26 waiting"
         );
         assert!(
-            !bounded(&q, Agents::default()),
+            !bounded(&q, 2, Agents::default()),
             "no agents listed: no bound"
         );
         q.retain(|j| j.run_id.as_str() != "r0");
-        assert!(!bounded(&q, busy), "one ended: room for one");
+        assert!(!bounded(&q, 2, busy), "one ended: room for one");
         assert_eq!(ids(&releases(&q, 2, busy)), ["w4"], "one ended: one goes");
     }
     #[test]
