@@ -165,12 +165,16 @@ pub(crate) async fn finishes(d: &Deps, queue: &Queue) -> Result<Vec<RunId>, Stor
     let (list, _) =
         shared::read::<Vec<Deferred>>(d.store.as_ref(), SharedKey::Deferred(queue), d.clock.now())
             .await?;
-    let list = list.unwrap_or_default();
-    Ok(list
+    Ok(finishes_of(list))
+}
+
+/// The run ids of a list's finishes (none of a list never written).
+fn finishes_of(list: Option<Vec<Deferred>>) -> Vec<RunId> {
+    list.unwrap_or_default()
         .into_iter()
         .filter(|w| w.work == Work::Finish)
         .map(|w| w.run_id)
-        .collect())
+        .collect()
 }
 
 /// Run ids of `queue`'s deferred finishes, builds that ended and hold no GPU, as this
@@ -186,13 +190,8 @@ pub(crate) async fn finishes_seen(
         return Ok(Vec::new());
     }
     let key = (SharedKey::Deferred(queue), now);
-    let list: Option<Vec<Deferred>> = d.seen.read_within(d.store.as_ref(), key, within).await?;
-    Ok(list
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|w| w.work == Work::Finish)
-        .map(|w| w.run_id)
-        .collect())
+    let list = d.seen.read_within(d.store.as_ref(), key, within).await?;
+    Ok(finishes_of(list))
 }
 
 /// Takes the next items off `queue`'s list (none while this instance read it empty lately).
