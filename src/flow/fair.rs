@@ -1,7 +1,7 @@
 //! Fair share as the functions run it: a submission waits in the store while its user has
 //! `USER_MAX_IN_FLIGHT` builds on the queue, or the queue as many builds as its GPUs and a
-//! few queued; waiting jobs are released (the user with the fewest in flight first, oldest
-//! first: [`fair`](super::rules::fair)) by whoever holds the queue's short
+//! few queued; waiting jobs are released (the user with the fewest in flight first, a batch
+//! bigger than the queue's GPUs last among equals, oldest first: [`fair`](super::rules::fair)) by whoever holds the queue's short
 //! lease in the store, when a submission arrives, when a job of the queue ends, and on every
 //! sweep pass. The lease keeps two instances from both filling one user's last slot; the
 //! job's own compare-and-swap (its creation's claim) keeps a build from being made twice.

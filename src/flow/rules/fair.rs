@@ -1,7 +1,9 @@
 //! Fair share on a queue, as pure functions of its open jobs: which waiting jobs get their
-//! builds now (the user with the fewest in flight first, oldest first within a user, at most
-//! a limit of each user's jobs in flight and of the queue's beyond its GPUs), the order the queue's jobs are expected to start in, and where one
-//! stands: its position and an expected start from the queue's agents and recent run times.
+//! builds now (the user with the fewest in flight first, a batch bigger than the queue's
+//! GPUs last among equals, oldest first within a user; at most a limit of each user's jobs
+//! in flight and of the queue's beyond its GPUs), the order the queue's jobs are expected to
+//! start in, and where one stands: its position and an expected start from the queue's
+//! agents and recent run times.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -84,28 +86,34 @@ fn in_flight(open: &[OpenJob]) -> HashMap<&str, usize> {
 }
 
 /// The waiting jobs in the order fair share releases them: fewest in flight first. A
-/// user's `k`-th oldest waiting job goes in round `k` plus the user's jobs in flight, and
-/// within a round users come in the order of their oldest waiting job; so the next free GPU
-/// goes to the user with the least of the queue, the longest waiting of them first.
-pub(crate) fn waiting_order(open: &[OpenJob]) -> Vec<&OpenJob> {
+/// user's `k`-th oldest waiting job goes in round `k` plus the user's jobs in flight. Within
+/// a round, a user with more jobs waiting than the queue's `gpus` (a batch bigger than the
+/// queue can start at once; none such with `gpus` 0, unknown) comes after the others, and
+/// otherwise users come in the order of their oldest waiting job. So the next free GPU goes
+/// to the user with the least of the queue, and a batch's sender, whose oldest job is the
+/// oldest of all, does not win every tie against users sending one at a time.
+pub(crate) fn waiting_order(open: &[OpenJob], gpus: usize) -> Vec<&OpenJob> {
     let flying = in_flight(open);
     let mut by_user: BTreeMap<&str, Vec<&OpenJob>> = BTreeMap::new();
     for job in open.iter().filter(|j| j.waiting) {
         by_user.entry(user_of(job)).or_default().push(job);
     }
-    let mut order: Vec<(usize, (Millis, &RunId), &OpenJob)> = Vec::new();
+    // Each job's place: (round, batch, its user's oldest waiting job).
+    type Place<'a> = (usize, bool, Millis, &'a RunId);
+    let mut order: Vec<(Place, &OpenJob)> = Vec::new();
     for (user, mut jobs) in by_user {
         jobs.sort_by_key(|j| (j.created_at, j.run_id.clone()));
-        let first = (jobs[0].created_at, &jobs[0].run_id);
+        let batch = gpus > 0 && jobs.len() > gpus;
+        let (first, first_id) = (jobs[0].created_at, &jobs[0].run_id);
         let base = flying.get(user).copied().unwrap_or(0);
         order.extend(
             jobs.into_iter()
                 .enumerate()
-                .map(|(k, j)| (base + k, first, j)),
+                .map(|(k, j)| ((base + k, batch, first, first_id), j)),
         );
     }
-    order.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
-    order.into_iter().map(|(_, _, j)| j).collect()
+    order.sort_by(|a, b| a.0.cmp(&b.0));
+    order.into_iter().map(|(_, j)| j).collect()
 }
 
 /// A queue's agents as a recent agents list showed them: those that take jobs (connected,
@@ -134,7 +142,7 @@ pub(crate) fn releases(open: &[OpenJob], limit: usize, agents: Agents) -> Vec<&O
     let mut busy = occupying(open, agents);
     let mut released = Vec::new();
     let mut held = Vec::new();
-    for job in waiting_order(open) {
+    for job in waiting_order(open, agents.taking) {
         if busy >= cap {
             // Past the bound no agent is spare either: nothing more goes.
             break;
@@ -164,7 +172,7 @@ pub(crate) fn releases(open: &[OpenJob], limit: usize, agents: Agents) -> Vec<&O
 /// The queue's jobs not yet running, in the order they are expected to start: those with a
 /// build in the order the builds were made, as Buildkite runs its queue (those about to
 /// have one after them), then the waiting ones in waiting order.
-pub(crate) fn queue_order(open: &[OpenJob]) -> Vec<&OpenJob> {
+pub(crate) fn queue_order(open: &[OpenJob], gpus: usize) -> Vec<&OpenJob> {
     let mut ahead: Vec<&OpenJob> = open
         .iter()
         .filter(|j| !j.waiting && j.state != JobState::Running)
@@ -173,7 +181,7 @@ pub(crate) fn queue_order(open: &[OpenJob]) -> Vec<&OpenJob> {
         let made = j.scheduled_at.unwrap_or(Millis::MAX);
         (made, j.created_at, j.run_id.clone())
     });
-    ahead.extend(waiting_order(open));
+    ahead.extend(waiting_order(open, gpus));
     ahead
 }
 
@@ -195,7 +203,7 @@ pub(crate) fn standing(
     median_ms: Option<Millis>,
     now: Millis,
 ) -> Option<Standing> {
-    let order = queue_order(open);
+    let order = queue_order(open, agents);
     let ahead = order.iter().position(|j| &j.run_id == run_id)?;
     let queue = Line::of(open, agents, median_ms, now);
     Some(queue.standing(ahead, order[ahead].waiting))
@@ -210,7 +218,7 @@ pub(crate) fn standings(
     now: Millis,
 ) -> Vec<(&OpenJob, Standing)> {
     let queue = Line::of(open, agents, median_ms, now);
-    queue_order(open)
+    queue_order(open, agents)
         .into_iter()
         .enumerate()
         .map(|(ahead, j)| (j, queue.standing(ahead, j.waiting)))
@@ -474,7 +482,7 @@ mod tests {
             open("anon2", "", 0, JobState::Submitted, true),
         ];
         assert_eq!(
-            ids(&waiting_order(&q)),
+            ids(&waiting_order(&q, 0)),
             ["anon2", "h1", "m1", "l1", "anon", "h2", "m2", "h3"],
             "each job without a user is a user of its own"
         );
@@ -499,7 +507,7 @@ mod tests {
             open("l2b", "l2", 9, JobState::Submitted, true),
         ];
         assert_eq!(
-            ids(&waiting_order(&q)),
+            ids(&waiting_order(&q, 3)),
             ["l2a", "l1b", "l2b", "h3", "l1c", "h4"],
             "rounds from each user's jobs in flight; within one, the longest waiting user first"
         );
@@ -514,6 +522,66 @@ mod tests {
             ids(&releases(&q, 1, full)),
             ["l2a"],
             "each user's limit holds"
+        );
+    }
+
+    #[test]
+    fn a_batch_bigger_than_the_queue_s_gpus_loses_ties_not_rounds() {
+        // batch sent four at the start; l1 and l2 one at a time later. Each has one in flight.
+        let mut q = vec![
+            open("b0", "batch", 0, JobState::Running, false),
+            open("l1a", "l1", 5, JobState::Running, false),
+            open("l2a", "l2", 6, JobState::Running, false),
+            open("l1b", "l1", 7, JobState::Submitted, true),
+            open("l2b", "l2", 8, JobState::Submitted, true),
+        ];
+        for (i, id) in ["b1", "b2", "b3", "b4"].into_iter().enumerate() {
+            q.push(open(
+                id,
+                "batch",
+                1 + i as Millis,
+                JobState::Submitted,
+                true,
+            ));
+        }
+        let table: [(usize, &[&str], &str); 4] = [
+            (
+                0,
+                &["b1", "l1b", "l2b", "b2", "b3", "b4"],
+                "GPUs unknown: oldest first",
+            ),
+            (
+                4,
+                &["b1", "l1b", "l2b", "b2", "b3", "b4"],
+                "four waiting on four GPUs",
+            ),
+            (
+                3,
+                &["l1b", "l2b", "b1", "b2", "b3", "b4"],
+                "four waiting on three GPUs",
+            ),
+            (1, &["l1b", "l2b", "b1", "b2", "b3", "b4"], "one GPU"),
+        ];
+        for (gpus, order, why) in table {
+            assert_eq!(ids(&waiting_order(&q, gpus)), order, "{why}");
+        }
+        // A round still goes before the next: with l1 two in flight, batch's b1 (round 1)
+        // comes before l1's next (round 2).
+        q[3].waiting = false;
+        q.push(open("l1c", "l1", 9, JobState::Submitted, true));
+        assert_eq!(
+            ids(&waiting_order(&q, 3)),
+            ["l2b", "b1", "l1c", "b2", "b3", "b4"]
+        );
+        let two = Agents {
+            taking: 3,
+            idle: 0,
+            listed_at: 100,
+        };
+        assert_eq!(
+            ids(&releases(&q, 2, two)),
+            ["l2b"],
+            "the bound: 3 GPUs and 2 more"
         );
     }
 
@@ -717,7 +785,7 @@ mod tests {
         early.scheduled_at = Some(20);
         let creating = open("creating", "c", 5, JobState::Submitted, false);
         let q = [late, early, creating];
-        assert_eq!(ids(&queue_order(&q)), ["early", "late", "creating"]);
+        assert_eq!(ids(&queue_order(&q, 2)), ["early", "late", "creating"]);
     }
 
     #[test]
