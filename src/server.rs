@@ -10,12 +10,13 @@ use tokio::sync::OnceCell;
 
 use crate::config::{Config, Role, StoreConfig};
 use crate::flow::Deps;
+use crate::flow::keys::{Keys, ReadKeys};
 use crate::jobs::JobStore;
 
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
 
 /// Reads one configuration variable: the process environment, or a test's map.
-pub(crate) type Lookup = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
+pub type Lookup = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
 
 /// A function's state, built in two steps. The store (the AWS SDK's client, the costliest
 /// part) needs no secret, so it is opened at once. Secrets not in the environment come from
@@ -74,6 +75,10 @@ impl Startup {
         let config = Arc::new(configure(self.role, env).await?);
         let metrics = crate::telemetry::metrics::Metrics::for_function(self.role.name());
         let deps = Deps::new(config, self.store.clone())?.with_metrics(metrics);
+        let deps = match key_reader(self.role, &self.env) {
+            Some(reader) => deps.with_key_reader(reader),
+            None => deps,
+        };
         tracing::info!(
             elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
             "configuration read, clients built"
@@ -91,6 +96,23 @@ pub async fn configure(
     let secrets = crate::secrets::load(env, &role.secret_keys()).await?;
     let lookup = crate::secrets::overlay(env, secrets);
     Ok(Config::from_lookup(role, &lookup)?)
+}
+
+/// How an instance reads its inbound keys again while it lives: the configuration as at
+/// start-up, when the secrets extension holds some of it (`None`: all from the environment,
+/// which does not change under a running instance).
+pub fn key_reader(role: Role, env: &Lookup) -> Option<ReadKeys> {
+    if !crate::secrets::configured(env.as_ref()) {
+        return None;
+    }
+    let env = env.clone();
+    Some(Arc::new(move || {
+        let env = env.clone();
+        Box::pin(async move {
+            let config = configure(role, env.as_ref()).await?;
+            Ok(Keys::of(&config))
+        })
+    }))
 }
 
 async fn open_store(

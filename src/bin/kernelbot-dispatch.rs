@@ -1,57 +1,118 @@
 //! The operator's command: list and show jobs, resend a report and callback, replay given-up
 //! deliveries, cancel, reconcile one run against Buildkite. It reads the same configuration
 //! as the functions, from the environment (the secret's keys exported: the secrets extension
-//! only runs beside a function), and works on their store: DynamoDB when `JOBS_TABLE` is
-//! set, else the embedded one. Logs go to stderr, answers to stdout.
+//! only runs beside a function), and works on the store it is told: DynamoDB's `JOBS_TABLE`,
+//! or an embedded one under `KERNELBOT_DATA_DIR` or `--local`; never one it guessed. Logs go
+//! to stderr, answers to stdout; any failure exits non-zero.
 
+use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
 use kernelbot_dispatch::config::Role;
 use kernelbot_dispatch::ops::{Command, act};
 use kernelbot_dispatch::retry::Deadline;
-use kernelbot_dispatch::{server, telemetry};
+use kernelbot_dispatch::server::{Lookup, Startup};
+use kernelbot_dispatch::telemetry;
+
+/// Where a local run (`cargo run --bin local`) keeps its store.
+const LOCAL_DATA_DIR: &str = "./.kernelbot";
+
+const AFTER_HELP: &str = "\
+Examples:
+  export JOBS_TABLE=$(aws cloudformation describe-stacks --stack-name kernelbot-dispatch \\
+    --query \"Stacks[0].Outputs[?OutputKey=='JobsTableName'].OutputValue\" --output text)
+  kernelbot-dispatch jobs --state running --older-than 30m
+  kernelbot-dispatch jobs --json | jq '.[] | select(.discord == \"given_up\")'
+  kernelbot-dispatch cancel 8f14e45f --dry-run      # then again with --yes
+  kernelbot-dispatch replay --given-up --since 24h --yes
+  kernelbot-dispatch --local jobs                   # the local run's store
+
+Environment:
+  JOBS_TABLE            the deployment's DynamoDB table (its stack's JobsTableName output)
+  KERNELBOT_DATA_DIR    an embedded store's directory (local runs and tests)
+  BUILDKITE_ORG, BUILDKITE_PIPELINE, BUILDKITE_API_TOKEN, DISCORD_WEBHOOK_URL,
+  CALLBACK_URL, CALLBACK_SECRET, ...   as the functions have them (docs/configuration.md)
+  AWS_REGION, AWS_PROFILE  the AWS account the table is in
+  RUST_LOG              log level on stderr (default info); NO_COLOR turns colour off";
 
 #[derive(Parser)]
 #[command(
     name = "kernelbot-dispatch",
     version,
-    about = "Operate a kernelbot-dispatch deployment"
+    about = "Operate a kernelbot-dispatch deployment",
+    after_help = AFTER_HELP
 )]
 struct Cli {
     /// How long a command may take (Buildkite, Discord and callback calls included).
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     timeout: Duration,
+    /// Work on the local run's embedded store (./.kernelbot) when no store is named.
+    #[arg(long)]
+    local: bool,
     #[command(subcommand)]
     command: Command,
 }
 
 #[tokio::main]
-async fn main() -> std::process::ExitCode {
+async fn main() -> ExitCode {
     let cli = Cli::parse();
     telemetry::init();
     let deadline = Deadline::after(cli.timeout);
-    // The secrets extension runs only beside a function: outside one, its port on this
-    // machine could be anyone's, and the request carries the AWS session token.
-    if std::env::var_os("KERNELBOT_SECRET_ID").is_some() && !telemetry::is_lambda() {
-        eprintln!("kernelbot-dispatch: export the secret's keys instead of KERNELBOT_SECRET_ID");
-        return std::process::ExitCode::FAILURE;
-    }
-    let answer = match server::deps(Role::Sweep).await {
-        Ok(d) => act(&d, cli.command, deadline).await.map_err(Into::into),
+    let env = match environment(cli.local) {
+        Ok(env) => env,
+        Err(why) => {
+            eprintln!("kernelbot-dispatch: {why}");
+            return ExitCode::from(2);
+        }
+    };
+    let answer = match Startup::init_with(Role::Sweep, env).await {
+        Ok(startup) => match startup.deps().await {
+            Ok(d) => act(&d, cli.command, deadline).await.map_err(Into::into),
+            Err(e) => Err(e),
+        },
         Err(e) => Err(e),
     };
     match answer {
         Ok(text) => {
             println!("{}", text.trim_end());
-            std::process::ExitCode::SUCCESS
+            ExitCode::SUCCESS
         }
         Err(e) => {
             eprintln!(
                 "kernelbot-dispatch: {}",
                 kernelbot_dispatch::error::chain(e.as_ref())
             );
-            std::process::ExitCode::FAILURE
+            ExitCode::FAILURE
         }
     }
+}
+
+/// The process environment as the command reads it, once it names a store.
+fn environment(local: bool) -> Result<Lookup, String> {
+    // The secrets extension runs only beside a function: outside one, its port on this
+    // machine could be anyone's, and the request carries the AWS session token.
+    if std::env::var_os("KERNELBOT_SECRET_ID").is_some() && !telemetry::is_lambda() {
+        return Err("export the secret's keys instead of KERNELBOT_SECRET_ID".into());
+    }
+    let set = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+    let named = set("JOBS_TABLE").is_some() || set("KERNELBOT_DATA_DIR").is_some();
+    if !named && !local {
+        return Err(
+            "no store named: set JOBS_TABLE to the deployment's table (its stack's \
+             JobsTableName output), or KERNELBOT_DATA_DIR, or pass --local for the local \
+             run's store"
+                .into(),
+        );
+    }
+    if !named && !std::path::Path::new(LOCAL_DATA_DIR).is_dir() {
+        return Err(format!(
+            "--local: no local store at {LOCAL_DATA_DIR} (run the local stack here first)"
+        ));
+    }
+    Ok(Arc::new(move |name: &str| match name {
+        "KERNELBOT_DATA_DIR" if !named => Some(LOCAL_DATA_DIR.to_owned()),
+        _ => std::env::var(name).ok(),
+    }))
 }

@@ -181,9 +181,14 @@ impl Wiring {
     /// One function's dependencies, configured as a deployed function's are
     /// ([`crate::server::configure`]: its environment, then the secrets extension).
     async fn deps(&self, env: BTreeMap<String, String>, role: Role) -> Result<Arc<Deps>, BoxError> {
-        let config = crate::server::configure(role, &move |k: &str| env.get(k).cloned()).await?;
-        let deps = Deps::new(Arc::new(config), self.store.clone())?
-            .with_clock(self.clock.clone())
+        let env: crate::server::Lookup = Arc::new(move |k: &str| env.get(k).cloned());
+        let config = crate::server::configure(role, env.as_ref()).await?;
+        let deps = Deps::new(Arc::new(config), self.store.clone())?.with_clock(self.clock.clone());
+        let deps = match crate::server::key_reader(role, &env) {
+            Some(reader) => deps.with_key_reader(reader),
+            None => deps,
+        };
+        let deps = deps
             .with_metrics(Metrics::shared(role.name(), self.metrics.clone()))
             .with_outbound(quick_retries(), self.timeout);
         Ok(Arc::new(deps))

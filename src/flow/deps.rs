@@ -6,10 +6,11 @@ use std::time::Duration;
 
 use secrecy::ExposeSecret;
 
-use crate::buildkite::{BuildkiteClient, BuildkiteError, WebhookAuth};
+use crate::buildkite::{BuildkiteClient, BuildkiteError};
 use crate::callback::{CallbackSender, SenderError};
 use crate::config::{Config, ConfigError};
 use crate::discord::{DiscordError, DiscordTarget, Notifier, Priority};
+use crate::flow::keys::{Keys, LiveKeys, ReadKeys};
 use crate::flow::place_buckets::PlaceBuckets;
 use crate::flow::profiles::ClickCounter;
 use crate::flow::quiet_lists::QuietLists;
@@ -28,8 +29,8 @@ pub struct Deps {
     /// Signed callbacks, when `CALLBACK_URL` is set.
     pub(crate) callbacks: Option<CallbackSender>,
     pub(crate) config: Arc<Config>,
-    /// How Buildkite's webhook requests are verified.
-    pub(crate) webhook_auth: WebhookAuth,
+    /// What inbound requests are checked by: Buildkite's webhook secrets, the submit tokens.
+    pub(crate) keys: Arc<LiveKeys>,
     /// Where status goes when a submission names no Discord target (`DISCORD_WEBHOOK_URL`).
     pub(crate) default_discord: Option<DiscordTarget>,
     /// The operators' channel (`OPS_DISCORD_WEBHOOK_URL`): GPU incidents.
@@ -107,10 +108,7 @@ impl Deps {
                 .map_err(StartError::Discord)?
                 .with_windows(windows),
             callbacks: callbacks(&config)?,
-            webhook_auth: WebhookAuth::new(
-                config.webhook.secrets.clone(),
-                config.webhook.allow_token,
-            ),
+            keys: Arc::new(LiveKeys::new(Keys::of(&config), None, 0)),
             default_discord: discord_target(
                 config.discord.default_webhook.as_ref(),
                 "DISCORD_WEBHOOK_URL",
@@ -164,6 +162,15 @@ impl Deps {
         self.buildkite = self.buildkite.with_clock(clock.clone());
         self.discord = self.discord.with_clock(clock.clone());
         self.clock = clock;
+        self
+    }
+
+    /// These dependencies, reading their inbound keys again through `reader` (a deployment
+    /// whose keys come from the secrets extension: they rotate while an instance lives);
+    /// those held were read now, on this clock.
+    pub fn with_key_reader(mut self, reader: ReadKeys) -> Self {
+        let held = self.keys.current().as_ref().clone();
+        self.keys = Arc::new(LiveKeys::new(held, Some(reader), self.clock.now()));
         self
     }
 

@@ -6,6 +6,7 @@ use tracing::{Instrument, info, warn};
 use super::advance::{advance, build_ref};
 use super::deferred::{self, Work};
 use super::effects::Effects;
+use super::keys::Keys;
 use super::outcome::read_outcome;
 use super::rules::signal::{Signal, progress_of, signal_of};
 use super::stop::stop_build;
@@ -57,8 +58,12 @@ pub(crate) async fn receive(
     deadline: Deadline,
 ) -> Result<EventOutcome, WebhookError> {
     let (signature, token) = (claimed.signature.as_deref(), claimed.token.as_deref());
-    d.webhook_auth
-        .verify(signature, token, body, now)
+    // A key this instance does not hold may be the rotation's new one: read them again.
+    let verify = |k: &Keys| k.webhook.verify(signature, token, body, now);
+    let unknown = |e: &VerifyError| matches!(e, VerifyError::Mismatch | VerifyError::BadToken);
+    d.keys
+        .check(d.clock.now(), verify, unknown)
+        .await
         .map_err(|e| {
             warn!(reason = %e, "webhook rejected");
             WebhookError::Unauthorized(e)

@@ -41,6 +41,7 @@ pub mod events;
 pub(crate) mod fair;
 pub mod fleet;
 mod follow;
+pub mod keys;
 mod lease;
 mod outcome;
 mod place_buckets;

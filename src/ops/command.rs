@@ -26,6 +26,44 @@ pub enum OpsError {
     Json(#[from] serde_json::Error),
     #[error("the fleet cannot be listed: {0}")]
     Fleet(#[from] QueueError),
+    #[error("{0}: {1}, not ended: nothing to resend")]
+    NotEnded(RunId, JobState),
+    #[error("{0} changes the deployment: add --yes to do it, or --dry-run to see what it would do")]
+    Unconfirmed(&'static str),
+    /// Some of the work was not done: what was, and what was not.
+    #[error("{0}")]
+    Incomplete(String),
+}
+
+/// Whether a command that changes the deployment may: `--yes` does it, `--dry-run` only says
+/// what it would do; neither is refused (a command pasted with the wrong run id does
+/// nothing).
+#[derive(Clone, Copy, Debug, Default, clap::Args)]
+pub struct Confirm {
+    /// Do it.
+    #[arg(long)]
+    pub yes: bool,
+    /// Only say what it would do.
+    #[arg(long, conflicts_with = "yes")]
+    pub dry_run: bool,
+}
+
+impl Confirm {
+    /// Do it at once (the library's callers: tests, scripts that decided already).
+    pub const YES: Self = Self {
+        yes: true,
+        dry_run: false,
+    };
+
+    /// Whether `what` acts (`--yes`) or only says what it would do (`--dry-run`); neither
+    /// is refused.
+    fn acts(self, what: &'static str) -> Result<bool, OpsError> {
+        match (self.yes, self.dry_run) {
+            (_, true) => Ok(false),
+            (true, false) => Ok(true),
+            (false, false) => Err(OpsError::Unconfirmed(what)),
+        }
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -41,6 +79,9 @@ pub enum Command {
         /// Only jobs submitted at least this long ago (`15m`, `2h`).
         #[arg(long, value_parser = humantime::parse_duration)]
         older_than: Option<Duration>,
+        /// A JSON array instead of the table.
+        #[arg(long)]
+        json: bool,
     },
     /// One job, as JSON (no result, no secret).
     Show { run_id: RunId },
@@ -54,14 +95,24 @@ pub enum Command {
         /// An RFC 3339 time (`2026-11-24T00:00:00Z`) or a span before now (`24h`).
         #[arg(long, value_parser = since)]
         since: Millis,
+        #[command(flatten)]
+        confirm: Confirm,
     },
     /// Cancels a run: its build is canceled, or the job ended if it has none yet.
-    Cancel { run_id: RunId },
+    Cancel {
+        run_id: RunId,
+        #[command(flatten)]
+        confirm: Confirm,
+    },
     /// Reads one run's build whatever its age, finishes or fixes the job, sends what it owes.
     Reconcile { run_id: RunId },
     /// Each GPU agent of our queues: connection, pause and why, jobs and infrastructure
     /// failures in the last 24 h, last pre-flight readings.
-    Fleet,
+    Fleet {
+        /// A JSON array instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// `--since`: a time, or a span before now.
@@ -95,7 +146,8 @@ fn resent(run_id: &RunId, resent: &Resent) -> String {
     }
 }
 
-/// Carries out `command` within `deadline`: what to print.
+/// Carries out `command` within `deadline`: what to print. Anything asked and not done is
+/// an error (its text says what was done), so a script can trust the exit status.
 pub async fn act(d: &Deps, command: Command, deadline: Deadline) -> Result<String, OpsError> {
     let now = d.clock.now();
     Ok(match command {
@@ -103,51 +155,105 @@ pub async fn act(d: &Deps, command: Command, deadline: Deadline) -> Result<Strin
             state,
             queue,
             older_than,
+            json,
         } => {
             let query = JobsQuery {
                 state,
                 queue,
                 older_than,
             };
-            jobs_table(&jobs(d, &query, now).await?, now)
+            let listed = jobs(d, &query, now).await?;
+            match json {
+                true => serde_json::to_string_pretty(&super::jobs_json(&listed))?,
+                false => jobs_table(&listed, now),
+            }
         }
         Command::Show { run_id } => match show(d, &run_id).await? {
             Some(view) => serde_json::to_string_pretty(&view)?,
             None => return Err(OpsError::NoSuchJob(run_id)),
         },
-        Command::Resend { run_id } => resent(&run_id, &resend(d, &run_id, deadline).await?),
-        Command::Replay { since, .. } => {
-            let done = replay_given_up(d, since, deadline).await?;
-            let mut lines: Vec<String> = done
-                .runs
-                .iter()
-                .map(|(id, r)| match r {
-                    Ok(r) => resent(id, r),
-                    Err(e) => format!("{id}: failed: {}", crate::error::chain(e)),
-                })
-                .collect();
-            if done.not_reached > 0 {
-                lines.push(format!(
-                    "{} more not reached in time: run it again",
-                    done.not_reached
-                ));
-            }
-            format!("{} run(s) replayed\n{}", done.runs.len(), lines.join("\n"))
-        }
-        Command::Cancel { run_id } => match cancel(d, &run_id, deadline).await? {
-            Canceled::Accepted(job) => format!("{run_id}: cancel requested ({})", job.state),
-            Canceled::AlreadyFinished(job) => format!("{run_id}: already ended ({})", job.state),
-            Canceled::Unknown => return Err(OpsError::NoSuchJob(run_id)),
+        Command::Resend { run_id } => match resend(d, &run_id, deadline).await? {
+            Resent::Unknown => return Err(OpsError::NoSuchJob(run_id)),
+            Resent::NotEnded(state) => return Err(OpsError::NotEnded(run_id, state)),
+            sent => resent(&run_id, &sent),
         },
-        Command::Fleet => {
+        Command::Replay { since, confirm, .. } => replay(d, since, confirm, deadline).await?,
+        Command::Cancel { run_id, confirm } => cancel_run(d, run_id, confirm, deadline).await?,
+        Command::Fleet { json } => {
             let agents = fleet::view(d, deadline).await?;
-            super::fleet_table(&agents, d.clock.now())
+            match json {
+                true => serde_json::to_string_pretty(&agents)?,
+                false => super::fleet_table(&agents, d.clock.now()),
+            }
         }
         Command::Reconcile { run_id } => {
             let report = sweep::sweep_run(d, &run_id, deadline).await?;
             let state = d.store.get(&run_id).await?.map(|j| j.state);
-            let state = state.map_or_else(|| "no such job".to_owned(), |s| s.to_string());
+            let state = state.ok_or_else(|| OpsError::NoSuchJob(run_id.clone()))?;
             format!("{run_id}: {state} ({report})")
         }
     })
+}
+
+/// `cancel`: with `--dry-run` what it would do, with `--yes` done.
+async fn cancel_run(
+    d: &Deps,
+    run_id: RunId,
+    confirm: Confirm,
+    deadline: Deadline,
+) -> Result<String, OpsError> {
+    if !confirm.acts("cancel")? {
+        let job = d.store.get(&run_id).await?;
+        let job = job.ok_or_else(|| OpsError::NoSuchJob(run_id.clone()))?;
+        let build = job
+            .build
+            .as_ref()
+            .map_or("no build yet".into(), |b| format!("build #{}", b.number));
+        return Ok(match job.state.is_terminal() {
+            true => format!("{run_id}: already ended ({}): nothing to cancel", job.state),
+            false => format!("{run_id}: would cancel ({}, {build})", job.state),
+        });
+    }
+    Ok(match cancel(d, &run_id, deadline).await? {
+        Canceled::Accepted(job) => format!("{run_id}: cancel requested ({})", job.state),
+        Canceled::AlreadyFinished(job) => format!("{run_id}: already ended ({})", job.state),
+        Canceled::Unknown => return Err(OpsError::NoSuchJob(run_id)),
+    })
+}
+
+/// `replay --given-up`: with `--dry-run` the runs it would send again, with `--yes` sent;
+/// a run that failed or was not reached in time fails the command.
+async fn replay(
+    d: &Deps,
+    since: Millis,
+    confirm: Confirm,
+    deadline: Deadline,
+) -> Result<String, OpsError> {
+    if !confirm.acts("replay")? {
+        let runs = super::given_up_since(d, since).await?;
+        let mut lines = vec![format!("{} run(s) would be replayed", runs.len())];
+        lines.extend(runs.iter().map(|j| j.run_id.to_string()));
+        return Ok(lines.join("\n"));
+    }
+    let done = replay_given_up(d, since, deadline).await?;
+    let mut lines: Vec<String> = done
+        .runs
+        .iter()
+        .map(|(id, r)| match r {
+            Ok(r) => resent(id, r),
+            Err(e) => format!("{id}: failed: {}", crate::error::chain(e)),
+        })
+        .collect();
+    if done.not_reached > 0 {
+        lines.push(format!(
+            "{} more not reached in time: run it again",
+            done.not_reached
+        ));
+    }
+    let failed = done.runs.iter().filter(|(_, r)| r.is_err()).count();
+    let text = format!("{} run(s) replayed\n{}", done.runs.len(), lines.join("\n"));
+    match failed + done.not_reached {
+        0 => Ok(text),
+        _ => Err(OpsError::Incomplete(text)),
+    }
 }

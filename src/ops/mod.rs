@@ -15,7 +15,7 @@ use crate::flow::rules::outbox::NotReopened;
 use crate::jobs::{Channel, Delivery, Job, JobState, Listed, RunId, Shard, StoreError, Target};
 use crate::time::{Millis, rfc3339};
 
-pub use command::{Command, OpsError, act, since};
+pub use command::{Command, Confirm, OpsError, act, since};
 pub use table::{fleet_table, jobs_table};
 
 /// Which jobs `kernelbot-dispatch jobs` lists.
@@ -43,7 +43,7 @@ pub async fn jobs(d: &Deps, query: &JobsQuery, now: Millis) -> Result<Vec<Listed
     };
     let mut rows = Vec::new();
     for shard in shards {
-        rows.extend(all_of(d, *shard).await?);
+        rows.extend(all_of(d, *shard, 0).await?);
     }
     let cutoff = query
         .older_than
@@ -57,10 +57,33 @@ pub async fn jobs(d: &Deps, query: &JobsQuery, now: Millis) -> Result<Vec<Listed
     Ok(rows)
 }
 
-/// Every job of one partition, a page at a time.
-async fn all_of(d: &Deps, shard: Shard) -> Result<Vec<Listed>, StoreError> {
+/// The jobs whose delivery was given up, from `since` on (as `replay` goes over them).
+pub(crate) async fn given_up_since(d: &Deps, since: Millis) -> Result<Vec<Listed>, StoreError> {
+    all_of(d, Shard::GivenUp, since).await
+}
+
+/// The jobs as `jobs --json` prints them: what the table shows, times in RFC 3339.
+pub(crate) fn jobs_json(jobs: &[Listed]) -> Vec<Value> {
+    let word = |j: &Listed, c: Channel| standing(j.delivery(c), j.owes(c));
+    jobs.iter()
+        .map(|j| {
+            json!({
+                "run_id": j.run_id.as_str(),
+                "state": j.state.as_str(),
+                "queue": j.queue.to_string(),
+                "created_at": rfc3339(j.created_at),
+                "build": j.build.as_ref().map(|b| b.number),
+                "discord": word(j, Channel::Discord),
+                "callback": word(j, Channel::Callback),
+            })
+        })
+        .collect()
+}
+
+/// Every job of one partition from `from` on, a page at a time.
+async fn all_of(d: &Deps, shard: Shard, from: Millis) -> Result<Vec<Listed>, StoreError> {
     let mut rows: Vec<Listed> = Vec::new();
-    let mut from = 0;
+    let mut from = from;
     loop {
         let page = d.store.list(shard, from, PAGE).await?;
         let full = page.len() == PAGE;

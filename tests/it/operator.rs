@@ -8,7 +8,7 @@ use std::time::Duration;
 use kernelbot_dispatch::devstack::buildkite::{StepOutcome, StepRunner, sample_result};
 use kernelbot_dispatch::devstack::stack::HOOK_URL;
 use kernelbot_dispatch::jobs::{JobState, RunId};
-use kernelbot_dispatch::ops::{Command, act};
+use kernelbot_dispatch::ops::{Command, Confirm, act};
 use kernelbot_dispatch::result::Verdict;
 use kernelbot_dispatch::retry::Deadline;
 use serde_json::{Value, json};
@@ -84,6 +84,7 @@ async fn jobs_are_listed_by_state_queue_and_age(kind: StoreKind) {
         state,
         queue: queue.map(str::to_owned),
         older_than,
+        json: false,
     };
     // The dashboard's jobs by verdict: each ended job counted once.
     let finished = app.metric("JobsFinished");
@@ -112,6 +113,25 @@ async fn jobs_are_listed_by_state_queue_and_age(kind: StoreKind) {
     assert_eq!(run_ids(&old), ["old-running"]);
     let none = run(&app, list(Some(JobState::Failed), None, None)).await;
     assert_eq!(run_ids(&none), Vec::<String>::new());
+    // `--json`: the same jobs, each as an object a script reads.
+    let json = Command::Jobs {
+        state: None,
+        queue: None,
+        older_than: None,
+        json: true,
+    };
+    let listed: Vec<Value> = serde_json::from_str(&run(&app, json).await).unwrap();
+    let ids: Vec<&str> = listed
+        .iter()
+        .map(|j| j["run_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["old-running", "young-mi300", "ended-owing"]);
+    assert_eq!(listed[0]["state"], "running");
+    assert_eq!(listed[0]["queue"], "h100");
+    assert_eq!(listed[2]["discord"], "owed");
+    assert_eq!(listed[2]["build"], 4);
+    let created = listed[0]["created_at"].as_str().unwrap();
+    assert!(humantime::parse_rfc3339_weak(created).is_ok(), "{created}");
 }
 
 async fn a_job_is_shown_without_its_secrets(kind: StoreKind) {
@@ -200,7 +220,13 @@ async fn resend_edits_the_same_message_and_calls_back_again(kind: StoreKind) {
     assert_eq!(app.discord_calls().len(), calls);
     // Nothing to resend before a job ends.
     app.submit(&submission("open")).await;
-    let said = run(&app, Command::Resend { run_id: id("open") }).await;
+    let said = act(
+        &app.sweeper,
+        Command::Resend { run_id: id("open") },
+        deadline(),
+    )
+    .await;
+    let said = said.unwrap_err().to_string();
     assert_eq!(said, "open: scheduled, not ended: nothing to resend");
 }
 
@@ -222,13 +248,37 @@ async fn given_up_reports_are_replayed_since_a_time(kind: StoreKind) {
         let view = run(&app, Command::Show { run_id: id(run_id) }).await;
         assert!(view.contains("\"given_up\""), "{view}");
     }
-    // Since the second one was submitted: only it.
+    // Since the second one was submitted: only it. A dry run names it and sends nothing,
+    // and without --yes nothing is sent either.
     let late = app.job("late").await.created_at;
+    let sent = app.discord_calls().len();
+    let dry = Confirm {
+        yes: false,
+        dry_run: true,
+    };
+    let replay = |confirm| Command::Replay {
+        given_up: true,
+        since: late,
+        confirm,
+    };
+    assert_eq!(
+        run(&app, replay(dry)).await,
+        "1 run(s) would be replayed\nlate"
+    );
+    let refused = act(&app.sweeper, replay(Confirm::default()), deadline()).await;
+    assert!(refused.unwrap_err().to_string().contains("add --yes"));
+    assert_eq!(app.discord_calls().len(), sent, "a dry run sends nothing");
+    assert!(
+        run(&app, Command::Show { run_id: id("late") })
+            .await
+            .contains("\"given_up\"")
+    );
     let said = run(
         &app,
         Command::Replay {
             given_up: true,
             since: late,
+            confirm: Confirm::YES,
         },
     )
     .await;
@@ -241,6 +291,7 @@ async fn given_up_reports_are_replayed_since_a_time(kind: StoreKind) {
         Command::Replay {
             given_up: true,
             since: 0,
+            confirm: Confirm::YES,
         },
     )
     .await;
@@ -253,6 +304,7 @@ async fn given_up_reports_are_replayed_since_a_time(kind: StoreKind) {
         Command::Replay {
             given_up: true,
             since: 0,
+            confirm: Confirm::YES,
         },
     )
     .await;
@@ -264,18 +316,45 @@ async fn given_up_reports_are_replayed_since_a_time(kind: StoreKind) {
 async fn cancel_and_reconcile_act_on_one_run(kind: StoreKind) {
     let app = TestApp::spawn(kind).await;
     app.submit(&submission("stop")).await;
-    let said = run(&app, Command::Cancel { run_id: id("stop") }).await;
+    let cancel = |run_id: &str, confirm| Command::Cancel {
+        run_id: id(run_id),
+        confirm,
+    };
+    // Without --yes nothing changes; a dry run says what it would do.
+    let refused = act(&app.sweeper, cancel("stop", Confirm::default()), deadline()).await;
+    assert!(refused.unwrap_err().to_string().contains("add --yes"));
+    let dry = Confirm {
+        yes: false,
+        dry_run: true,
+    };
+    let said = run(&app, cancel("stop", dry)).await;
+    assert_eq!(said, "stop: would cancel (scheduled, build #1)");
+    assert_eq!(app.buildkite.build(1).unwrap().state, "scheduled");
+    assert!(!app.job("stop").await.cancel_requested);
+    let said = run(&app, cancel("stop", Confirm::YES)).await;
     assert_eq!(said, "stop: cancel requested (scheduled)");
     assert_eq!(app.buildkite.build(1).unwrap().state, "canceled");
-    let nobody = act(
+    for confirm in [Confirm::YES, dry] {
+        let nobody = act(&app.sweeper, cancel("nobody", confirm), deadline()).await;
+        assert_eq!(nobody.unwrap_err().to_string(), "no job nobody");
+    }
+    // Asked of a run that is not there, resend and reconcile fail.
+    let resend = act(
         &app.sweeper,
-        Command::Cancel {
+        Command::Resend {
             run_id: id("nobody"),
         },
         deadline(),
-    )
-    .await;
-    assert_eq!(nobody.unwrap_err().to_string(), "no job nobody");
+    );
+    assert_eq!(resend.await.unwrap_err().to_string(), "no job nobody");
+    let reconcile = act(
+        &app.sweeper,
+        Command::Reconcile {
+            run_id: id("nobody"),
+        },
+        deadline(),
+    );
+    assert_eq!(reconcile.await.unwrap_err().to_string(), "no job nobody");
 
     // A build that ended while its webhooks were lost: reconcile reads it and finishes it,
     // whatever its age, and the report goes out.
@@ -334,7 +413,7 @@ async fn the_fleet_is_a_table_of_our_agents(kind: StoreKind) {
     }
     assert!(app.buildkite.agent_event("agent.lost", "h100-gpu2").await);
     // The agents' records are written just after the job's report goes out.
-    let mut table = run(&app, Command::Fleet).await;
+    let mut table = run(&app, Command::Fleet { json: false }).await;
     for _ in 0..100 {
         let noted = table
             .lines()
@@ -343,7 +422,7 @@ async fn the_fleet_is_a_table_of_our_agents(kind: StoreKind) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
-        table = run(&app, Command::Fleet).await;
+        table = run(&app, Command::Fleet { json: false }).await;
     }
     let lines: Vec<&str> = table.lines().collect();
     assert!(
@@ -446,5 +525,61 @@ fn the_binary_reads_the_functions_configuration_on_either_store() {
         assert_eq!(out.status.code(), Some(2), "--given-up is required");
         let out = command(&["jobs", "--state", "sleeping"]);
         assert_eq!(out.status.code(), Some(2), "an unknown state");
+        let out = command(&["jobs", "--json"]);
+        assert!(out.status.success());
+        let listed: Value = serde_json::from_slice(&out.stdout).expect("--json prints JSON");
+        assert_eq!(listed, json!([]));
+        // Every failure exits non-zero; a change asked without --yes is refused.
+        for args in [
+            &["resend", "nobody"][..],
+            &["cancel", "nobody"],
+            &["cancel", "x", "--yes", "--dry-run"],
+        ] {
+            let out = command(args);
+            assert_ne!(out.status.code(), Some(0), "{args:?}");
+        }
+        let out = command(&["cancel", "nobody"]);
+        assert!(String::from_utf8_lossy(&out.stderr).contains("add --yes"));
     }
+}
+
+/// With no store named the command refuses and creates nothing, where it runs or anywhere.
+#[test]
+fn the_binary_never_guesses_a_store() {
+    let cwd = tempfile::tempdir().unwrap();
+    let command = |args: &[&str]| {
+        Process::new(env!("CARGO_BIN_EXE_kernelbot-dispatch"))
+            .args(args)
+            .current_dir(cwd.path())
+            .env_clear()
+            .env("BUILDKITE_ORG", "o")
+            .env("BUILDKITE_PIPELINE", "p")
+            .env("BUILDKITE_API_TOKEN", "t")
+            .output()
+            .expect("the command runs")
+    };
+    for (args, says) in [
+        (&["jobs"][..], "no store named: set JOBS_TABLE"),
+        (&["--local", "jobs"], "no local store at ./.kernelbot"),
+    ] {
+        let out = command(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(says), "{stderr}");
+        assert!(out.stdout.is_empty());
+    }
+    let left: Vec<_> = std::fs::read_dir(cwd.path()).unwrap().collect();
+    assert!(left.is_empty(), "created {left:?}");
+    // A local run's store there is used with --local.
+    std::fs::create_dir(cwd.path().join(".kernelbot")).unwrap();
+    let out = command(&["--local", "jobs", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        serde_json::from_slice::<Value>(&out.stdout).unwrap(),
+        json!([])
+    );
 }

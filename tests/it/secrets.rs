@@ -10,7 +10,11 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use kernelbot_dispatch::config::{Config, Role};
-use kernelbot_dispatch::devstack::stack::{API_TOKEN, BK_TOKEN, HOOK_URL, LINK_SECRET, SECRET};
+use kernelbot_dispatch::devstack::buildkite::deliver;
+use kernelbot_dispatch::devstack::stack::{
+    API_TOKEN, BK_TOKEN, HOOK_URL, LINK_SECRET, SECRET, submission,
+};
+use kernelbot_dispatch::jobs::JobState;
 use kernelbot_dispatch::secrets::{SecretsError, keys, load, overlay};
 use secrecy::ExposeSecret;
 use serde_json::json;
@@ -455,4 +459,93 @@ async fn every_secret_from_the_secret_and_none_from_the_environment(kind: StoreK
 /// The operators' channel of the secret above.
 const OPS_URL: &str = "https://discord.com/api/webhooks/222222222222222222/ops-token_2";
 
-on_both_stores!(every_secret_from_the_secret_and_none_from_the_environment);
+/// A rotation as the runbook does it, with no restart: the secret's webhook key and submit
+/// token change under running instances and Buildkite and the client switch at once. The
+/// first request with each new key succeeds (the instance reads the secret again, once), the
+/// old keys are refused from then on, and each refused webhook is counted for its alarm.
+async fn keys_rotate_under_running_instances(kind: StoreKind) {
+    const NEW_SECRET: &str = "webhook-secret-after-rotation";
+    const NEW_TOKEN: &str = "submit-token-after-rotation";
+    // Every key the docs list, as the deployment's secret holds them.
+    let secret = |webhook: &str, token: &str| {
+        json!({
+            "BUILDKITE_API_TOKEN": BK_TOKEN, "BUILDKITE_WEBHOOK_SECRET": webhook,
+            "SUBMIT_API_TOKEN": token, "DISCORD_WEBHOOK_URL": HOOK_URL,
+            "CALLBACK_SECRET": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+            "PROFILE_LINK_SECRET": LINK_SECRET, "OPS_DISCORD_WEBHOOK_URL": OPS_URL,
+        })
+        .to_string()
+    };
+    let id = "kernelbot-dispatch".to_owned();
+    let ext = Extension {
+        secrets: BTreeMap::from([(id.clone(), secret(SECRET, API_TOKEN))]),
+        ..Extension::default()
+    };
+    let (port, ext) = start(ext).await;
+    let port = port.to_string();
+    let vars = [
+        ("KERNELBOT_SECRET_ID", "kernelbot-dispatch"),
+        ("AWS_SESSION_TOKEN", SESSION_TOKEN),
+        ("PARAMETERS_SECRETS_EXTENSION_HTTP_PORT", port.as_str()),
+    ];
+    let app = TestApp::spawn_with(kind, &vars).await;
+    let body = |run: &str| serde_json::to_vec(&submission(run)).unwrap();
+    let (status, _) = app.submit_raw(body("before"), Some(API_TOKEN)).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    app.buildkite.start_eval(1);
+    assert_eq!(app.event("job.started", 1).await, StatusCode::OK);
+    assert_eq!(app.job("before").await.state, JobState::Running);
+
+    ext.lock()
+        .unwrap()
+        .secrets
+        .insert(id, secret(NEW_SECRET, NEW_TOKEN));
+    let read_before = ext.lock().unwrap().calls;
+    app.clock.advance(std::time::Duration::from_secs(31));
+    let (status, _) = app.submit_raw(body("after"), Some(NEW_TOKEN)).await;
+    assert_eq!(
+        status,
+        StatusCode::ACCEPTED,
+        "the first request with the new token"
+    );
+    let signed_anew = |event: &str, number: u64| {
+        let body = app.buildkite.webhook_body(event, number);
+        let at = app.buildkite.now_secs();
+        let url = app.webhook_url.clone();
+        let event = event.to_owned();
+        async move {
+            deliver(&url, NEW_SECRET, &event, body, at)
+                .await
+                .unwrap()
+                .status()
+        }
+    };
+    app.buildkite.start_eval(2);
+    assert_eq!(signed_anew("job.started", 2).await, StatusCode::OK);
+    assert_eq!(
+        ext.lock().unwrap().calls,
+        read_before + 2,
+        "submit and webhook read once each"
+    );
+    assert_eq!(app.job("after").await.state, JobState::Running);
+
+    let (status, _) = app.submit_raw(body("old-token"), Some(API_TOKEN)).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        app.event("build.finished", 1).await,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        ext.lock().unwrap().calls,
+        read_before + 2,
+        "no read within 30 s"
+    );
+    let refused = app.metric("WebhookRequests");
+    let refused = refused.iter().filter(|(m, _)| m["Outcome"] == "refused");
+    assert_eq!(refused.map(|(_, v)| v).sum::<f64>(), 1.0);
+}
+
+on_both_stores!(
+    every_secret_from_the_secret_and_none_from_the_environment,
+    keys_rotate_under_running_instances
+);

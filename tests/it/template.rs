@@ -114,6 +114,14 @@ fn a_stopped_sweep_and_undelivered_results_raise_alarms_and_a_dashboard_shows_th
             "an alarm on {metric}"
         );
     }
+    // Refused webhooks (a rotation done on one side only) and 5xx answers, each alarmed.
+    for outcome in ["refused", "error"] {
+        let on_it = alarms.iter().map(|(_, a)| &a["Properties"]).find(|p| {
+            p["MetricName"].as_str() == Some("WebhookRequests")
+                && text(&p["Dimensions"]).contains(&format!("Value: {outcome}\n"))
+        });
+        assert!(on_it.is_some(), "an alarm on webhooks {outcome}");
+    }
     let dashboards = of_type(&t, "AWS::CloudWatch::Dashboard");
     let [(_, dashboard)] = dashboards.as_slice() else {
         panic!("one dashboard");
@@ -230,4 +238,53 @@ fn the_store_counter_knows_the_jobs_table_s_indexes() {
             .collect();
     counted.sort();
     assert_eq!(counted, indexes);
+}
+
+/// The service's tunables are stack parameters, each defaulting to what
+/// `docs/configuration.md` says the code's default is, so an operator changes one with
+/// `--parameter-overrides` and a stack left alone behaves as documented. A failed sweep pass
+/// is not invoked again by Lambda: a retry would overlap the next pass.
+#[test]
+fn tunables_are_parameters_with_the_documented_defaults() {
+    let t = template();
+    let docs = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/docs/configuration.md"
+    ))
+    .unwrap();
+    let documented = |name: &str| -> String {
+        let row = docs
+            .lines()
+            .find(|l| l.starts_with(&format!("| `{name}` |")))
+            .unwrap_or_else(|| panic!("{name} is documented"));
+        row.split('|')
+            .nth(2)
+            .unwrap()
+            .trim()
+            .trim_matches('`')
+            .to_owned()
+    };
+    let globals = &t["Globals"]["Function"]["Environment"]["Variables"];
+    for (variable, parameter) in [
+        ("QUEUE_TIMEOUT_SECS", "QueueTimeoutSeconds"),
+        ("JOB_MAX_AGE_SECS", "JobMaxAgeSeconds"),
+        ("SWEEP_MAX_CALLS", "SweepMaxCalls"),
+        ("USER_MAX_IN_FLIGHT", "UserMaxInFlight"),
+        ("USER_MAX_WAITING", "UserMaxWaiting"),
+        ("PROFILE_LINK_TTL_SECS", "ProfileLinkTtlSeconds"),
+    ] {
+        assert_eq!(
+            text(&globals[variable]).trim(),
+            format!("!Ref {parameter}"),
+            "{variable} comes from a parameter"
+        );
+        let default = &t["Parameters"][parameter]["Default"];
+        let default = text(default).trim().trim_matches('\'').to_owned();
+        assert_eq!(default, documented(variable), "{parameter}'s default");
+    }
+    let sweep = &t["Resources"]["SweepFunction"]["Properties"];
+    assert_eq!(
+        sweep["EventInvokeConfig"]["MaximumRetryAttempts"].as_u64(),
+        Some(0)
+    );
 }
