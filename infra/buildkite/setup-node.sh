@@ -13,7 +13,8 @@
 #   BUILDKITE_AGENT_TOKEN=... QUEUE=h100 ./setup-node.sh
 #
 # Inputs (environment):
-#   BUILDKITE_AGENT_TOKEN  agent registration token (required)
+#   BUILDKITE_AGENT_TOKEN  agent registration token (required): the vendor's own, scoped to
+#                          its queues without pipeline upload, never the upload agent's
 #   QUEUE                  Buildkite queue these GPUs serve, e.g. h100, b200, mi300 (required)
 #   GPU_VENDOR             nvidia | amd (default: detected with nvidia-smi, then rocm-smi)
 #   GPU_COUNT              GPUs to set up (default: all detected)

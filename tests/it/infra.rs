@@ -1577,6 +1577,27 @@ async fn the_service_the_template_and_the_pipeline_default_to_one_runner_image()
     assert_eq!(build.env["KERNELBOT_IMAGE"], fallback);
 }
 
+/// Only the service's builds take a GPU: the evaluation step is added only when the build's
+/// env holds a variable every build the service makes has and Buildkite itself never sets
+/// (a push or a build started by hand lacks it); and a GPU node never checks out the
+/// repository.
+#[tokio::test]
+async fn only_the_service_s_builds_run_the_evaluation_and_none_checks_out() {
+    let p = pipeline();
+    let step = &p["steps"][0];
+    let gate = step["if"].as_str().expect("the step is gated");
+    let variable = gate
+        .strip_prefix("build.env(\"")
+        .and_then(|r| r.strip_suffix("\") != null"))
+        .unwrap_or_else(|| panic!("a gate on one variable being set: {gate}"));
+    assert!(!variable.starts_with("BUILDKITE_"), "{variable} is Buildkite's own");
+    let app = TestApp::spawn(StoreKind::Sqlite).await;
+    app.submit(&submission("gated")).await;
+    let build = app.buildkite.build(1).expect("a build");
+    assert_eq!(build.env.get(variable).map(String::as_str), Some("gated"));
+    assert_eq!(step["checkout"]["skip"].as_bool(), Some(true));
+}
+
 #[test]
 fn the_pipeline_runs_the_runner_on_the_submitted_queue() {
     let p = pipeline();
