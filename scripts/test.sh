@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs the whole test suite. First installs what the tests use: the Python tools in
-# scripts/requirements.txt (moto server, cfn-lint, aws-sam-cli, cargo-lambda) and the kernelbot launcher
-# package (infra/kernelbot) into .venv, again whenever either changes, and Debian's
-# ShellCheck, PostgreSQL and Chromium if they are missing.
+# scripts/requirements.txt (moto server, cfn-lint, aws-sam-cli, cargo-lambda, ruff, mypy) and
+# the kernelbot launcher package (infra/kernelbot) into .venv, again whenever either changes,
+# and Debian's ShellCheck, PostgreSQL and Chromium if they are missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -53,6 +53,8 @@ shellcheck -x infra/buildkite/*.sh scripts/test.sh scripts/bench.sh scripts/tool
 cargo build --locked --quiet --workspace --bins
 cargo build --locked --quiet -p kernelbot-runner --bin kernelbot-runner
 cargo test --locked --workspace "$@" -- --include-ignored
+# The kernelbot launcher's lint and strict type check, as its pyproject.toml configures them.
+(cd infra/kernelbot && ruff check . && mypy)
 # The kernelbot launcher's suite, against the installed package, its round trips through the
 # real local stack included.
 KERNELBOT_LOCAL_BIN="${CARGO_TARGET_DIR:-target}/debug/local" python3 -m pytest -q infra/kernelbot/tests

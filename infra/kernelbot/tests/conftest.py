@@ -2,11 +2,13 @@
 source tree beside it: what kernelbot gets is what passes. The PostgresInbox tests get a
 PostgreSQL server the suite starts itself."""
 
+from collections.abc import Iterator
 from pathlib import Path
 
-import kernelbot_dispatch
 import pytest
 from postgres_server import PostgresServer, PostgresUnavailable
+
+import kernelbot_dispatch
 
 SOURCE_TREE = Path(__file__).resolve().parents[1] / "src"
 if SOURCE_TREE in Path(kernelbot_dispatch.__file__).resolve().parents:
@@ -16,7 +18,7 @@ if SOURCE_TREE in Path(kernelbot_dispatch.__file__).resolve().parents:
 
 
 @pytest.fixture(scope="session")
-def postgres_server():
+def postgres_server() -> Iterator[PostgresServer]:
     """A PostgreSQL server of the tests' own (see postgres_server.py). One that cannot be
     found or started fails the tests that need it, saying why: it is never skipped."""
     try:
@@ -34,6 +36,6 @@ def postgres_server():
 
 
 @pytest.fixture
-def postgres_url(postgres_server) -> str:
+def postgres_url(postgres_server: PostgresServer) -> str:
     """The URL of a fresh, empty database."""
     return postgres_server.new_database()

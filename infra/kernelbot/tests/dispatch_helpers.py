@@ -104,7 +104,7 @@ FULL_RESULT: dict[str, Any] = {
 
 def callback_body(run_id: str, state: str, **data: Any) -> dict[str, Any]:
     """A callback body as the service renders it for ``state``."""
-    body = {
+    body: dict[str, Any] = {
         "type": f"job.{state}",
         "timestamp": "2026-07-16T10:00:00.000Z",
         "data": {

@@ -21,6 +21,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -61,7 +62,8 @@ def server_programs() -> Path:
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+        _, port = probe.getsockname()
+        return int(port)
 
 
 class PostgresServer:
@@ -79,8 +81,8 @@ class PostgresServer:
         self.data = self.dir / "data"
         self.log = self.dir / "postgres.log"
         self.port = 0
-        self._process: subprocess.Popen | None = None
-        self._as: dict = {}
+        self._process: subprocess.Popen[bytes] | None = None
+        self._as: dict[str, Any] = {}
         if running_as_root:
             owner = _unprivileged_user()
             os.chown(self.dir, owner.pw_uid, owner.pw_gid)
@@ -148,9 +150,11 @@ class PostgresServer:
         )
 
     def _ready(self) -> bool:
+        process = self._process
+        assert process is not None, "_start starts it first"
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
-            if self._process.poll() is not None:
+            if process.poll() is not None:
                 return False
             try:
                 psycopg.connect(self.url("postgres"), connect_timeout=2).close()

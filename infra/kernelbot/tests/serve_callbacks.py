@@ -15,10 +15,11 @@ import uvicorn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernelbot_dispatch import SqliteInbox, callback_app  # noqa: E402
+from kernelbot_dispatch import Inbox, SqliteInbox, callback_app
 
 
 async def main(db: str, port_file: str) -> None:
+    inbox: Inbox
     if db.startswith("postgresql://"):
         from kernelbot_dispatch.postgres import PostgresInbox
 
@@ -34,10 +35,16 @@ async def main(db: str, port_file: str) -> None:
         if serving.done():
             return serving.result()
         await asyncio.sleep(0.01)
-    tmp = Path(port_file + ".tmp")
-    tmp.write_text(str(sock.getsockname()[1]))
-    tmp.rename(port_file)
+    _publish_port(port_file, sock.getsockname()[1])
     await serving
+
+
+def _publish_port(port_file: str, port: int) -> None:
+    """Writes ``port`` to ``port_file`` in one step (a rename): the test polls for the file.
+    A few bytes, once: blocking the loop for them is harmless."""
+    tmp = Path(port_file + ".tmp")
+    tmp.write_text(str(port))
+    tmp.rename(port_file)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import httpx
 import pytest
 from dispatch_helpers import callback_body, new_secret, signed_headers, webhook_id
 
-from kernelbot_dispatch import CallbackEvent, MemoryInbox, callback_app
+from kernelbot_dispatch import CallbackApp, CallbackEvent, MemoryInbox, callback_app
 
 PATH = "/kernelbot-dispatch/callbacks"
 
@@ -28,7 +28,7 @@ class CountingInbox(MemoryInbox):
         return new
 
 
-def client(app) -> httpx.AsyncClient:
+def client(app: CallbackApp) -> httpx.AsyncClient:
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://kb")
 
 
@@ -36,7 +36,7 @@ def finished(run_id: str = "kb-1") -> tuple[bytes, str]:
     return json.dumps(callback_body(run_id, "finished")).encode(), webhook_id(run_id, "finished")
 
 
-async def test_a_valid_signature_is_recorded_with_its_result():
+async def test_a_valid_signature_is_recorded_with_its_result() -> None:
     secret, inbox = new_secret(), CountingInbox()
     body, msg_id = finished()
     async with client(callback_app(secret, inbox)) as c:
@@ -50,7 +50,7 @@ async def test_a_valid_signature_is_recorded_with_its_result():
 @pytest.mark.parametrize(
     "case", ["tampered body", "wrong secret", "stale timestamp", "missing headers", "garbage"]
 )
-async def test_what_the_service_did_not_sign_is_refused(case: str):
+async def test_what_the_service_did_not_sign_is_refused(case: str) -> None:
     secret, inbox = new_secret(), CountingInbox()
     body, msg_id = finished()
     headers = signed_headers(secret, body, msg_id)
@@ -74,7 +74,7 @@ async def test_what_the_service_did_not_sign_is_refused(case: str):
     assert inbox.recorded == []
 
 
-async def test_any_of_several_secrets_verifies_while_rotating():
+async def test_any_of_several_secrets_verifies_while_rotating() -> None:
     old, new, inbox = new_secret(), new_secret(), CountingInbox()
     body, msg_id = finished()
     # The app holds both; the service signed with the second only.
@@ -89,7 +89,7 @@ async def test_any_of_several_secrets_verifies_while_rotating():
     assert answer.status_code == 401
 
 
-async def test_a_redelivered_webhook_id_is_recorded_once():
+async def test_a_redelivered_webhook_id_is_recorded_once() -> None:
     secret, inbox = new_secret(), CountingInbox()
     body, msg_id = finished()
     async with client(callback_app(secret, inbox)) as c:
@@ -101,7 +101,9 @@ async def test_a_redelivered_webhook_id_is_recorded_once():
     assert [e.id for e in inbox.recorded] == [msg_id]
 
 
-async def test_an_earlier_state_arriving_late_changes_nothing_and_unknown_runs_are_accepted():
+async def test_an_earlier_state_arriving_late_changes_nothing_and_unknown_runs_are_accepted() -> (
+    None
+):
     secret, inbox = new_secret(), CountingInbox()
     async with client(callback_app(secret, inbox)) as c:
         for state in ("finished", "running", "scheduled"):
@@ -112,7 +114,7 @@ async def test_an_earlier_state_arriving_late_changes_nothing_and_unknown_runs_a
     assert [e.state for e in inbox.recorded] == ["finished"]
 
 
-async def test_only_post_with_a_bounded_json_job_body_is_taken():
+async def test_only_post_with_a_bounded_json_job_body_is_taken() -> None:
     secret, inbox = new_secret(), CountingInbox()
     async with client(callback_app(secret, inbox)) as c:
         get = await c.get(PATH)
@@ -137,7 +139,7 @@ async def test_only_post_with_a_bounded_json_job_body_is_taken():
     assert inbox.recorded == []
 
 
-async def test_a_failing_inbox_asks_for_redelivery():
+async def test_a_failing_inbox_asks_for_redelivery() -> None:
     class BrokenInbox(MemoryInbox):
         async def put(self, event: CallbackEvent) -> bool:
             raise OSError("disk full")
@@ -149,7 +151,8 @@ async def test_a_failing_inbox_asks_for_redelivery():
     assert answer.status_code == 503
 
 
-def test_an_unusable_secret_is_refused_without_being_quoted():
+def test_an_unusable_secret_is_refused_without_being_quoted() -> None:
+    bad: str | list[str]
     for bad in ("", "   ", []):
         with pytest.raises(ValueError):
             callback_app(bad, MemoryInbox())

@@ -25,8 +25,8 @@ def kernelbot_consts() -> types.SimpleNamespace:
         H100 = "H100"
         B200 = "B200"
 
-    def make_lookup(runner_map):
-        lookup = {}
+    def make_lookup(runner_map: dict[str, type[enum.Enum]]) -> dict[str, GPU]:
+        lookup: dict[str, GPU] = {}
         for runner, gpus in runner_map.items():
             for name, member in gpus.__members__.items():
                 if name.lower() in lookup:
@@ -41,7 +41,7 @@ def kernelbot_consts() -> types.SimpleNamespace:
     )
 
 
-def test_registered_gpus_are_found_by_name_and_have_an_architecture():
+def test_registered_gpus_are_found_by_name_and_have_an_architecture() -> None:
     consts = kernelbot_consts()
     lookup, sm = consts._GPU_LOOKUP, consts.GPU_TO_SM
     register_gpus(consts=consts)
@@ -53,19 +53,24 @@ def test_registered_gpus_are_found_by_name_and_have_an_architecture():
     assert consts.GPU_TO_SM["MI300_BK"] is None
 
 
-def test_a_multi_gpu_queue_s_name_needs_its_architecture():
-    eight = enum.Enum("Eight", {"MI300x8_BK": "MI300x8_BK"})
+def test_a_multi_gpu_queue_s_name_needs_its_architecture() -> None:
+    class Eight(enum.Enum):
+        MI300x8_BK = "MI300x8_BK"
+
     consts = kernelbot_consts()
-    with pytest.raises(ValueError, match="no architecture .* MI300x8_BK"):
-        register_gpus(eight, consts=consts)
-    register_gpus(eight, sm={"MI300x8_BK": None}, consts=consts)
+    with pytest.raises(ValueError, match=r"no architecture .* MI300x8_BK"):
+        register_gpus(Eight, consts=consts)
+    register_gpus(Eight, sm={"MI300x8_BK": None}, consts=consts)
     assert consts._GPU_LOOKUP["mi300x8_bk"].runner == "Dispatch"
 
 
-def test_a_name_kernelbot_has_already_is_refused_and_nothing_changes():
-    clashing = enum.Enum("Clashing", {"H100": "H100", "X_BK": "X_BK"})
+def test_a_name_kernelbot_has_already_is_refused_and_nothing_changes() -> None:
+    class Clashing(enum.Enum):
+        H100 = "H100"
+        X_BK = "X_BK"
+
     consts = kernelbot_consts()
     before = (dict(consts._GPU_LOOKUP), dict(consts.GPU_TO_SM))
     with pytest.raises(ValueError, match="already has GPUs named h100"):
-        register_gpus(clashing, sm={"H100": "90a", "X_BK": None}, consts=consts)
+        register_gpus(Clashing, sm={"H100": "90a", "X_BK": None}, consts=consts)
     assert (consts._GPU_LOOKUP, consts.GPU_TO_SM) == before

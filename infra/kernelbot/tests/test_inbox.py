@@ -9,12 +9,14 @@ import stat
 import subprocess
 import sys
 import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
 
 import psycopg
 import pytest
 from dispatch_helpers import callback_body, webhook_id
 
-from kernelbot_dispatch import CallbackEvent, MemoryInbox, SqliteInbox
+from kernelbot_dispatch import CallbackEvent, MemoryInbox, RecoverableInbox, SqliteInbox
 from kernelbot_dispatch.postgres import PostgresInbox
 
 
@@ -23,7 +25,9 @@ def event(run_id: str, state: str) -> CallbackEvent:
 
 
 @pytest.fixture(params=["memory", "sqlite", "postgres"])
-async def inbox(request, tmp_path):
+async def inbox(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[RecoverableInbox]:
     if request.param == "memory":
         yield MemoryInbox()
     elif request.param == "sqlite":
@@ -35,29 +39,32 @@ async def inbox(request, tmp_path):
         await inbox.aclose()
 
 
-async def test_keeps_the_newest_state_and_ignores_repeats_and_late_ones(inbox):
+async def test_keeps_the_newest_state_and_ignores_repeats_and_late_ones(
+    inbox: RecoverableInbox,
+) -> None:
     assert await inbox.put(event("kb-1", "scheduled"))
     assert not await inbox.put(event("kb-1", "scheduled"))
     assert await inbox.put(event("kb-1", "finished"))
     assert not await inbox.put(event("kb-1", "running"))
     assert not await inbox.put(event("kb-1", "failed"))  # same rank as finished
     held = await inbox.wait("kb-1", 0, timeout=0)
+    assert held is not None
     assert held.state == "finished" and held.data["result"]["success"] is True
     assert await inbox.wait("kb-1", 3, timeout=0.05) is None
     assert await inbox.wait("kb-unknown", 0, timeout=0.05) is None
 
 
-async def test_a_waiter_wakes_when_a_newer_state_arrives(inbox):
+async def test_a_waiter_wakes_when_a_newer_state_arrives(inbox: RecoverableInbox) -> None:
     await inbox.put(event("kb-1", "scheduled"))
     waiter = asyncio.create_task(inbox.wait("kb-1", 1, timeout=5))
     await asyncio.sleep(0.05)
     assert not waiter.done()
     await inbox.put(event("kb-1", "running"))
     got = await asyncio.wait_for(waiter, 2)
-    assert got.state == "running"
+    assert got is not None and got.state == "running"
 
 
-async def test_ended_runs_nobody_took_are_listed_until_taken(inbox):
+async def test_ended_runs_nobody_took_are_listed_until_taken(inbox: RecoverableInbox) -> None:
     await inbox.put(event("kb-open", "running"))
     await inbox.put(event("kb-done", "finished"))
     await inbox.put(event("kb-failed", "failed"))
@@ -77,7 +84,7 @@ async def test_ended_runs_nobody_took_are_listed_until_taken(inbox):
     assert [e.run_id for e in await inbox.untaken()] == ["kb-failed"]
 
 
-async def test_memory_inbox_wakes_a_waiter_on_another_threads_loop():
+async def test_memory_inbox_wakes_a_waiter_on_another_threads_loop() -> None:
     inbox = MemoryInbox()
     waiter = asyncio.create_task(inbox.wait("kb-1", 0, timeout=5))
     await asyncio.sleep(0.02)
@@ -85,21 +92,21 @@ async def test_memory_inbox_wakes_a_waiter_on_another_threads_loop():
     thread.start()
     got = await asyncio.wait_for(waiter, 2)
     thread.join()
-    assert got.state == "running"
+    assert got is not None and got.state == "running"
 
 
-async def test_two_sqlite_instances_share_one_file(tmp_path):
+async def test_two_sqlite_instances_share_one_file(tmp_path: Path) -> None:
     path = tmp_path / "shared.sqlite3"
     writer, reader = SqliteInbox(path), SqliteInbox(path, poll_interval=0.02)
     waiter = asyncio.create_task(reader.wait("kb-1", 0, timeout=5))
     await asyncio.sleep(0.05)
     await writer.put(event("kb-1", "finished"))
     got = await asyncio.wait_for(waiter, 2)
-    assert got.id == webhook_id("kb-1", "finished")
+    assert got is not None and got.id == webhook_id("kb-1", "finished")
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
 
 
-async def test_old_runs_are_pruned(tmp_path, postgres_url):
+async def test_old_runs_are_pruned(tmp_path: Path, postgres_url: str) -> None:
     sqlite = SqliteInbox(tmp_path / "prune.sqlite3", retention=0.3)
     memory = MemoryInbox(retention=0.3)
     postgres = PostgresInbox(postgres_url, retention=0.3)
@@ -122,7 +129,9 @@ async def test_old_runs_are_pruned(tmp_path, postgres_url):
     assert await capped.wait("kb-2", 0, timeout=0) is not None
 
 
-async def test_postgres_inboxes_in_other_processes_hear_a_callback_as_it_arrives(postgres_url):
+async def test_postgres_inboxes_in_other_processes_hear_a_callback_as_it_arrives(
+    postgres_url: str,
+) -> None:
     """Two kernelbot workers (two inboxes, each with its own LISTEN connection) wait on one
     run; the callback route records it in another process. Both wake as it is recorded,
     long before their next look at the table (60 s)."""
@@ -133,13 +142,13 @@ async def test_postgres_inboxes_in_other_processes_hear_a_callback_as_it_arrives
         await _listening(workers)
         await asyncio.to_thread(_put_from_another_process, postgres_url, "kb-1", "finished")
         got = await asyncio.wait_for(asyncio.gather(*waiters), 20)
-        assert [e.state for e in got] == ["finished", "finished"]
+        assert [e.state if e else None for e in got] == ["finished", "finished"]
     finally:
         for w in workers:
             await w.aclose()
 
 
-async def test_a_postgres_waiter_hears_again_once_its_connection_is_back(postgres_url):
+async def test_a_postgres_waiter_hears_again_once_its_connection_is_back(postgres_url: str) -> None:
     listening = PostgresInbox(postgres_url, recheck_interval=60)
     writer = PostgresInbox(postgres_url)
     try:
@@ -152,7 +161,8 @@ async def test_a_postgres_waiter_hears_again_once_its_connection_is_back(postgre
                 "SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) pid", (before,)
             )
         await writer.put(event("kb-1", "running"))
-        assert (await asyncio.wait_for(waiter, 10)).state == "running"
+        got = await asyncio.wait_for(waiter, 10)
+        assert got is not None and got.state == "running"
         # It listens again on a new connection, and a callback wakes its waiters at once.
         for _ in range(500):
             after = await _listeners(postgres_url)
@@ -166,7 +176,8 @@ async def test_a_postgres_waiter_hears_again_once_its_connection_is_back(postgre
         await asyncio.sleep(0.1)
         await writer.put(event("kb-2", "running"))
         # Heard, not looked up: the next look would be 60 s away.
-        assert (await asyncio.wait_for(waiter, 20)).state == "running"
+        got = await asyncio.wait_for(waiter, 20)
+        assert got is not None and got.state == "running"
     finally:
         await listening.aclose()
 
@@ -182,7 +193,7 @@ async def _listeners(url: str) -> list[int]:
         return [row[0] for row in await cursor.fetchall()]
 
 
-async def test_postgres_inbox_names_are_checked_and_its_url_is_not_shown(postgres_url):
+async def test_postgres_inbox_names_are_checked_and_its_url_is_not_shown(postgres_url: str) -> None:
     with pytest.raises(ValueError):
         PostgresInbox(postgres_url, prefix="kb; DROP TABLE x")
     assert "127.0.0.1" not in repr(PostgresInbox("postgresql://u:secret@127.0.0.1/db"))
@@ -190,10 +201,11 @@ async def test_postgres_inbox_names_are_checked_and_its_url_is_not_shown(postgre
     one, two = PostgresInbox(postgres_url), PostgresInbox(postgres_url, prefix="other")
     await one.put(event("kb-1", "finished"))
     assert await two.wait("kb-1", 0, timeout=0) is None
-    assert (await one.wait("kb-1", 0, timeout=0)).state == "finished"
+    got = await one.wait("kb-1", 0, timeout=0)
+    assert got is not None and got.state == "finished"
 
 
-async def _listening(inboxes) -> None:
+async def _listening(inboxes: list[PostgresInbox]) -> None:
     """Until each inbox's listener in this loop has its LISTEN in place."""
     loop = asyncio.get_running_loop()
     for _ in range(500):

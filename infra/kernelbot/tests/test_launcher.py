@@ -12,7 +12,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -31,7 +33,10 @@ from dispatch_helpers import (
 from kernelbot_dispatch import (
     CallbackEvent,
     DispatchLauncher,
+    FullResult,
+    Inbox,
     MemoryInbox,
+    RecoverableInbox,
     RunnerQueueStatus,
     SqliteInbox,
     full_result_to_json,
@@ -43,16 +48,18 @@ QUEUE_TIMEOUT = "no agent on queue `h100` started it in time"
 CONFIG = {"lang": "py", "mode": "test", "main": "eval.py", "sources": {"eval.py": "pass"}}
 
 
-def event(run_id: str, state: str, **data) -> CallbackEvent:
+def event(run_id: str, state: str, **data: Any) -> CallbackEvent:
     return CallbackEvent.from_body(webhook_id(run_id, state), callback_body(run_id, state, **data))
 
 
-def launcher(api: ServerThread, inbox, **options) -> DispatchLauncher:
+def launcher(api: ServerThread, inbox: Inbox, **options: Any) -> DispatchLauncher:
     options = {"fallback_after": 30.0, "poll_interval": 30.0, "retry_backoff": 0.01, **options}
     return DispatchLauncher(api.url, TOKEN, inbox, **options)
 
 
-async def run(launch: DispatchLauncher, status: RecordingStatus | None = None, gpu="H100_BK"):
+async def run(
+    launch: DispatchLauncher, status: RecordingStatus | None = None, gpu: str = "H100_BK"
+) -> FullResult:
     try:
         return await asyncio.wait_for(
             launch.run_submission(dict(CONFIG), gpu, status or RecordingStatus()), 20
@@ -61,11 +68,11 @@ async def run(launch: DispatchLauncher, status: RecordingStatus | None = None, g
         await launch.aclose()
 
 
-async def test_callbacks_drive_the_status_and_the_finished_one_is_the_result():
+async def test_callbacks_drive_the_status_and_the_finished_one_is_the_result() -> None:
     inbox = MemoryInbox()
 
     async def on_submit(run_id: str) -> None:
-        async def later():
+        async def later() -> None:
             for state in ("scheduled", "running", "finished"):
                 await asyncio.sleep(0.05)
                 await inbox.put(event(run_id, state))
@@ -120,7 +127,9 @@ async def test_callbacks_drive_the_status_and_the_finished_one_is_the_result():
         ),
     ],
 )
-async def test_a_refusal_is_a_failed_result_naming_why_without_retrying(answer, expected):
+async def test_a_refusal_is_a_failed_result_naming_why_without_retrying(
+    answer: tuple[int, dict[str, Any]], expected: list[str]
+) -> None:
     fake = FakeApi(submit_answers=[answer, (202, {})])
     with ServerThread(fake) as api:
         result = await run(launcher(api, MemoryInbox()))
@@ -130,7 +139,7 @@ async def test_a_refusal_is_a_failed_result_naming_why_without_retrying(answer, 
     assert len(fake.paths("POST")) == 1
 
 
-async def test_unavailable_then_accepted_is_retried_with_the_same_run_id():
+async def test_unavailable_then_accepted_is_retried_with_the_same_run_id() -> None:
     inbox = MemoryInbox()
 
     async def on_submit(run_id: str) -> None:
@@ -152,7 +161,7 @@ async def test_unavailable_then_accepted_is_retried_with_the_same_run_id():
     assert len({p.json["run_id"] for p in posts}) == 1
 
 
-async def test_an_unreachable_api_ends_in_a_failed_result_after_the_retries():
+async def test_an_unreachable_api_ends_in_a_failed_result_after_the_retries() -> None:
     with ServerThread(FakeApi()) as api:
         url = api.url
     launch = DispatchLauncher(url, TOKEN, MemoryInbox(), retry_backoff=0.01, submit_attempts=3)
@@ -160,7 +169,7 @@ async def test_an_unreachable_api_ends_in_a_failed_result_after_the_retries():
     assert result.success is False and "unreachable" in result.error
 
 
-async def test_without_callbacks_it_falls_back_to_polling_and_a_callback_still_wins():
+async def test_without_callbacks_it_falls_back_to_polling_and_a_callback_still_wins() -> None:
     fake = FakeApi()
     submitted_at: dict[str, float] = {}
 
@@ -185,7 +194,7 @@ async def test_without_callbacks_it_falls_back_to_polling_and_a_callback_still_w
     async def keep_running(run_id: str) -> None:
         fake.views[run_id] = job_view(run_id, "running")
 
-        async def later():
+        async def later() -> None:
             await asyncio.sleep(0.5)
             await inbox.put(event(run_id, "finished", result={**FULL_RESULT, "error": "from cb"}))
 
@@ -200,7 +209,7 @@ async def test_without_callbacks_it_falls_back_to_polling_and_a_callback_still_w
     assert time.monotonic() - started < 3
 
 
-async def test_polling_waits_for_the_fallback_delay():
+async def test_polling_waits_for_the_fallback_delay(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = FakeApi()
     times: dict[str, float] = {}
 
@@ -211,18 +220,18 @@ async def test_polling_waits_for_the_fallback_delay():
     fake.on_submit = on_submit
     original = fake._route
 
-    async def route(method, path, body):
+    async def route(method: str, path: str, body: Any) -> tuple[int, dict[str, Any]]:
         if method == "GET":
             times.setdefault("polled", time.monotonic())
         return await original(method, path, body)
 
-    fake._route = route
+    monkeypatch.setattr(fake, "_route", route)
     with ServerThread(fake) as api:
         await run(launcher(api, MemoryInbox(), fallback_after=0.4, poll_interval=0.1))
     assert times["polled"] - times["submitted"] >= 0.35
 
 
-async def test_an_ending_without_a_result_is_a_failed_result_with_the_reason():
+async def test_an_ending_without_a_result_is_a_failed_result_with_the_reason() -> None:
     inbox = MemoryInbox()
     endings = {
         "kb-timeout": event(
@@ -255,7 +264,7 @@ async def test_an_ending_without_a_result_is_a_failed_result_with_the_reason():
 QUICK = {**CONFIG, "test_timeout": 1}
 
 
-async def test_a_run_that_never_ends_is_given_up_at_its_deadline_and_canceled():
+async def test_a_run_that_never_ends_is_given_up_at_its_deadline_and_canceled() -> None:
     # The service accepts the run and then it never moves: no callback, a view that stays
     # `running`. The deadline: 0.3 s queue + 1 s test timeout + 0.2 s margin.
     fake = FakeApi()
@@ -289,7 +298,7 @@ async def test_a_run_that_never_ends_is_given_up_at_its_deadline_and_canceled():
     assert status.lines[-1] == "❌ No result in time on H100_BK: canceled"
 
 
-async def test_at_its_deadline_a_run_that_ended_without_a_callback_gives_its_result():
+async def test_at_its_deadline_a_run_that_ended_without_a_callback_gives_its_result() -> None:
     fake = FakeApi()
 
     async def on_submit(run_id: str) -> None:
@@ -313,7 +322,15 @@ async def test_at_its_deadline_a_run_that_ended_without_a_callback_gives_its_res
         ({"mode": "test"}, 180),
         ({"mode": "test", "test_timeout": 60, "benchmark_timeout": 999}, 60),
         ({"mode": "benchmark", "benchmark_timeout": 90.5}, 90.5),
-        (dict(mode="leaderboard", test_timeout=30, benchmark_timeout=60, ranked_timeout=90), 180),
+        (
+            {
+                "mode": "leaderboard",
+                "test_timeout": 30,
+                "benchmark_timeout": 60,
+                "ranked_timeout": 90,
+            },
+            180,
+        ),
         ({"mode": "private"}, 540),
         ({"mode": "profile", "benchmarks": [{}, {}, {}], "benchmark_timeout": 100}, 300),
         ({"mode": "profile"}, 180),
@@ -329,7 +346,9 @@ async def test_at_its_deadline_a_run_that_ended_without_a_callback_gives_its_res
         ("not a config", 960),
     ],
 )
-def test_the_deadline_is_the_queue_wait_the_configs_timeouts_and_a_margin(config, evaluation):
+def test_the_deadline_is_the_queue_wait_the_configs_timeouts_and_a_margin(
+    config: Any, evaluation: float
+) -> None:
     launch = DispatchLauncher("http://dispatch.test", TOKEN, MemoryInbox())
     assert launch.deadline_for(config) == 900 + evaluation + 900
     own_queue = DispatchLauncher(
@@ -338,7 +357,7 @@ def test_the_deadline_is_the_queue_wait_the_configs_timeouts_and_a_margin(config
     assert own_queue.deadline_for(config) == 60 + evaluation + 30
 
 
-async def test_max_queue_secs_is_sent_with_the_submission():
+async def test_max_queue_secs_is_sent_with_the_submission() -> None:
     inbox = MemoryInbox()
 
     async def on_submit(run_id: str) -> None:
@@ -351,7 +370,7 @@ async def test_max_queue_secs_is_sent_with_the_submission():
     assert fake.requests[0].json["max_queue_secs"] == 120
 
 
-async def test_the_user_is_sent_and_a_waiting_run_shows_its_place():
+async def test_the_user_is_sent_and_a_waiting_run_shows_its_place() -> None:
     inbox = MemoryInbox()
 
     async def on_submit(run_id: str) -> None:
@@ -378,15 +397,18 @@ async def test_the_user_is_sent_and_a_waiting_run_shows_its_place():
     assert "<t:" not in shown, "plain text: not every reporter is Discord"
 
 
-def test_a_place_reads_as_plain_text_at_the_time_it_is_shown():
+def test_a_place_reads_as_plain_text_at_the_time_it_is_shown() -> None:
     from kernelbot_dispatch.launcher import _place, _user_key
 
     start = "2026-11-25T16:30:00.000Z"
     at = 1795624200.0
-    cases = [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"queue_position": 1}, " — next to start"),
         ({"queue_position": 12, "expected_start": start}, " — 12th in line, expected to start now"),
-        ({"queue_position": 22, "expected_start": start}, " — 22nd in line, expected to start in about 4 min"),
+        (
+            {"queue_position": 22, "expected_start": start},
+            " — 22nd in line, expected to start in about 4 min",
+        ),
         ({"queue_position": 0}, ""),
         ({"queue_position": True}, ""),
         ({}, ""),
@@ -398,7 +420,7 @@ def test_a_place_reads_as_plain_text_at_the_time_it_is_shown():
     assert _user_key("a b") is None and _user_key("x" * 65) is None and _user_key(None) is None
 
 
-async def submitted(launch: DispatchLauncher, fake: FakeApi) -> asyncio.Task:
+async def submitted(launch: DispatchLauncher, fake: FakeApi) -> asyncio.Task[FullResult]:
     """A running submission's task, once its POST has reached `fake`."""
     task = asyncio.create_task(launch.run_submission(dict(CONFIG), "H100_BK", RecordingStatus()))
     for _ in range(200):
@@ -408,7 +430,7 @@ async def submitted(launch: DispatchLauncher, fake: FakeApi) -> asyncio.Task:
     return task
 
 
-async def test_a_cancel_that_beats_the_job_is_repeated_until_the_job_is_known():
+async def test_a_cancel_that_beats_the_job_is_repeated_until_the_job_is_known() -> None:
     # The cancel reached the service before the (slow) submit recorded the job: 404, twice.
     fake = FakeApi(cancel_answers=[404, 404])
     with ServerThread(fake) as api:
@@ -423,7 +445,7 @@ async def test_a_cancel_that_beats_the_job_is_repeated_until_the_job_is_known():
     assert len(cancels) == 3, [r.path for r in fake.requests]
 
 
-async def test_a_submit_that_may_have_landed_is_cancelled_when_given_up():
+async def test_a_submit_that_may_have_landed_is_cancelled_when_given_up() -> None:
     # Every attempt answered 503: the job may exist all the same, and nobody would read it.
     fake = FakeApi(submit_answers=[(503, {"error": "unavailable", "message": "down"})] * 2)
     with ServerThread(fake) as api:
@@ -433,7 +455,7 @@ async def test_a_submit_that_may_have_landed_is_cancelled_when_given_up():
     assert fake.paths("POST")[-1] == f"/submissions/{run_id}/cancel"
 
 
-async def test_cancelling_the_task_cancels_the_job():
+async def test_cancelling_the_task_cancels_the_job() -> None:
     fake = FakeApi()
     with ServerThread(fake) as api:
         launch = launcher(api, MemoryInbox())
@@ -467,12 +489,14 @@ QUEUE_BODY = {
 }
 
 
-async def queue_status(answer: tuple[int, dict] | None, gpu="H100_BK"):
+async def queue_status(
+    answer: tuple[int, dict[str, Any]] | None, gpu: str = "H100_BK"
+) -> tuple[RunnerQueueStatus, list[str]]:
     """The launcher's queue status for ``gpu`` when the API answers ``answer`` (None: the
     API is not there at all); and the paths it asked."""
     fake = FakeApi(queue_answer=answer or (200, {}))
 
-    async def ask(url: str):
+    async def ask(url: str) -> RunnerQueueStatus:
         launch = DispatchLauncher(url, TOKEN, MemoryInbox(), request_timeout=5.0)
         try:
             return await launch.get_queue_status(gpu, {"lang": "py"})
@@ -489,7 +513,7 @@ async def queue_status(answer: tuple[int, dict] | None, gpu="H100_BK"):
     return status, fake.paths("GET")
 
 
-async def test_queue_status_is_kernelbots_runner_queue_status():
+async def test_queue_status_is_kernelbots_runner_queue_status() -> None:
     status, paths = await queue_status((200, QUEUE_BODY))
     assert type(status) is RunnerQueueStatus
     assert status.to_dict() == {
@@ -504,7 +528,7 @@ async def test_queue_status_is_kernelbots_runner_queue_status():
     assert paths == ["/queues/H100_BK"]
 
 
-async def test_queue_status_of_a_gpu_the_service_does_not_serve_is_unavailable():
+async def test_queue_status_of_a_gpu_the_service_does_not_serve_is_unavailable() -> None:
     answer = (404, {"error": "not_found", "message": "unknown gpu \"T4\"; known: H100_BK"})
     status, paths = await queue_status(answer, gpu="T4")
     assert paths == ["/queues/T4"]
@@ -520,13 +544,17 @@ async def test_queue_status_of_a_gpu_the_service_does_not_serve_is_unavailable()
         (503, {"error": "unavailable", "message": "the job store cannot be reached"}),
     ],
 )
-async def test_queue_status_when_buildkite_or_the_store_fails_is_unavailable(answer):
+async def test_queue_status_when_buildkite_or_the_store_fails_is_unavailable(
+    answer: tuple[int, dict[str, Any]],
+) -> None:
     status, _ = await queue_status(answer)
     assert status.status == "unavailable" and status.queued_jobs is None
     assert answer[1]["message"] in status.error and str(answer[0]) in status.error
 
 
-async def test_queue_status_when_the_service_is_unreachable_is_unavailable_not_an_exception():
+async def test_queue_status_when_the_service_is_unreachable_is_unavailable_not_an_exception() -> (
+    None
+):
     status, paths = await queue_status(None)
     assert paths == []
     assert status.to_dict() == {
@@ -541,14 +569,14 @@ async def test_queue_status_when_the_service_is_unreachable_is_unavailable_not_a
     assert status.error.startswith("kernelbot-dispatch unreachable: ")
 
 
-async def test_queue_status_ignores_counts_that_are_not_counts():
+async def test_queue_status_ignores_counts_that_are_not_counts() -> None:
     body = {**QUEUE_BODY, "jobs": {"queued": "many", "running": -1}, "agents": ["x"]}
     status, _ = await queue_status((200, body))
     assert status.status == "available"
     assert (status.queued_jobs, status.running_jobs, status.available_runners) == (None, None, None)
 
 
-async def test_kernelbot_may_name_the_run_and_the_returned_run_is_taken():
+async def test_kernelbot_may_name_the_run_and_the_returned_run_is_taken() -> None:
     inbox = MemoryInbox()
 
     async def on_submit(run_id: str) -> None:
@@ -569,8 +597,9 @@ async def test_kernelbot_may_name_the_run_and_the_returned_run_is_taken():
 
 @pytest.mark.parametrize("store", ["sqlite", "postgres"])
 async def test_recover_returns_the_runs_that_ended_while_kernelbot_was_down(
-    store, request, tmp_path: Path
-):
+    store: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    open_inbox: Callable[[], RecoverableInbox]
     if store == "sqlite":
         path = tmp_path / "inbox.sqlite3"
         open_inbox = functools.partial(SqliteInbox, path)
@@ -603,7 +632,7 @@ async def test_recover_returns_the_runs_that_ended_while_kernelbot_was_down(
         await launch.aclose()
 
 
-async def test_recover_by_run_id_reads_the_inbox_then_asks_the_service():
+async def test_recover_by_run_id_reads_the_inbox_then_asks_the_service() -> None:
     inbox = MemoryInbox()
     await inbox.put(event("kb-called-back", "finished"))
     await inbox.take("kb-called-back")  # returned once already: kernelbot asks all the same
@@ -623,7 +652,7 @@ async def test_recover_by_run_id_reads_the_inbox_then_asks_the_service():
     with ServerThread(fake) as api:
         launch = launcher(api, inbox)
         ids = ["kb-called-back", "kb-polled", "kb-running", "kb-unknown", "kb-timed-out"]
-        recovered = await launch.recover(ids + ["kb-polled"])
+        recovered = await launch.recover([*ids, "kb-polled"])
         await launch.aclose()
     assert list(recovered) == ["kb-called-back", "kb-polled", "kb-timed-out"]
     assert full_result_to_json(recovered["kb-called-back"]) == FULL_RESULT
@@ -634,12 +663,14 @@ async def test_recover_by_run_id_reads_the_inbox_then_asks_the_service():
     assert not await inbox.take("kb-polled")  # recorded as taken
 
 
-async def test_recover_without_run_ids_needs_an_inbox_that_lists():
+async def test_recover_without_run_ids_needs_an_inbox_that_lists() -> None:
     class PlainInbox:
-        async def put(self, event):
+        async def put(self, event: CallbackEvent) -> bool:
             return True
 
-        async def wait(self, run_id, after_rank, timeout):
+        async def wait(
+            self, run_id: str, after_rank: int, timeout: float
+        ) -> CallbackEvent | None:
             return None
 
     launch = DispatchLauncher("http://dispatch.test", TOKEN, PlainInbox())
@@ -650,14 +681,14 @@ async def test_recover_without_run_ids_needs_an_inbox_that_lists():
         await launch.aclose()
 
 
-def raising(error: Exception):
+def raising(error: Exception) -> Callable[[httpx.Request], httpx.Response]:
     def handler(request: httpx.Request) -> httpx.Response:
         raise error
 
     return handler
 
 
-def answering(status: int, content: bytes):
+def answering(status: int, content: bytes) -> Callable[[httpx.Request], httpx.Response]:
     return lambda request: httpx.Response(status, content=content)
 
 
@@ -682,7 +713,9 @@ def answering(status: int, content: bytes):
         (raising(RuntimeError("a bug")), "RuntimeError: a bug"),
     ],
 )
-async def test_queue_status_never_raises_and_says_why_it_is_unavailable(handler, reason):
+async def test_queue_status_never_raises_and_says_why_it_is_unavailable(
+    handler: Callable[[httpx.Request], httpx.Response], reason: str
+) -> None:
     http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
     launch = DispatchLauncher("http://dispatch.test", TOKEN, MemoryInbox(), http=http)
     try:
@@ -694,10 +727,10 @@ async def test_queue_status_never_raises_and_says_why_it_is_unavailable(handler,
     assert reason in status.error
 
 
-async def test_queue_status_of_a_gpu_it_cannot_name_is_unavailable_not_an_exception():
+async def test_queue_status_of_a_gpu_it_cannot_name_is_unavailable_not_an_exception() -> None:
     class Unnamed:
         @property
-        def name(self):
+        def name(self) -> str:
             raise RuntimeError("no name")
 
     http = httpx.AsyncClient(transport=httpx.MockTransport(answering(200, b"{}")))
@@ -712,19 +745,20 @@ async def test_queue_status_of_a_gpu_it_cannot_name_is_unavailable_not_an_except
 
 @pytest.mark.parametrize("store", ["sqlite", "postgres"])
 async def test_a_callback_received_by_another_process_reaches_the_waiting_launcher(
-    store, request, tmp_path: Path
-):
+    store: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
     """Process A serves the callback route on an inbox (a SQLite file, or a Postgres
     database); this process's launcher waits on its own inbox on the same store. The fake
     API sends the signed callbacks, as the service does, before it answers the submission."""
     port_file, secret = tmp_path / "port", new_secret()
+    inbox: SqliteInbox | PostgresInbox
     if store == "sqlite":
         db = str(tmp_path / "inbox.sqlite3")
         inbox = SqliteInbox(db, poll_interval=0.05)
     else:
         db = request.getfixturevalue("postgres_url")
         inbox = PostgresInbox(db)
-    server = subprocess.Popen(
+    server = subprocess.Popen(  # noqa: ASYNC220 (returns at once; the test polls it)
         [
             sys.executable,
             str(Path(__file__).with_name("serve_callbacks.py")),
@@ -759,5 +793,5 @@ async def test_a_callback_received_by_another_process_reaches_the_waiting_launch
     finally:
         server.terminate()
         server.wait(10)
-        if store == "postgres":
+        if isinstance(inbox, PostgresInbox):
             await inbox.aclose()

@@ -20,7 +20,7 @@ from kernelbot_dispatch.results import (
 )
 
 
-def test_a_realistic_result_round_trips_through_the_dataclasses():
+def test_a_realistic_result_round_trips_through_the_dataclasses() -> None:
     result = full_result_from_json(FULL_RESULT)
     assert isinstance(result, FullResult) and isinstance(result.system, SystemInfo)
     test, board = result.runs["test"], result.runs["leaderboard"]
@@ -33,7 +33,7 @@ def test_a_realistic_result_round_trips_through_the_dataclasses():
     assert full_result_to_json(result) == FULL_RESULT
 
 
-def test_unknown_keys_are_dropped_and_missing_ones_take_defaults():
+def test_unknown_keys_are_dropped_and_missing_ones_take_defaults() -> None:
     data = copy.deepcopy(FULL_RESULT)
     data["sandbox"] = {"left_behind": 0}
     data["system"]["future_field"] = "x"
@@ -50,13 +50,13 @@ def test_unknown_keys_are_dropped_and_missing_ones_take_defaults():
     assert result.runs["leaderboard"].profile.download_url is None
 
 
-def test_an_empty_object_is_a_failed_result_with_no_runs():
+def test_an_empty_object_is_a_failed_result_with_no_runs() -> None:
     result = full_result_from_json({})
     assert (result.success, result.error, result.runs) == (False, "", {})
     assert dataclasses.asdict(result.system) == dataclasses.asdict(SystemInfo())
 
 
-def test_a_profile_run_s_download_becomes_kernelbots_trace_convention():
+def test_a_profile_run_s_download_becomes_kernelbots_trace_convention() -> None:
     data = copy.deepcopy(FULL_RESULT)
     link = "https://submit.example/submissions/kb-1/profiles/0?expires=1&signature=ab"
     data["runs"]["profile.0"] = {

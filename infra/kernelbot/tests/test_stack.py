@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -127,7 +128,7 @@ def _log_tail(log: Path) -> str:
     return "\n".join(log.read_text(errors="replace").splitlines()[-40:])
 
 
-def _wait_until_serving(process: subprocess.Popen, url_file: Path, log: Path) -> str:
+def _wait_until_serving(process: subprocess.Popen[bytes], url_file: Path, log: Path) -> str:
     deadline = time.monotonic() + STARTUP_TIMEOUT
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -143,7 +144,7 @@ def _wait_until_serving(process: subprocess.Popen, url_file: Path, log: Path) ->
     pytest.fail(f"no {url_file.name} within {STARTUP_TIMEOUT:.0f} s:\n{_log_tail(log)}")
 
 
-def _stop(process: subprocess.Popen) -> None:
+def _stop(process: subprocess.Popen[bytes]) -> None:
     """The stack runs in its own process group (cargo and the binary it started)."""
     if process.poll() is not None:
         return
@@ -158,7 +159,7 @@ def _stop(process: subprocess.Popen) -> None:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory):
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     command = _command()
     data_dir = tmp_path_factory.mktemp("kernelbot-data")
     log = data_dir / "stack.log"
@@ -217,7 +218,7 @@ class Launch:
         return result, status, run_id
 
 
-async def test_a_passing_kernel_comes_back_as_a_passing_full_result(stack: Stack):
+async def test_a_passing_kernel_comes_back_as_a_passing_full_result(stack: Stack) -> None:
     result, status, run_id = await Launch(stack).run(RIGHT)
     assert result.success is True, result.error
     test = result.runs["test"]
@@ -231,7 +232,7 @@ async def test_a_passing_kernel_comes_back_as_a_passing_full_result(stack: Stack
     assert "job.finished" in received and "job.running" in received, received
 
 
-async def test_a_wrong_kernel_comes_back_with_its_failed_test_run(stack: Stack):
+async def test_a_wrong_kernel_comes_back_with_its_failed_test_run(stack: Stack) -> None:
     result, status, run_id = await Launch(stack).run(WRONG)
     assert result.success is True, result.error  # the evaluation ran; the kernel failed
     run = result.runs["test"].run
@@ -243,7 +244,7 @@ async def test_a_wrong_kernel_comes_back_with_its_failed_test_run(stack: Stack):
     assert status.lines[-1].startswith("❌ Finished on H100_BK (failed)")
 
 
-async def test_queue_status_counts_the_stand_in_agent(stack: Stack):
+async def test_queue_status_counts_the_stand_in_agent(stack: Stack) -> None:
     launcher = DispatchLauncher(stack.api_url, stack.token, stack.inbox)
     try:
         queue = await launcher.get_queue_status("H100_BK")

@@ -78,7 +78,9 @@ async def _read_body(receive: Receive, limit: int) -> bytes:
             return b"".join(chunks)
 
 
-async def _answer(send: Send, status: int, body: dict[str, str] | None = None, **headers: str):
+async def _answer(
+    send: Send, status: int, body: dict[str, str] | None = None, **headers: str
+) -> None:
     payload = b"" if body is None else json.dumps(body).encode()
     raw = [(k.replace("_", "-").encode(), v.encode()) for k, v in headers.items()]
     if body is not None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 #: A job only moves to a higher rank; ``finished`` and ``failed`` share the top one, so a
 #: callback whose rank is not above the one already seen is stale or a repeat.
@@ -61,11 +61,11 @@ class CallbackEvent:
 
     @property
     def run_id(self) -> str:
-        return self.data["run_id"]
+        return cast(str, self.data["run_id"])  # from_body checked it is a non-empty str
 
     @property
     def state(self) -> str:
-        return self.data["state"]
+        return cast(str, self.data["state"])  # from_body checked it is a key of STATE_RANK
 
     @property
     def rank(self) -> int:

@@ -24,6 +24,8 @@ except ImportError:  # kernelbot main has no such enum (its Buildkite branches h
         L40S_BK = "L40S_BK"
 
 
+__all__ = ["GPU_TO_SM", "RUNNER", "DispatchGPU", "register_gpus"]
+
 #: Each GPU's CUDA architecture for kernelbot's compile flags (None: not CUDA).
 GPU_TO_SM: dict[str, str | None] = {
     "B200_BK": "100",
@@ -45,7 +47,9 @@ def register_gpus(
     architectures from ``sm``, else :data:`GPU_TO_SM`). Refuses, changing nothing, a name
     kernelbot already has or one without an architecture entry."""
     if consts is None:
-        from libkernelbot import consts  # type: ignore[no-redef]
+        from libkernelbot import consts as kernelbot_consts
+
+        consts = kernelbot_consts
     archs = {**GPU_TO_SM, **(sm or {})}
     missing = [g.name for g in gpus if g.name not in archs]
     if missing:

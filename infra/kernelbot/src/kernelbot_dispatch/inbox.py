@@ -79,7 +79,7 @@ class MemoryInbox:
         self._events: OrderedDict[str, tuple[float, CallbackEvent]] = OrderedDict()
         # run id -> taken at, oldest first.
         self._taken: OrderedDict[str, float] = OrderedDict()
-        self._waiters: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Future]]] = {}
+        self._waiters: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]] = {}
 
     async def put(self, event: CallbackEvent) -> bool:
         now = time.monotonic()
@@ -152,7 +152,7 @@ class MemoryInbox:
                             del self._waiters[run_id]
 
 
-def _wake(future: asyncio.Future) -> None:
+def _wake(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
 

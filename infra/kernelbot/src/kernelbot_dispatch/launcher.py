@@ -18,7 +18,7 @@ import time
 import uuid
 from collections.abc import Iterable
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -30,10 +30,13 @@ from .queue_status import RunnerQueueStatus
 from .results import FullResult, failed_result, full_result_from_json
 
 try:
-    from libkernelbot.launchers.launcher import Launcher as _Base
+    # mypy checks the launcher against the stand-in below: kernelbot's class is unknown
+    # (Any) to it, and a class may not subclass Any under --strict.
+    if not TYPE_CHECKING:
+        from libkernelbot.launchers.launcher import Launcher as _Base
 except ImportError:  # not running inside kernelbot
 
-    class _Base:  # type: ignore[no-redef]
+    class _Base:
         """kernelbot's ``Launcher`` shape: a name and the GPU enum it serves."""
 
         def __init__(self, name: str, gpus: type[enum.Enum]):
@@ -103,7 +106,7 @@ def _json_object(answer: httpx.Response) -> dict[str, Any]:
     return body if isinstance(body, dict) else {}
 
 
-def _mode_timeout(config: dict, key: str) -> float:
+def _mode_timeout(config: dict[str, Any], key: str) -> float:
     """One of the config's timeouts as the runner reads it: a positive number of seconds
     (clamped to the evaluation's budget), else kernelbot's default."""
     value = config.get(key)
@@ -190,7 +193,7 @@ class DispatchLauncher(_Base):
         self.queue_timeout = queue_timeout
         self.max_queue_secs = max_queue_secs
         self.deadline_margin = deadline_margin
-        self._cancels: set[asyncio.Task] = set()
+        self._cancels: set[asyncio.Task[None]] = set()
 
     async def aclose(self) -> None:
         """Lets cancels still being retried finish, then closes the HTTP client."""
@@ -203,7 +206,7 @@ class DispatchLauncher(_Base):
 
     async def run_submission(
         self,
-        config: dict,
+        config: dict[str, Any],
         gpu_type: Any,
         status: Any,
         *,
@@ -272,7 +275,7 @@ class DispatchLauncher(_Base):
 
         found = await asyncio.gather(*(ended(run_id) for run_id in ids))
         results = {}
-        for run_id, result in zip(ids, found):
+        for run_id, result in zip(ids, found, strict=True):
             if result is not None:
                 await self._hand_over(run_id)
                 results[run_id] = result
@@ -284,7 +287,9 @@ class DispatchLauncher(_Base):
         queue = self.max_queue_secs if self.max_queue_secs is not None else self.queue_timeout
         return queue + evaluation_secs(config) + self.deadline_margin
 
-    async def get_queue_status(self, gpu: Any, config: dict | None = None) -> RunnerQueueStatus:
+    async def get_queue_status(
+        self, gpu: Any, config: dict[str, Any] | None = None
+    ) -> RunnerQueueStatus:
         """kernelbot's ``RunnerQueueStatus`` for the queue behind ``gpu`` (``config`` is not
         needed: one queue serves a GPU): jobs queued and running, idle connected agents;
         ``status="unavailable"`` with the reason when the service cannot say. It never
@@ -363,7 +368,7 @@ class DispatchLauncher(_Base):
     # -- submitting ------------------------------------------------------------------------
 
     async def _submit(
-        self, run_id: str, gpu: str, config: dict, user: str | None = None
+        self, run_id: str, gpu: str, config: dict[str, Any], user: str | None = None
     ) -> dict[str, Any]:
         """POSTs the submission, retrying what may pass later; the 200/202 answer's body."""
         body: dict[str, Any] = {"run_id": run_id, "gpu": gpu, "config": config}
@@ -420,7 +425,7 @@ class DispatchLauncher(_Base):
         retry_after = answer.headers.get("retry-after") if answer is not None else None
         if retry_after and retry_after.isdigit():
             return min(float(retry_after), 30.0)
-        return self.retry_backoff * 2 ** (attempt - 1) * (0.5 + random.random() / 2)
+        return self.retry_backoff * 2.0 ** (attempt - 1) * (0.5 + random.random() / 2)
 
     async def _show_accepted(self, accepted: dict[str, Any], gpu: str, status: Any) -> None:
         place = _place(accepted)
@@ -562,7 +567,8 @@ class DispatchLauncher(_Base):
         state, build = job.get("state"), _link(job.get("build"))
         if state == "submitted" and job.get("waiting") == "user_limit":
             await status.update(
-                f"⏳ Waiting for its turn on {gpu}: GPUs go by share, fewest runs first{_place(job)}"
+                f"⏳ Waiting for its turn on {gpu}: GPUs go by share, fewest runs first"
+                f"{_place(job)}"
             )
         elif state == "scheduled":
             await status.update(

@@ -26,15 +26,22 @@ except ImportError:  # not running inside kernelbot (or one from before it had t
             return asdict(self)
 
 
+__all__ = ["RunnerQueueStatus", "available", "unavailable"]
+
+
 def _count(value: Any) -> int | None:
     """A count the service gave, or None for anything that is not one."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
+def _object(value: Any) -> dict[str, Any]:
+    """A JSON object the service gave, or ``{}`` for anything that is not one."""
+    return value if isinstance(value, dict) else {}
+
+
 def available(runner: str, gpu: str, body: dict[str, Any]) -> RunnerQueueStatus:
     """The status from a 200 answer: jobs waiting and running, and idle connected agents."""
-    jobs = body.get("jobs") if isinstance(body.get("jobs"), dict) else {}
-    agents = body.get("agents") if isinstance(body.get("agents"), dict) else {}
+    jobs, agents = _object(body.get("jobs")), _object(body.get("agents"))
     return RunnerQueueStatus(
         runner=runner,
         gpu=gpu,

@@ -52,7 +52,7 @@ except ImportError:  # not running inside kernelbot
         stderr: str
         exit_code: int
         duration: float
-        result: dict
+        result: dict[str, Any]
 
     @dataclasses.dataclass
     class SystemInfo:  # type: ignore[no-redef]
@@ -81,9 +81,9 @@ except ImportError:  # not running inside kernelbot
 
 
 __all__ = [
+    "FROM_KERNELBOT",
     "CompileResult",
     "EvalResult",
-    "FROM_KERNELBOT",
     "FullResult",
     "ProfileResult",
     "RunResult",
@@ -189,7 +189,7 @@ def _plain(value: Any) -> Any:
 
 def full_result_to_json(result: Any) -> dict[str, Any]:
     """The JSON form of a ``FullResult``, as kernelbot's runners write ``result.json``."""
-    return _plain(dataclasses.asdict(result))
+    return {k: _plain(v) for k, v in dataclasses.asdict(result).items()}
 
 
 def failed_result(error: str) -> Any:
