@@ -35,6 +35,7 @@ mod clicks;
 mod create;
 mod deferred;
 pub mod deliver;
+pub(crate) mod deployment;
 mod deps;
 mod effects;
 pub mod events;

@@ -8,7 +8,7 @@ use super::{JobsQuery, delivery_word, jobs, jobs_table, not_reopened, show};
 use crate::flow::cancel::{Canceled, cancel};
 use crate::flow::queues::QueueError;
 use crate::flow::resend::{Resent, replay_given_up, resend};
-use crate::flow::{Deps, DispatchError, fleet, sweep};
+use crate::flow::{Deps, DispatchError, deployment, fleet, sweep};
 use crate::jobs::{Channel, JobState, RunId, StoreError};
 use crate::retry::Deadline;
 use crate::time::Millis;
@@ -30,6 +30,11 @@ pub enum OpsError {
     NotEnded(RunId, JobState),
     #[error("{0} changes the deployment: add --yes to do it, or --dry-run to see what it would do")]
     Unconfirmed(&'static str),
+    #[error(
+        "this store belongs to another deployment ({0}): set the variables as that stack's \
+         functions have them, or point JOBS_TABLE at this one's table"
+    )]
+    WrongDeployment(String),
     /// Some of the work was not done: what was, and what was not.
     #[error("{0}")]
     Incomplete(String),
@@ -150,6 +155,9 @@ fn resent(run_id: &RunId, resent: &Resent) -> String {
 /// an error (its text says what was done), so a script can trust the exit status.
 pub async fn act(d: &Deps, command: Command, deadline: Deadline) -> Result<String, OpsError> {
     let now = d.clock.now();
+    if command.changes() {
+        same_deployment(d).await?;
+    }
     Ok(match command {
         Command::Jobs {
             state,
@@ -193,6 +201,33 @@ pub async fn act(d: &Deps, command: Command, deadline: Deadline) -> Result<Strin
             format!("{run_id}: {state} ({report})")
         }
     })
+}
+
+impl Command {
+    /// Whether it may change a build, a message or a job (and so must not run against
+    /// another deployment's store).
+    fn changes(&self) -> bool {
+        matches!(
+            self,
+            Self::Resend { .. }
+                | Self::Replay { .. }
+                | Self::Cancel { .. }
+                | Self::Reconcile { .. }
+        )
+    }
+}
+
+/// Refuses a store whose functions noted another deployment than this configuration's (a
+/// store they never noted, new or from before this release, is taken as it is).
+async fn same_deployment(d: &Deps) -> Result<(), OpsError> {
+    let Some(recorded) = deployment::recorded(d).await? else {
+        tracing::warn!("the store names no deployment yet (no sweep pass since this release)");
+        return Ok(());
+    };
+    match deployment::Identity::of(d).differs(&recorded) {
+        Some(why) => Err(OpsError::WrongDeployment(why)),
+        None => Ok(()),
+    }
 }
 
 /// `cancel`: with `--dry-run` what it would do, with `--yes` done.

@@ -1590,7 +1590,10 @@ async fn only_the_service_s_builds_run_the_evaluation_and_none_checks_out() {
         .strip_prefix("build.env(\"")
         .and_then(|r| r.strip_suffix("\") != null"))
         .unwrap_or_else(|| panic!("a gate on one variable being set: {gate}"));
-    assert!(!variable.starts_with("BUILDKITE_"), "{variable} is Buildkite's own");
+    assert!(
+        !variable.starts_with("BUILDKITE_"),
+        "{variable} is Buildkite's own"
+    );
     let app = TestApp::spawn(StoreKind::Sqlite).await;
     app.submit(&submission("gated")).await;
     let build = app.buildkite.build(1).expect("a build");

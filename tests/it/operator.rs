@@ -3,7 +3,11 @@
 //! of each kind, configured as the functions are.
 
 use std::process::Command as Process;
+use std::sync::Arc;
 use std::time::Duration;
+
+use kernelbot_dispatch::config::{Config, Role};
+use kernelbot_dispatch::flow::Deps;
 
 use kernelbot_dispatch::devstack::buildkite::{StepOutcome, StepRunner, sample_result};
 use kernelbot_dispatch::devstack::stack::HOOK_URL;
@@ -370,6 +374,66 @@ async fn cancel_and_reconcile_act_on_one_run(kind: StoreKind) {
     assert!(messages.contains("Report for lost"), "{messages}");
 }
 
+/// A command set up for another deployment (another pipeline, another default webhook)
+/// refuses to change anything in this one's store, once its functions have noted which
+/// deployment it is; it still lists.
+async fn a_command_set_up_for_another_deployment_changes_nothing(kind: StoreKind) {
+    let app = TestApp::spawn_with(kind, &[("DISCORD_WEBHOOK_URL", HOOK_URL)]).await;
+    app.submit(&to_default("theirs")).await;
+    app.sweep().await;
+    let configured = |name: &str, value: &str| {
+        let mut env = app.env.clone();
+        env.insert(name.to_owned(), value.to_owned());
+        let config = Config::from_lookup(Role::Sweep, &move |k: &str| env.get(k).cloned());
+        Deps::new(Arc::new(config.unwrap()), app.store.clone()).unwrap()
+    };
+    let other_webhook = "https://discord.com/api/webhooks/333333333333333333/other-token_3";
+    for (d, says) in [
+        (
+            configured("BUILDKITE_PIPELINE", "staging"),
+            "pipeline test-org/staging here",
+        ),
+        (
+            configured("DISCORD_WEBHOOK_URL", other_webhook),
+            "webhook 333333333333333333 here",
+        ),
+    ] {
+        let cancel = Command::Cancel {
+            run_id: id("theirs"),
+            confirm: Confirm::YES,
+        };
+        let refused = act(&d, cancel, deadline()).await.unwrap_err().to_string();
+        assert!(
+            refused.contains("another deployment") && refused.contains(says),
+            "{refused}"
+        );
+        assert!(
+            !refused.contains("other-token_3"),
+            "a webhook's token is never shown"
+        );
+        let listed = Command::Jobs {
+            state: None,
+            queue: None,
+            older_than: None,
+            json: false,
+        };
+        assert_eq!(
+            run_ids(&act(&d, listed, deadline()).await.unwrap()),
+            ["theirs"]
+        );
+    }
+    assert_eq!(app.buildkite.build(1).unwrap().state, "scheduled");
+    assert!(!app.job("theirs").await.cancel_requested);
+    let cancel = Command::Cancel {
+        run_id: id("theirs"),
+        confirm: Confirm::YES,
+    };
+    assert_eq!(
+        run(&app, cancel).await,
+        "theirs: cancel requested (scheduled)"
+    );
+}
+
 /// `fleet`: each agent of our queues as a table: the one whose GPU failed its checks paused
 /// with its hook's note, the one that ran the retry, the lost one; no other queue's.
 async fn the_fleet_is_a_table_of_our_agents(kind: StoreKind) {
@@ -476,6 +540,7 @@ on_both_stores!(
     resend_edits_the_same_message_and_calls_back_again,
     given_up_reports_are_replayed_since_a_time,
     cancel_and_reconcile_act_on_one_run,
+    a_command_set_up_for_another_deployment_changes_nothing,
 );
 
 /// The binary itself: configured as the functions are, on an empty store of each kind.

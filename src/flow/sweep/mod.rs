@@ -65,6 +65,11 @@ async fn pass_over(
     deadline: Deadline,
     report: &mut SweepReport,
 ) -> Result<(), DispatchError> {
+    // Which deployment this store is, for the operator command; a failure here is no
+    // reason to skip the pass's work.
+    if let Err(e) = super::deployment::note(d).await {
+        tracing::warn!(error = %e, "the deployment's identity was not noted");
+    }
     let (open, mark, paged) = open_page(d, report).await?;
     report.past_deadline = open
         .iter()
