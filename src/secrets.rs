@@ -5,7 +5,8 @@
 //! `KERNELBOT_SECRET_ID` names one secret whose `SecretString` is a JSON object holding any
 //! of the keys in [`crate::config::SECRET_KEYS`]. A key that is also set in the environment keeps the environment's value
 //! (local runs and tests). The extension answers only during an invocation, so the functions
-//! read it on their first one and keep what they read.
+//! read it on their first one; the keys requests are checked by are read again while an
+//! instance lives (`flow::keys`).
 
 use std::collections::BTreeMap;
 use std::time::Duration;

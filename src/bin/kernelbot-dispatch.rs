@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use kernelbot_dispatch::config::Role;
-use kernelbot_dispatch::ops::{Command, act};
+use kernelbot_dispatch::ops::{Command, OpsError, act};
 use kernelbot_dispatch::retry::Deadline;
 use kernelbot_dispatch::server::{Lookup, Startup};
 use kernelbot_dispatch::telemetry;
@@ -79,6 +79,15 @@ async fn main() -> ExitCode {
             println!("{}", text.trim_end());
             ExitCode::SUCCESS
         }
+        // What was done goes to stdout as any answer does; the status says not all of it.
+        Err(e)
+            if e.downcast_ref::<OpsError>()
+                .is_some_and(|e| matches!(e, OpsError::Incomplete(_))) =>
+        {
+            println!("{}", e.to_string().trim_end());
+            eprintln!("kernelbot-dispatch: not everything asked was done");
+            ExitCode::FAILURE
+        }
         Err(e) => {
             eprintln!(
                 "kernelbot-dispatch: {}",
@@ -97,7 +106,25 @@ fn environment(local: bool) -> Result<Lookup, String> {
         return Err("export the secret's keys instead of KERNELBOT_SECRET_ID".into());
     }
     let set = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
-    let named = set("JOBS_TABLE").is_some() || set("KERNELBOT_DATA_DIR").is_some();
+    let (table, dir) = (
+        set("JOBS_TABLE").is_some(),
+        set("KERNELBOT_DATA_DIR").is_some(),
+    );
+    if table && dir {
+        return Err(
+            "both JOBS_TABLE and KERNELBOT_DATA_DIR are set: unset the one you do not \
+                    mean"
+                .into(),
+        );
+    }
+    let named = table || dir;
+    if named && local {
+        return Err(
+            "--local with a store named (JOBS_TABLE or KERNELBOT_DATA_DIR): unset it \
+                    for the local store, or drop --local"
+                .into(),
+        );
+    }
     if !named && !local {
         return Err(
             "no store named: set JOBS_TABLE to the deployment's table (its stack's \

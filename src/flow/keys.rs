@@ -19,6 +19,9 @@ use crate::time::Millis;
 pub(crate) const UNKNOWN_KEY_MS: Millis = 30_000;
 /// The longest an instance keeps keys without reading them again.
 pub(crate) const AT_LEAST_EVERY_MS: Millis = 5 * 60_000;
+/// The longest a request waits for a read: the extension is local, so a slower one is stuck,
+/// and the request goes on with the keys held.
+const READ_BUDGET: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The inbound keys, as read at one time.
 #[derive(Debug, Clone)]
@@ -117,7 +120,8 @@ impl LiveKeys {
         let Some(reader) = &self.reader else {
             return;
         };
-        match reader().await {
+        let read = tokio::time::timeout(READ_BUDGET, reader()).await;
+        match read.unwrap_or_else(|_| Err("no answer within the read's budget".into())) {
             Ok(keys) => {
                 let mut held = self.held.write().unwrap_or_else(|p| p.into_inner());
                 *held = Arc::new(keys);

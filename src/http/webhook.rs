@@ -1,6 +1,7 @@
 //! The webhook function's route: `POST /webhooks/buildkite`. Every answer is counted by
 //! outcome: a webhook answering 5xx (Buildkite is never told to retry) shows up in the
-//! `WebhookRequests{Outcome=error}` metric the alarms watch.
+//! `WebhookRequests{Outcome=error}` metric the alarms watch, and one signed with a key the
+//! deployment does not hold in `Outcome=unknown_key` (other refusals are `refused`).
 
 use std::sync::Arc;
 
@@ -13,8 +14,9 @@ use axum::{Json, Router};
 use super::extract::{Body, BuildkiteHeaders, Invocation};
 use super::views::EventView;
 use super::{ApiError, MAX_BODY, healthz, in_span};
+use crate::buildkite::VerifyError;
 use crate::flow::Deps;
-use crate::flow::events::{self, EventOutcome};
+use crate::flow::events::{self, EventOutcome, WebhookError};
 use crate::telemetry::metrics::Unit;
 
 pub fn router(deps: Arc<Deps>) -> Router {
@@ -39,7 +41,17 @@ async fn receive(
 ) -> Result<Response, ApiError> {
     // The signature's window is judged on the service's clock, as every other time is.
     let now = d.clock.now().div_euclid(1000);
-    let (view, outcome) = match events::receive(&d, &claimed, &body, now, deadline).await? {
+    let received = match events::receive(&d, &claimed, &body, now, deadline).await {
+        // Signed with a key this deployment does not hold, even read again: a rotation done
+        // on one side only, or a forger. Counted apart from junk, which its alarm ignores.
+        Err(e @ WebhookError::Unauthorized(VerifyError::Mismatch | VerifyError::BadToken)) => {
+            let mut refused = ApiError::from(e).into_response();
+            refused.extensions_mut().insert(Counted("unknown_key"));
+            return Ok(refused);
+        }
+        other => other?,
+    };
+    let (view, outcome) = match received {
         EventOutcome::Advanced(state) => (EventView::advanced(state), "advanced"),
         EventOutcome::Ignored(reason) => (EventView::ignored(reason), "ignored"),
         EventOutcome::Foreign => (

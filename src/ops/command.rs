@@ -8,6 +8,7 @@ use super::{JobsQuery, delivery_word, jobs, jobs_table, not_reopened, show};
 use crate::flow::cancel::{Canceled, cancel};
 use crate::flow::queues::QueueError;
 use crate::flow::resend::{Resent, replay_given_up, resend};
+use crate::flow::rules::outbox::NotReopened;
 use crate::flow::{Deps, DispatchError, deployment, fleet, sweep};
 use crate::jobs::{Channel, JobState, RunId, StoreError};
 use crate::retry::Deadline;
@@ -133,6 +134,23 @@ pub fn since(text: &str) -> Result<Millis, String> {
     Ok(ms.as_millis() as Millis)
 }
 
+/// Whether a resend left nothing owed it could have sent: a message still owed (its send
+/// failed again) or a receiver this configuration lacks is work not done.
+fn all_sent(resent: &Resent) -> bool {
+    match resent {
+        Resent::Sent { job, skipped } => {
+            let owed = [Channel::Discord, Channel::Callback]
+                .into_iter()
+                .any(|c| job.owes(c));
+            let unconfigured = skipped
+                .iter()
+                .any(|(_, why)| *why == NotReopened::Unconfigured);
+            !owed && !unconfigured
+        }
+        Resent::Unknown | Resent::NotEnded(_) => false,
+    }
+}
+
 fn resent(run_id: &RunId, resent: &Resent) -> String {
     match resent {
         Resent::Unknown => format!("{run_id}: no such job"),
@@ -183,6 +201,7 @@ pub async fn act(d: &Deps, command: Command, deadline: Deadline) -> Result<Strin
         Command::Resend { run_id } => match resend(d, &run_id, deadline).await? {
             Resent::Unknown => return Err(OpsError::NoSuchJob(run_id)),
             Resent::NotEnded(state) => return Err(OpsError::NotEnded(run_id, state)),
+            sent if !all_sent(&sent) => return Err(OpsError::Incomplete(resent(&run_id, &sent))),
             sent => resent(&run_id, &sent),
         },
         Command::Replay { since, confirm, .. } => replay(d, since, confirm, deadline).await?,
@@ -285,7 +304,11 @@ async fn replay(
             done.not_reached
         ));
     }
-    let failed = done.runs.iter().filter(|(_, r)| r.is_err()).count();
+    let failed = done
+        .runs
+        .iter()
+        .filter(|(_, r)| r.as_ref().map_or(true, |r| !all_sent(r)))
+        .count();
     let text = format!("{} run(s) replayed\n{}", done.runs.len(), lines.join("\n"));
     match failed + done.not_reached {
         0 => Ok(text),

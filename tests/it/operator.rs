@@ -12,7 +12,7 @@ use kernelbot_dispatch::flow::Deps;
 use kernelbot_dispatch::devstack::buildkite::{StepOutcome, StepRunner, sample_result};
 use kernelbot_dispatch::devstack::stack::HOOK_URL;
 use kernelbot_dispatch::jobs::{JobState, RunId};
-use kernelbot_dispatch::ops::{Command, Confirm, act};
+use kernelbot_dispatch::ops::{Command, Confirm, OpsError, act};
 use kernelbot_dispatch::result::Verdict;
 use kernelbot_dispatch::retry::Deadline;
 use serde_json::{Value, json};
@@ -232,6 +232,17 @@ async fn resend_edits_the_same_message_and_calls_back_again(kind: StoreKind) {
     .await;
     let said = said.unwrap_err().to_string();
     assert_eq!(said, "open: scheduled, not ended: nothing to resend");
+    // A resend whose send fails again did not do what was asked: an error saying so.
+    app.discord.fail_next(&[503; 8]);
+    let resend = Command::Resend {
+        run_id: id("again"),
+    };
+    let failed = act(&app.sweeper, resend, deadline()).await.unwrap_err();
+    assert!(matches!(failed, OpsError::Incomplete(_)), "{failed:?}");
+    assert!(
+        failed.to_string().starts_with("again: Discord owed"),
+        "{failed}"
+    );
 }
 
 /// Jobs whose report was given up (Discord down for a day) get it once Discord is back.
@@ -633,6 +644,33 @@ fn the_binary_never_guesses_a_store() {
         assert!(stderr.contains(says), "{stderr}");
         assert!(out.stdout.is_empty());
     }
+    // A named store and --local, or two stores named, is a question, not a choice to guess.
+    for (name, value) in [
+        ("JOBS_TABLE", "kernelbot-prod"),
+        ("KERNELBOT_DATA_DIR", "data"),
+    ] {
+        let out = Process::new(env!("CARGO_BIN_EXE_kernelbot-dispatch"))
+            .args(["--local", "jobs"])
+            .current_dir(cwd.path())
+            .env_clear()
+            .env(name, value)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "--local with {name}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("--local with a store named"));
+    }
+    let both = Process::new(env!("CARGO_BIN_EXE_kernelbot-dispatch"))
+        .arg("jobs")
+        .current_dir(cwd.path())
+        .env_clear()
+        .env("JOBS_TABLE", "kernelbot-prod")
+        .env("KERNELBOT_DATA_DIR", "data")
+        .output()
+        .unwrap();
+    assert_eq!(both.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&both.stderr).contains("both JOBS_TABLE and KERNELBOT_DATA_DIR")
+    );
     let left: Vec<_> = std::fs::read_dir(cwd.path()).unwrap().collect();
     assert!(left.is_empty(), "created {left:?}");
     // A local run's store there is used with --local.

@@ -541,8 +541,31 @@ async fn keys_rotate_under_running_instances(kind: StoreKind) {
         "no read within 30 s"
     );
     let refused = app.metric("WebhookRequests");
-    let refused = refused.iter().filter(|(m, _)| m["Outcome"] == "refused");
-    assert_eq!(refused.map(|(_, v)| v).sum::<f64>(), 1.0);
+    let unknown = refused
+        .iter()
+        .filter(|(m, _)| m["Outcome"] == "unknown_key");
+    assert_eq!(unknown.map(|(_, v)| v).sum::<f64>(), 1.0);
+    // An unsigned request (a scanner) is refused too, but not counted as a key unknown.
+    let body = app.buildkite.webhook_body("build.finished", 1);
+    let unsigned = app
+        .client
+        .post(&app.webhook_url)
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unsigned.status(), StatusCode::UNAUTHORIZED);
+    let counted = app.metric("WebhookRequests");
+    let outcomes: Vec<&str> = counted
+        .iter()
+        .filter_map(|(m, _)| m["Outcome"].as_str())
+        .collect();
+    assert_eq!(
+        outcomes.iter().filter(|o| **o == "unknown_key").count(),
+        1,
+        "{outcomes:?}"
+    );
+    assert!(outcomes.contains(&"refused"), "{outcomes:?}");
 }
 
 on_both_stores!(

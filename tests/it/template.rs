@@ -114,8 +114,9 @@ fn a_stopped_sweep_and_undelivered_results_raise_alarms_and_a_dashboard_shows_th
             "an alarm on {metric}"
         );
     }
-    // Refused webhooks (a rotation done on one side only) and 5xx answers, each alarmed.
-    for outcome in ["refused", "error"] {
+    // Webhooks signed with an unknown key (a rotation done on one side only) and 5xx answers,
+    // each alarmed.
+    for outcome in ["unknown_key", "error"] {
         let on_it = alarms.iter().map(|(_, a)| &a["Properties"]).find(|p| {
             p["MetricName"].as_str() == Some("WebhookRequests")
                 && text(&p["Dimensions"]).contains(&format!("Value: {outcome}\n"))
