@@ -55,10 +55,12 @@ impl Identity {
 
 /// The identity the functions last noted in the store, if any.
 pub(crate) async fn recorded(d: &Deps) -> Result<Option<Identity>, StoreError> {
-    let entry = d.store.cached(KEY).await?;
-    Ok(entry
-        .and_then(|e| e.value)
-        .and_then(|v| serde_json::from_str(&v).ok()))
+    Ok(d.store.cached(KEY).await?.as_ref().and_then(noted))
+}
+
+/// The identity an entry holds (`None`: none, or one this release cannot read).
+fn noted(entry: &CacheEntry) -> Option<Identity> {
+    serde_json::from_str(entry.value.as_deref()?).ok()
 }
 
 /// Notes this deployment's identity in the store unless it is there already (a read a pass;
@@ -66,12 +68,7 @@ pub(crate) async fn recorded(d: &Deps) -> Result<Option<Identity>, StoreError> {
 pub(crate) async fn note(d: &Deps) -> Result<(), DispatchError> {
     let ours = Identity::of(d);
     let entry = d.store.cached(KEY).await?;
-    let same = entry
-        .as_ref()
-        .and_then(|e| e.value.as_deref())
-        .and_then(|v| serde_json::from_str::<Identity>(v).ok())
-        .is_some_and(|r| r == ours);
-    if same {
+    if entry.as_ref().and_then(noted).is_some_and(|r| r == ours) {
         return Ok(());
     }
     let now = d.clock.now();

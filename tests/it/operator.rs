@@ -623,7 +623,7 @@ fn the_binary_reads_the_functions_configuration_on_either_store() {
 #[test]
 fn the_binary_never_guesses_a_store() {
     let cwd = tempfile::tempdir().unwrap();
-    let command = |args: &[&str]| {
+    let with = |args: &[&str], stores: &[(&str, &str)]| {
         Process::new(env!("CARGO_BIN_EXE_kernelbot-dispatch"))
             .args(args)
             .current_dir(cwd.path())
@@ -631,9 +631,11 @@ fn the_binary_never_guesses_a_store() {
             .env("BUILDKITE_ORG", "o")
             .env("BUILDKITE_PIPELINE", "p")
             .env("BUILDKITE_API_TOKEN", "t")
+            .envs(stores.iter().copied())
             .output()
             .expect("the command runs")
     };
+    let command = |args: &[&str]| with(args, &[]);
     for (args, says) in [
         (&["jobs"][..], "no store named: set JOBS_TABLE"),
         (&["--local", "jobs"], "no local store at ./.kernelbot"),
@@ -649,24 +651,17 @@ fn the_binary_never_guesses_a_store() {
         ("JOBS_TABLE", "kernelbot-prod"),
         ("KERNELBOT_DATA_DIR", "data"),
     ] {
-        let out = Process::new(env!("CARGO_BIN_EXE_kernelbot-dispatch"))
-            .args(["--local", "jobs"])
-            .current_dir(cwd.path())
-            .env_clear()
-            .env(name, value)
-            .output()
-            .unwrap();
+        let out = with(&["--local", "jobs"], &[(name, value)]);
         assert_eq!(out.status.code(), Some(2), "--local with {name}");
         assert!(String::from_utf8_lossy(&out.stderr).contains("--local with a store named"));
     }
-    let both = Process::new(env!("CARGO_BIN_EXE_kernelbot-dispatch"))
-        .arg("jobs")
-        .current_dir(cwd.path())
-        .env_clear()
-        .env("JOBS_TABLE", "kernelbot-prod")
-        .env("KERNELBOT_DATA_DIR", "data")
-        .output()
-        .unwrap();
+    let both = with(
+        &["jobs"],
+        &[
+            ("JOBS_TABLE", "kernelbot-prod"),
+            ("KERNELBOT_DATA_DIR", "data"),
+        ],
+    );
     assert_eq!(both.status.code(), Some(2));
     assert!(
         String::from_utf8_lossy(&both.stderr).contains("both JOBS_TABLE and KERNELBOT_DATA_DIR")
