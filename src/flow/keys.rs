@@ -231,6 +231,15 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_extension_that_never_answers_holds_a_request_only_for_the_read_s_budget() {
+        let stuck: ReadKeys = Arc::new(|| Box::pin(std::future::pending()));
+        let live = LiveKeys::new(keys("old"), Some(stuck), 0);
+        // Without the read's budget this check would never return.
+        assert!(!admits(&live, 40_000, "new").await);
+        assert!(admits(&live, 41_000, "old").await, "kept what it held");
+    }
+
+    #[tokio::test]
     async fn a_refusal_a_new_key_cannot_cure_reads_nothing() {
         let reads = Arc::new(AtomicUsize::new(0));
         let live = LiveKeys::new(
