@@ -6,7 +6,7 @@
 //! (each module uses only those below it) and names the module of each arrow of the flow:
 //!
 //! ```text
-//! bin → {server, http, ops} → flow → {buildkite, discord, callback, jobs, runner, secrets}
+//! bin → {server, http, ops} → flow → {buildkite, discord, callback, jobs, runner, secrets, stack}
 //!     → {retry, telemetry, tls, window} → {config, time, text, token, mac, error, payload, result}
 //! ```
 
@@ -26,6 +26,8 @@ mod profile_link;
 pub mod retry;
 pub mod secrets;
 pub mod server;
+#[cfg(feature = "stack")]
+pub mod stack;
 pub mod telemetry;
 mod text;
 pub mod time;

@@ -1,9 +1,10 @@
 //! The operator's command: list and show jobs, resend a report and callback, replay given-up
 //! deliveries, cancel, reconcile one run against Buildkite. It reads the same configuration
-//! as the functions, from the environment (the secret's keys exported: the secrets extension
-//! only runs beside a function), and works on the store it is told: DynamoDB's `JOBS_TABLE`,
-//! or an embedded one under `KERNELBOT_DATA_DIR` or `--local`; never one it guessed. Logs go
-//! to stderr, answers to stdout; any failure exits non-zero.
+//! as the functions: from their stack with `--stack NAME` (the sweep function's environment and
+//! its secret), or from the environment (the secret's keys exported: the secrets extension only
+//! runs beside a function). It works on the store it is told: the stack's, DynamoDB's
+//! `JOBS_TABLE`, or an embedded one under `KERNELBOT_DATA_DIR` or `--local`; never one it
+//! guessed. Logs go to stderr, answers to stdout; any failure exits non-zero.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -16,20 +17,25 @@ use kernelbot_dispatch::retry::Deadline;
 use kernelbot_dispatch::server::{Lookup, Startup};
 use kernelbot_dispatch::telemetry;
 
+/// The variable that names the stack as `--stack` does.
+#[cfg(feature = "stack")]
+const STACK_VAR: &str = "KERNELBOT_STACK";
+
 /// Where a local run (`cargo run --bin local`) keeps its store.
 const LOCAL_DATA_DIR: &str = "./.kernelbot";
 
 const AFTER_HELP: &str = "\
 Examples:
-  export JOBS_TABLE=$(aws cloudformation describe-stacks --stack-name kernelbot-dispatch \\
-    --query \"Stacks[0].Outputs[?OutputKey=='JobsTableName'].OutputValue\" --output text)
-  kernelbot-dispatch jobs --state running --older-than 30m
+  kernelbot-dispatch --stack kernelbot-dispatch jobs --state running --older-than 30m
+  export KERNELBOT_STACK=kernelbot-dispatch         # or name it once for the shell
   kernelbot-dispatch jobs --json | jq '.[] | select(.discord == \"given_up\")'
   kernelbot-dispatch cancel 8f14e45f --dry-run      # then again with --yes
   kernelbot-dispatch replay --given-up --since 24h --yes
   kernelbot-dispatch --local jobs                   # the local run's store
 
 Environment:
+  KERNELBOT_STACK       the deployment's stack, as --stack: its configuration and secret are
+                        read from it, and the variables below are not
   JOBS_TABLE            the deployment's DynamoDB table (its stack's JobsTableName output)
   KERNELBOT_DATA_DIR    an embedded store's directory (local runs and tests)
   BUILDKITE_ORG, BUILDKITE_PIPELINE, BUILDKITE_API_TOKEN, DISCORD_WEBHOOK_URL,
@@ -51,6 +57,11 @@ struct Cli {
     /// Work on the local run's embedded store (./.kernelbot) when no store is named.
     #[arg(long)]
     local: bool,
+    /// Work on the deployment of this CloudFormation stack, configured as its functions are
+    /// (needs AWS credentials that may read the stack, its sweep function and its secret).
+    #[cfg(feature = "stack")]
+    #[arg(long, value_name = "NAME", env = STACK_VAR)]
+    stack: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -60,11 +71,11 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     telemetry::init();
     let deadline = Deadline::after(cli.timeout);
-    let env = match environment(cli.local) {
+    let env = match configured(&cli).await {
         Ok(env) => env,
-        Err(why) => {
+        Err((why, code)) => {
             eprintln!("kernelbot-dispatch: {why}");
-            return ExitCode::from(2);
+            return ExitCode::from(code);
         }
     };
     let answer = match Startup::init_with(Role::Sweep, env).await {
@@ -96,6 +107,36 @@ async fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The configuration the command works with, or why not and the exit status that says so.
+async fn configured(cli: &Cli) -> Result<Lookup, (String, u8)> {
+    #[cfg(feature = "stack")]
+    if let Some(stack) = &cli.stack {
+        return from_stack(stack, cli.local).await;
+    }
+    environment(cli.local).map_err(|why| (why, 2))
+}
+
+/// The stack's configuration alone: the shell's store or Buildkite variables may be another
+/// deployment's.
+#[cfg(feature = "stack")]
+async fn from_stack(stack: &str, local: bool) -> Result<Lookup, (String, u8)> {
+    let set = |name: &str| std::env::var(name).is_ok_and(|v| !v.trim().is_empty());
+    if local || set("JOBS_TABLE") || set("KERNELBOT_DATA_DIR") {
+        return Err((
+            "--stack names the store: drop --local and unset JOBS_TABLE and KERNELBOT_DATA_DIR"
+                .into(),
+            2,
+        ));
+    }
+    let config = kernelbot_dispatch::stack::configuration(stack)
+        .await
+        .map_err(|e| (kernelbot_dispatch::error::chain(&e), 1))?;
+    if !config.contains_key("JOBS_TABLE") {
+        return Err((format!("stack {stack}'s functions name no JOBS_TABLE"), 1));
+    }
+    Ok(Arc::new(move |name: &str| config.get(name).cloned()))
 }
 
 /// The process environment as the command reads it, once it names a store.

@@ -681,3 +681,168 @@ fn the_binary_never_guesses_a_store() {
         json!([])
     );
 }
+
+/// A stack as `sam deploy` leaves one, cut to what `--stack` reads: the sweep function (its
+/// environment as the template sets it) and the output naming it.
+fn stack_template(table: &str, secret: &str) -> String {
+    json!({
+        "Resources": {
+            "SweepRole": {"Type": "AWS::IAM::Role", "Properties": {
+                "AssumeRolePolicyDocument": {"Version": "2012-10-17", "Statement": [{
+                    "Effect": "Allow", "Action": "sts:AssumeRole",
+                    "Principal": {"Service": "lambda.amazonaws.com"}}]}}},
+            "SweepFunction": {"Type": "AWS::Lambda::Function", "Properties": {
+                "Runtime": "provided.al2023", "Handler": "bootstrap",
+                "Architectures": ["arm64"],
+                "Role": {"Fn::GetAtt": ["SweepRole", "Arn"]},
+                "Code": {"ZipFile": "bootstrap"},
+                "Environment": {"Variables": {
+                    "JOBS_TABLE": table,
+                    "BUILDKITE_ORG": "stack-org",
+                    "BUILDKITE_PIPELINE": "stack-pipeline",
+                    "BUILDKITE_BRANCH": "main",
+                    "KERNELBOT_SECRET_ID": secret,
+                    "SECRETS_MANAGER_TTL": "0",
+                    "GPU_QUEUES": "H100_BK=h100,MI300_BK=mi300",
+                    "CALLBACK_URL": "https://kernelbot.example/callbacks",
+                    "QUEUE_TIMEOUT_SECS": "900",
+                    "AWS_LAMBDA_LOG_FORMAT": "JSON"}}}}
+        },
+        "Outputs": {
+            "JobsTableName": {"Value": table},
+            "SweepFunctionName": {"Value": {"Ref": "SweepFunction"}}
+        }
+    })
+    .to_string()
+}
+
+/// `--stack NAME` (or `KERNELBOT_STACK`): the deployment's configuration from its stack (the
+/// sweep function's environment, the secret it names) and none from the shell, which here
+/// has no Buildkite token and another deployment's names; a stack that cannot be read, or
+/// one named beside another store, is refused.
+#[test]
+fn the_binary_works_on_the_deployment_its_stack_names() {
+    use aws_sdk_cloudformation::config::{BehaviorVersion, Credentials, Region};
+    use kernelbot_dispatch::devstack::moto;
+    use kernelbot_dispatch::jobs::{DynamoStore, Job, JobStore};
+    let endpoint = moto::endpoint().unwrap();
+    let unique = uuid::Uuid::new_v4().simple().to_string();
+    let (table, stack, secret) = (
+        format!("ops-{unique}"),
+        format!("kd-{unique}"),
+        format!("kernelbot-{unique}"),
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let client = moto::client().unwrap();
+        moto::create_table(&client, &table).await.unwrap();
+        let store = DynamoStore::new(client, table.clone());
+        let job = Job::new(
+            id("from-the-stack"),
+            "H100_BK".into(),
+            "h100".into(),
+            None,
+            None,
+            1,
+        );
+        store.create(&job).await.unwrap();
+        let aws = aws_config::defaults(BehaviorVersion::latest())
+            .endpoint_url(endpoint)
+            .region(Region::new("us-east-1"))
+            .credentials_provider(Credentials::new("test", "test", None, None, "test"))
+            .load()
+            .await;
+        let keys = json!({
+            "BUILDKITE_API_TOKEN": "bkua_0123456789abcdef0123456789abcdef01234567",
+            "BUILDKITE_WEBHOOK_SECRET": "9b2c1e4f7a0d3c6b8e5f2a1d4c7b0e3f",
+            "SUBMIT_API_TOKEN": "submit-0123456789abcdef",
+            "DISCORD_WEBHOOK_URL": "https://discord.com/api/webhooks/1234567890/abcdefABCDEF",
+            CALLBACK.0: CALLBACK.1,
+            "PROFILE_LINK_SECRET": "pl-7f3a9c1e5b2d8f4a6c0e9b3d7f1a5c8e2b4d6f",
+            "OPS_DISCORD_WEBHOOK_URL": "https://discord.com/api/webhooks/99/opsOPS",
+            // Not a secret's key: ignored, as the functions ignore it.
+            "JOBS_TABLE": "someone-elses-table",
+        });
+        aws_sdk_secretsmanager::Client::new(&aws)
+            .create_secret()
+            .name(&secret)
+            .secret_string(keys.to_string())
+            .send()
+            .await
+            .unwrap();
+        aws_sdk_cloudformation::Client::new(&aws)
+            .create_stack()
+            .stack_name(&stack)
+            .template_body(stack_template(&table, &secret))
+            .send()
+            .await
+            .unwrap();
+        let not_ours = json!({"Resources": {"Topic": {"Type": "AWS::SNS::Topic"}}});
+        aws_sdk_cloudformation::Client::new(&aws)
+            .create_stack()
+            .stack_name(format!("other-{unique}"))
+            .template_body(not_ours.to_string())
+            .send()
+            .await
+            .unwrap();
+    });
+    let command = |args: &[&str], shell: &[(&str, &str)]| {
+        Process::new(env!("CARGO_BIN_EXE_kernelbot-dispatch"))
+            .args(args)
+            .env_clear()
+            .env("AWS_ENDPOINT_URL", endpoint)
+            .env("AWS_ACCESS_KEY_ID", "test")
+            .env("AWS_SECRET_ACCESS_KEY", "test")
+            .env("AWS_REGION", "us-east-1")
+            .env("BUILDKITE_ORG", "elsewhere")
+            .env("BUILDKITE_PIPELINE", "elsewhere")
+            .envs(shell.iter().copied())
+            .output()
+            .expect("the command runs")
+    };
+    let out = command(&["--stack", &stack, "jobs", "--json"], &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listed: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let ids: Vec<&str> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|j| j["run_id"].as_str())
+        .collect();
+    assert_eq!(ids, ["from-the-stack"], "{listed}");
+    let out = command(&["show", "from-the-stack"], &[("KERNELBOT_STACK", &stack)]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("from-the-stack"));
+    // A store named twice is refused before anything is read.
+    for shell in [
+        [("JOBS_TABLE", table.as_str())],
+        [("KERNELBOT_DATA_DIR", "/tmp")],
+    ] {
+        let out = command(&["--stack", &stack, "jobs"], &shell);
+        assert_eq!(out.status.code(), Some(2), "{shell:?}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("--stack names the store"));
+    }
+    let out = command(&["--stack", &stack, "--local", "jobs"], &[]);
+    assert_eq!(out.status.code(), Some(2));
+    // A stack that is not there, or not ours, fails and says which.
+    let out = command(&["--stack", "no-such-stack", "jobs"], &[]);
+    assert_eq!(out.status.code(), Some(1));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("stack no-such-stack could not be read"),
+        "{said}"
+    );
+    assert!(out.stdout.is_empty());
+    let out = command(&["--stack", &format!("other-{unique}"), "jobs"], &[]);
+    assert_eq!(out.status.code(), Some(1));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("is it a kernelbot-dispatch stack?"), "{said}");
+}

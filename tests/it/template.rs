@@ -289,3 +289,138 @@ fn tunables_are_parameters_with_the_documented_defaults() {
         Some(0)
     );
 }
+
+/// The value an intrinsic gives for a region and the stack's parameters: only the functions
+/// the layer's expression uses (`!Ref`, `!If`, `!Sub`, `!FindInMap`, `!Equals`, `!Not`).
+fn resolve(t: &Value, v: &Value, region: &str, params: &[(&str, &str)]) -> Option<String> {
+    let reference = |name: &str| -> Option<String> {
+        match name {
+            "AWS::Region" => Some(region.to_owned()),
+            "AWS::Partition" => Some(if region.starts_with("cn-") {
+                "aws-cn".into()
+            } else if region.starts_with("us-gov-") {
+                "aws-us-gov".into()
+            } else {
+                "aws".into()
+            }),
+            _ => params
+                .iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| (*v).to_owned())
+                .or_else(|| {
+                    Some(
+                        text(&t["Parameters"][name]["Default"])
+                            .trim()
+                            .trim_matches('\'')
+                            .to_owned(),
+                    )
+                }),
+        }
+    };
+    let Value::Tagged(tagged) = v else {
+        return v.as_str().map(str::to_owned);
+    };
+    let args = tagged.value.as_sequence();
+    let arg = |i: usize| args.and_then(|a| a.get(i));
+    let truth = |c: &Value| resolve(t, c, region, params).map(|s| s == "true");
+    match tagged.tag.to_string().as_str() {
+        "!Ref" => reference(tagged.value.as_str()?),
+        "!Equals" => Some(
+            (resolve(t, arg(0)?, region, params)? == resolve(t, arg(1)?, region, params)?)
+                .to_string(),
+        ),
+        "!Not" => Some((!truth(arg(0)?)?).to_string()),
+        "!If" => {
+            let condition = &t["Conditions"][arg(0)?.as_str()?];
+            let chosen = if truth(condition)? { arg(1)? } else { arg(2)? };
+            resolve(t, chosen, region, params)
+        }
+        "!FindInMap" => {
+            let key = resolve(t, arg(1)?, region, params)?;
+            t["Mappings"][arg(0)?.as_str()?]
+                .get(key.as_str())?
+                .get(arg(2)?.as_str()?)?
+                .as_str()
+                .map(str::to_owned)
+        }
+        "!Sub" => {
+            let mut out = arg(0)?.as_str()?.to_owned();
+            let vars = arg(1)?.as_mapping()?;
+            while let Some(start) = out.find("${") {
+                let end = start + out[start..].find('}')?;
+                let name = &out[start + 2..end];
+                let value = match vars.get(name) {
+                    Some(v) => resolve(t, v, region, params)?,
+                    None => reference(name)?,
+                };
+                out.replace_range(start..=end, &value);
+            }
+            Some(out)
+        }
+        _ => None,
+    }
+}
+
+/// The secrets extension's layer is the one AWS publishes in the stack's region for the
+/// functions' architecture (the ARNs below are AWS's table), and a region the map does not
+/// know takes a given ARN rather than another region's.
+#[test]
+fn the_secrets_extension_s_layer_follows_region_and_architecture() {
+    let t = template();
+    let layers = t["Globals"]["Function"]["Layers"].as_sequence().unwrap();
+    assert_eq!(layers.len(), 1);
+    let layer = |region: &str, params: &[(&str, &str)]| resolve(&t, &layers[0], region, params);
+    assert_eq!(
+        layer("us-east-1", &[]).as_deref(),
+        Some(
+            "arn:aws:lambda:us-east-1:177933569100:layer:AWS-Parameters-and-Secrets-Lambda-Extension-Arm64:17"
+        )
+    );
+    assert_eq!(
+        layer(
+            "eu-west-1",
+            &[
+                ("Architecture", "x86_64"),
+                ("SecretsExtensionVersion", "12")
+            ]
+        )
+        .as_deref(),
+        Some(
+            "arn:aws:lambda:eu-west-1:015030872274:layer:AWS-Parameters-and-Secrets-Lambda-Extension:12"
+        )
+    );
+    assert_eq!(
+        layer("ap-southeast-2", &[]).as_deref(),
+        Some(
+            "arn:aws:lambda:ap-southeast-2:665172237481:layer:AWS-Parameters-and-Secrets-Lambda-Extension-Arm64:17"
+        )
+    );
+    assert_eq!(
+        layer("cn-north-1", &[("Architecture", "x86_64")]).as_deref(),
+        Some(
+            "arn:aws-cn:lambda:cn-north-1:287114880934:layer:AWS-Parameters-and-Secrets-Lambda-Extension:17"
+        )
+    );
+    // A region the map lacks has no layer of its own (the deploy fails, naming the map) ...
+    assert_eq!(layer("xx-nowhere-1", &[]), None);
+    // ... until the operator gives the ARN, which then wins everywhere.
+    let given = "arn:aws:lambda:xx-nowhere-1:123456789012:layer:Own:3";
+    assert_eq!(
+        layer("xx-nowhere-1", &[("SecretsExtensionLayerArn", given)]).as_deref(),
+        Some(given)
+    );
+    assert_eq!(
+        layer("us-east-1", &[("SecretsExtensionLayerArn", given)]).as_deref(),
+        Some(given)
+    );
+    for (region, entry) in t["Mappings"]["SecretsExtensionAccounts"]
+        .as_mapping()
+        .unwrap()
+    {
+        let account = entry["Account"].as_str().unwrap_or_default();
+        assert!(
+            account.len() == 12 && account.bytes().all(|b| b.is_ascii_digit()),
+            "{region:?}: {account:?} is not an account id"
+        );
+    }
+}
