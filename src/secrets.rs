@@ -140,9 +140,20 @@ fn keep(
         secret_id: secret_id.to_owned(),
     };
     let value: SecretValue = serde_json::from_slice(body).map_err(|_| malformed())?;
+    keep_from(&value.secret_string.ok_or_else(malformed)?, keys, secret_id)
+}
+
+/// The `keys` a secret's `SecretString` holds (of those the secret may hold at all).
+pub(crate) fn keep_from(
+    secret_string: &str,
+    keys: &[&str],
+    secret_id: &str,
+) -> Result<BTreeMap<String, SecretString>, SecretsError> {
+    let malformed = || SecretsError::Malformed {
+        secret_id: secret_id.to_owned(),
+    };
     let fields: BTreeMap<String, serde_json::Value> =
-        serde_json::from_str(&value.secret_string.ok_or_else(malformed)?)
-            .map_err(|_| malformed())?;
+        serde_json::from_str(secret_string).map_err(|_| malformed())?;
     let known: Vec<&str> = keys_known().collect();
     let mut secrets = BTreeMap::new();
     for key in keys.iter().filter(|k| known.contains(k)) {

@@ -8,8 +8,10 @@
 use std::collections::BTreeMap;
 
 use aws_config::BehaviorVersion;
+use secrecy::SecretString;
 
-use crate::secrets::SECRET_ID_VAR;
+use crate::config::Role;
+use crate::secrets::{SECRET_ID_VAR, SecretsError};
 
 /// The output naming the function whose configuration is the deployment's.
 const FUNCTION_OUTPUT: &str = "SweepFunctionName";
@@ -36,26 +38,40 @@ pub enum StackError {
         #[source]
         source: Box<aws_sdk_secretsmanager::Error>,
     },
-    #[error("secret {secret} is not a JSON object of strings")]
-    Malformed { secret: String },
+    #[error("secret {secret} could not be used")]
+    Unusable {
+        secret: String,
+        #[source]
+        source: SecretsError,
+    },
 }
 
-/// The variables the deployment's functions see: their environment, and the keys of their
-/// secret (a variable set on the function keeps its value, as in the functions).
-pub async fn configuration(stack: &str) -> Result<BTreeMap<String, String>, StackError> {
+/// A deployment's configuration: its functions' environment, and the keys of their secret
+/// the sweep function uses (the operator's command works as it does).
+pub struct Configuration {
+    pub environment: BTreeMap<String, String>,
+    pub secrets: BTreeMap<String, SecretString>,
+}
+
+/// The configuration of the deployment `stack` names: combine the two with
+/// `secrets::overlay`, as the functions do.
+pub async fn configuration(stack: &str) -> Result<Configuration, StackError> {
     let aws = aws_config::defaults(BehaviorVersion::latest()).load().await;
     let function = sweep_function(&aws, stack).await?;
-    let mut env = environment(&aws, &function).await?;
+    let mut environment = environment(&aws, &function).await?;
     // Read here with the operator's own rights: the extension runs only beside a function.
-    if let Some(secret) = env.remove(SECRET_ID_VAR) {
-        let known = crate::secrets::keys();
-        for (key, value) in secret_keys(&aws, &secret).await? {
-            if known.contains(&key.as_str()) {
-                env.entry(key).or_insert(value);
-            }
+    let secrets = match environment.remove(SECRET_ID_VAR) {
+        Some(secret) if !secret.trim().is_empty() => {
+            let text = secret_string(&aws, &secret).await?;
+            crate::secrets::keep_from(&text, &Role::Sweep.secret_keys(), &secret)
+                .map_err(|source| StackError::Unusable { secret, source })?
         }
-    }
-    Ok(env)
+        _ => BTreeMap::new(),
+    };
+    Ok(Configuration {
+        environment,
+        secrets,
+    })
 }
 
 async fn sweep_function(aws: &aws_config::SdkConfig, stack: &str) -> Result<String, StackError> {
@@ -68,9 +84,11 @@ async fn sweep_function(aws: &aws_config::SdkConfig, stack: &str) -> Result<Stri
             stack: stack.to_owned(),
             source: Box::new(e.into()),
         })?;
+    // Only the stack asked for, by name or id: never the first of a listing.
     described
         .stacks()
         .iter()
+        .filter(|s| s.stack_name() == Some(stack) || s.stack_id() == Some(stack))
         .flat_map(|s| s.outputs())
         .find(|o| o.output_key() == Some(FUNCTION_OUTPUT))
         .and_then(|o| o.output_value())
@@ -99,10 +117,7 @@ async fn environment(
         .unwrap_or_default())
 }
 
-async fn secret_keys(
-    aws: &aws_config::SdkConfig,
-    secret: &str,
-) -> Result<BTreeMap<String, String>, StackError> {
+async fn secret_string(aws: &aws_config::SdkConfig, secret: &str) -> Result<String, StackError> {
     let value = aws_sdk_secretsmanager::Client::new(aws)
         .get_secret_value()
         .secret_id(secret)
@@ -112,9 +127,13 @@ async fn secret_keys(
             secret: secret.to_owned(),
             source: Box::new(e.into()),
         })?;
-    let malformed = || StackError::Malformed {
-        secret: secret.to_owned(),
-    };
-    let text = value.secret_string().ok_or_else(malformed)?;
-    serde_json::from_str(text).map_err(|_| malformed())
+    value
+        .secret_string()
+        .map(str::to_owned)
+        .ok_or_else(|| StackError::Unusable {
+            secret: secret.to_owned(),
+            source: SecretsError::Malformed {
+                secret_id: secret.to_owned(),
+            },
+        })
 }

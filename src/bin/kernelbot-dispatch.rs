@@ -14,6 +14,8 @@ use clap::Parser;
 use kernelbot_dispatch::config::Role;
 use kernelbot_dispatch::ops::{Command, OpsError, act};
 use kernelbot_dispatch::retry::Deadline;
+#[cfg(feature = "stack")]
+use kernelbot_dispatch::secrets;
 use kernelbot_dispatch::server::{Lookup, Startup};
 use kernelbot_dispatch::telemetry;
 
@@ -113,7 +115,7 @@ async fn main() -> ExitCode {
 async fn configured(cli: &Cli) -> Result<Lookup, (String, u8)> {
     #[cfg(feature = "stack")]
     if let Some(stack) = &cli.stack {
-        return from_stack(stack, cli.local).await;
+        return from_stack(stack.trim(), cli.local, cli.timeout).await;
     }
     environment(cli.local).map_err(|why| (why, 2))
 }
@@ -121,22 +123,35 @@ async fn configured(cli: &Cli) -> Result<Lookup, (String, u8)> {
 /// The stack's configuration alone: the shell's store or Buildkite variables may be another
 /// deployment's.
 #[cfg(feature = "stack")]
-async fn from_stack(stack: &str, local: bool) -> Result<Lookup, (String, u8)> {
+async fn from_stack(stack: &str, local: bool, timeout: Duration) -> Result<Lookup, (String, u8)> {
+    if stack.is_empty() {
+        return Err((format!("--stack (or {STACK_VAR}) is empty"), 2));
+    }
     let set = |name: &str| std::env::var(name).is_ok_and(|v| !v.trim().is_empty());
     if local || set("JOBS_TABLE") || set("KERNELBOT_DATA_DIR") {
         return Err((
-            "--stack names the store: drop --local and unset JOBS_TABLE and KERNELBOT_DATA_DIR"
-                .into(),
+            format!(
+                "--stack names the store (here, or {STACK_VAR}): drop --local and unset \
+                 JOBS_TABLE and KERNELBOT_DATA_DIR"
+            ),
             2,
         ));
     }
-    let config = kernelbot_dispatch::stack::configuration(stack)
-        .await
-        .map_err(|e| (kernelbot_dispatch::error::chain(&e), 1))?;
-    if !config.contains_key("JOBS_TABLE") {
+    let read = kernelbot_dispatch::stack::configuration(stack);
+    let config = match tokio::time::timeout(timeout, read).await {
+        Ok(Ok(config)) => config,
+        Ok(Err(e)) => return Err((kernelbot_dispatch::error::chain(&e), 1)),
+        Err(_) => return Err((format!("stack {stack} could not be read in {timeout:?}"), 1)),
+    };
+    let environment = config.environment;
+    if !environment.contains_key("JOBS_TABLE") {
         return Err((format!("stack {stack}'s functions name no JOBS_TABLE"), 1));
     }
-    Ok(Arc::new(move |name: &str| config.get(name).cloned()))
+    let lookup = secrets::overlay(
+        move |name: &str| environment.get(name).cloned(),
+        config.secrets,
+    );
+    Ok(Arc::new(lookup))
 }
 
 /// The process environment as the command reads it, once it names a store.

@@ -760,8 +760,9 @@ fn the_binary_works_on_the_deployment_its_stack_names() {
             CALLBACK.0: CALLBACK.1,
             "PROFILE_LINK_SECRET": "pl-7f3a9c1e5b2d8f4a6c0e9b3d7f1a5c8e2b4d6f",
             "OPS_DISCORD_WEBHOOK_URL": "https://discord.com/api/webhooks/99/opsOPS",
-            // Not a secret's key: ignored, as the functions ignore it.
-            "JOBS_TABLE": "someone-elses-table",
+            // Not a secret's key: ignored, as the functions ignore it (read, it would stop
+            // the command: not a number).
+            "USER_MAX_WAITING": "twenty",
         });
         aws_sdk_secretsmanager::Client::new(&aws)
             .create_secret()
@@ -832,6 +833,12 @@ fn the_binary_works_on_the_deployment_its_stack_names() {
     }
     let out = command(&["--stack", &stack, "--local", "jobs"], &[]);
     assert_eq!(out.status.code(), Some(2));
+    let out = command(&["--stack", " ", "jobs"], &[]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "a blank name never lists every stack"
+    );
     // A stack that is not there, or not ours, fails and says which.
     let out = command(&["--stack", "no-such-stack", "jobs"], &[]);
     assert_eq!(out.status.code(), Some(1));

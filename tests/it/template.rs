@@ -290,137 +290,116 @@ fn tunables_are_parameters_with_the_documented_defaults() {
     );
 }
 
-/// The value an intrinsic gives for a region and the stack's parameters: only the functions
-/// the layer's expression uses (`!Ref`, `!If`, `!Sub`, `!FindInMap`, `!Equals`, `!Not`).
-fn resolve(t: &Value, v: &Value, region: &str, params: &[(&str, &str)]) -> Option<String> {
+/// The value an intrinsic gives for the stack's parameters, a public SSM parameter's value
+/// being what `ssm` says for its path: only the functions the layer's expression uses (`!Ref`,
+/// `!If`, `!Equals`, `!Not`).
+fn resolve(t: &Value, v: &Value, params: &[(&str, &str)], ssm: &[(&str, &str)]) -> Option<String> {
+    let given = |name: &str| {
+        params
+            .iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| (*v).to_owned())
+    };
     let reference = |name: &str| -> Option<String> {
-        match name {
-            "AWS::Region" => Some(region.to_owned()),
-            "AWS::Partition" => Some(if region.starts_with("cn-") {
-                "aws-cn".into()
-            } else if region.starts_with("us-gov-") {
-                "aws-us-gov".into()
-            } else {
-                "aws".into()
-            }),
-            _ => params
+        let parameter = &t["Parameters"][name];
+        let default = text(&parameter["Default"])
+            .trim()
+            .trim_matches('\'')
+            .to_owned();
+        let value = given(name).unwrap_or(default);
+        if parameter["Type"]
+            .as_str()?
+            .starts_with("AWS::SSM::Parameter::Value")
+        {
+            return ssm
                 .iter()
-                .find(|(k, _)| *k == name)
-                .map(|(_, v)| (*v).to_owned())
-                .or_else(|| {
-                    Some(
-                        text(&t["Parameters"][name]["Default"])
-                            .trim()
-                            .trim_matches('\'')
-                            .to_owned(),
-                    )
-                }),
+                .find(|(path, _)| *path == value)
+                .map(|(_, v)| (*v).to_owned());
         }
+        Some(value)
     };
     let Value::Tagged(tagged) = v else {
         return v.as_str().map(str::to_owned);
     };
     let args = tagged.value.as_sequence();
     let arg = |i: usize| args.and_then(|a| a.get(i));
-    let truth = |c: &Value| resolve(t, c, region, params).map(|s| s == "true");
+    let value = |v: &Value| resolve(t, v, params, ssm);
+    let truth = |c: &Value| value(c).map(|s| s == "true");
     match tagged.tag.to_string().as_str() {
         "!Ref" => reference(tagged.value.as_str()?),
-        "!Equals" => Some(
-            (resolve(t, arg(0)?, region, params)? == resolve(t, arg(1)?, region, params)?)
-                .to_string(),
-        ),
+        "!Equals" => Some((value(arg(0)?)? == value(arg(1)?)?).to_string()),
         "!Not" => Some((!truth(arg(0)?)?).to_string()),
         "!If" => {
             let condition = &t["Conditions"][arg(0)?.as_str()?];
-            let chosen = if truth(condition)? { arg(1)? } else { arg(2)? };
-            resolve(t, chosen, region, params)
-        }
-        "!FindInMap" => {
-            let key = resolve(t, arg(1)?, region, params)?;
-            t["Mappings"][arg(0)?.as_str()?]
-                .get(key.as_str())?
-                .get(arg(2)?.as_str()?)?
-                .as_str()
-                .map(str::to_owned)
-        }
-        "!Sub" => {
-            let mut out = arg(0)?.as_str()?.to_owned();
-            let vars = arg(1)?.as_mapping()?;
-            while let Some(start) = out.find("${") {
-                let end = start + out[start..].find('}')?;
-                let name = &out[start + 2..end];
-                let value = match vars.get(name) {
-                    Some(v) => resolve(t, v, region, params)?,
-                    None => reference(name)?,
-                };
-                out.replace_range(start..=end, &value);
-            }
-            Some(out)
+            value(if truth(condition)? { arg(1)? } else { arg(2)? })
         }
         _ => None,
     }
 }
 
-/// The secrets extension's layer is the one AWS publishes in the stack's region for the
-/// functions' architecture (the ARNs below are AWS's table), and a region the map does not
-/// know takes a given ARN rather than another region's.
+/// The secrets extension's layer is AWS's current one for the stack's region and the
+/// functions' architecture, read at deploy time from the public parameters AWS keeps per
+/// region (paths as AWS documents them); a given ARN pins one instead.
 #[test]
 fn the_secrets_extension_s_layer_follows_region_and_architecture() {
     let t = template();
     let layers = t["Globals"]["Function"]["Layers"].as_sequence().unwrap();
     assert_eq!(layers.len(), 1);
-    let layer = |region: &str, params: &[(&str, &str)]| resolve(&t, &layers[0], region, params);
+    const ARM: &str = "/aws/service/aws-parameters-and-secrets-lambda-extension/arm64/latest";
+    const X86: &str = "/aws/service/aws-parameters-and-secrets-lambda-extension/x86/latest";
+    // Two regions' public parameters, as AWS answers them (each region its own account and
+    // versions).
+    let eu = [
+        (
+            ARM,
+            "arn:aws:lambda:eu-west-1:015030872274:layer:AWS-Parameters-and-Secrets-Lambda-Extension-Arm64:24",
+        ),
+        (
+            X86,
+            "arn:aws:lambda:eu-west-1:015030872274:layer:AWS-Parameters-and-Secrets-Lambda-Extension:31",
+        ),
+    ];
+    let us = [
+        (
+            ARM,
+            "arn:aws:lambda:us-east-1:177933569100:layer:AWS-Parameters-and-Secrets-Lambda-Extension-Arm64:26",
+        ),
+        (
+            X86,
+            "arn:aws:lambda:us-east-1:177933569100:layer:AWS-Parameters-and-Secrets-Lambda-Extension:30",
+        ),
+    ];
+    let layer =
+        |params: &[(&str, &str)], ssm: &[(&str, &str)]| resolve(&t, &layers[0], params, ssm);
     assert_eq!(
-        layer("us-east-1", &[]).as_deref(),
-        Some(
-            "arn:aws:lambda:us-east-1:177933569100:layer:AWS-Parameters-and-Secrets-Lambda-Extension-Arm64:17"
-        )
+        layer(&[], &eu).as_deref(),
+        Some(eu[0].1),
+        "arm64 by default"
     );
     assert_eq!(
-        layer(
-            "eu-west-1",
-            &[
-                ("Architecture", "x86_64"),
-                ("SecretsExtensionVersion", "12")
-            ]
-        )
-        .as_deref(),
-        Some(
-            "arn:aws:lambda:eu-west-1:015030872274:layer:AWS-Parameters-and-Secrets-Lambda-Extension:12"
-        )
+        layer(&[("Architecture", "x86_64")], &eu).as_deref(),
+        Some(eu[1].1)
     );
+    assert_eq!(layer(&[], &us).as_deref(), Some(us[0].1));
     assert_eq!(
-        layer("ap-southeast-2", &[]).as_deref(),
-        Some(
-            "arn:aws:lambda:ap-southeast-2:665172237481:layer:AWS-Parameters-and-Secrets-Lambda-Extension-Arm64:17"
-        )
+        layer(&[("Architecture", "x86_64")], &us).as_deref(),
+        Some(us[1].1)
     );
+    let pinned = "arn:aws:lambda:eu-west-1:015030872274:layer:AWS-Parameters-and-Secrets-Lambda-Extension-Arm64:11";
     assert_eq!(
-        layer("cn-north-1", &[("Architecture", "x86_64")]).as_deref(),
-        Some(
-            "arn:aws-cn:lambda:cn-north-1:287114880934:layer:AWS-Parameters-and-Secrets-Lambda-Extension:17"
-        )
+        layer(&[("SecretsExtensionLayerArn", pinned)], &eu).as_deref(),
+        Some(pinned)
     );
-    // A region the map lacks has no layer of its own (the deploy fails, naming the map) ...
-    assert_eq!(layer("xx-nowhere-1", &[]), None);
-    // ... until the operator gives the ARN, which then wins everywhere.
-    let given = "arn:aws:lambda:xx-nowhere-1:123456789012:layer:Own:3";
-    assert_eq!(
-        layer("xx-nowhere-1", &[("SecretsExtensionLayerArn", given)]).as_deref(),
-        Some(given)
-    );
-    assert_eq!(
-        layer("us-east-1", &[("SecretsExtensionLayerArn", given)]).as_deref(),
-        Some(given)
-    );
-    for (region, entry) in t["Mappings"]["SecretsExtensionAccounts"]
-        .as_mapping()
-        .unwrap()
-    {
-        let account = entry["Account"].as_str().unwrap_or_default();
-        assert!(
-            account.len() == 12 && account.bytes().all(|b| b.is_ascii_digit()),
-            "{region:?}: {account:?} is not an account id"
-        );
-    }
+}
+
+/// What `kernelbot-dispatch --stack` reads is where the template puts it: the sweep function
+/// named by an output, the table and the secret's name in every function's environment.
+#[test]
+fn the_stack_names_what_the_operator_command_reads() {
+    let t = template();
+    let output = text(&t["Outputs"]["SweepFunctionName"]["Value"]);
+    assert_eq!(output.trim(), "!Ref SweepFunction");
+    let vars = &t["Globals"]["Function"]["Environment"]["Variables"];
+    assert_eq!(text(&vars["JOBS_TABLE"]).trim(), "!Ref JobsTable");
+    assert_eq!(text(&vars["KERNELBOT_SECRET_ID"]).trim(), "!Ref SecretName");
 }
