@@ -336,6 +336,12 @@ pub struct Config {
     /// `USER_MAX_WAITING`: at most this many of a user's jobs per queue wait for fair share
     /// (0: no limit); a submission past it is refused (429, `Retry-After`), nothing recorded.
     pub user_max_waiting: usize,
+    /// `RESULT_CACHE_SECS`: how long a `test` or `benchmark` run's end answers identical
+    /// submissions without a build (0: never).
+    pub result_cache_secs: u64,
+    /// `USER_GPU_SECONDS_PER_DAY`: a user's evaluation time over a rolling 24 hours past
+    /// which their submissions are refused until enough frees (0: no budget).
+    pub user_gpu_seconds_per_day: u64,
 }
 
 struct Env<'a>(&'a dyn Fn(&str) -> Option<String>);
@@ -513,6 +519,8 @@ impl Config {
                 .map_err(|_| ConfigError::invalid("USER_MAX_IN_FLIGHT", "too large"))?,
             user_max_waiting: usize::try_from(env.number("USER_MAX_WAITING", 20)?)
                 .map_err(|_| ConfigError::invalid("USER_MAX_WAITING", "too large"))?,
+            result_cache_secs: env.number("RESULT_CACHE_SECS", 86_400)?,
+            user_gpu_seconds_per_day: env.number("USER_GPU_SECONDS_PER_DAY", 0)?,
         })
     }
 

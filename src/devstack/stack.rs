@@ -164,6 +164,9 @@ impl StandIns {
         if named("CALLBACK_SECRET") || named(crate::secrets::SECRET_ID_VAR) {
             env.insert("CALLBACK_URL".into(), self.receiver.url.clone());
         }
+        // The tests and benchmarks send the same code again and again as submissions each
+        // meant to run: answers from earlier runs only where one asks for them.
+        env.insert("RESULT_CACHE_SECS".into(), "0".into());
         env.extend(vars.iter().map(|(k, v)| ((*k).into(), (*v).into())));
         env
     }

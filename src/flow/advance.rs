@@ -63,6 +63,17 @@ pub(crate) async fn advance(
                 d.metrics
                     .put(&verdict, &[("JobsFinished", Unit::Count, 1.0)]);
             }
+            // A test or benchmark that ended with its own verdict answers the same code's
+            // next submissions; without the note they run, as before.
+            if job.state.is_terminal() {
+                if let Err(e) = super::reuse::note(d, &job, t.at).await {
+                    warn!(error = %e, "the run could not be noted as an answer for its copies");
+                }
+                // Its user's GPU time: a failure under-counts one run, never blocks its end.
+                if let Err(e) = super::budget::note(d, &job, t.at).await {
+                    warn!(error = %e, "the run's GPU time could not be noted");
+                }
+            }
             // The user's report and callback (with the fleet's notes of its tries); then,
             // once they are out, the queue's waiting jobs.
             let state = job.state;

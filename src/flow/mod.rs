@@ -4,7 +4,9 @@
 //! tries, its queue's slot when it ended the job) it records in an [`effects::Effects`] that
 //! its caller hands to [`settle`].
 //!
-//! - [`submit`]: record a job, then create its build ([`create`]) or leave that to the sweep;
+//! - [`submit`]: record a job, then create its build ([`create`]) or leave that to the sweep,
+//!   or end it at once with an earlier identical run's outcome ([`reuse`]); a user past their
+//!   daily GPU time ([`budget`]) is refused;
 //! - [`events`]: a signed Buildkite webhook moves the job forward;
 //! - [`advance`]: a transition written by compare-and-swap, and what it owes;
 //! - [`ridden`]: each try's `job.finished` noted, and a finish whose result rides the event;
@@ -29,6 +31,7 @@
 //! callback | jobs).
 
 mod advance;
+pub mod budget;
 pub mod cancel;
 mod catch_up;
 mod clicks;
@@ -51,6 +54,7 @@ pub mod profiles;
 pub mod queues;
 mod quiet_lists;
 pub mod resend;
+mod reuse;
 mod ridden;
 pub mod rules;
 mod settle;

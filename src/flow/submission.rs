@@ -18,6 +18,7 @@ const FIELDS: &[&str] = &[
     "title",
     "max_queue_secs",
     "user",
+    "cache",
 ];
 /// The longest a submission's `user` may be (kernelbot's user ids are far shorter).
 pub(crate) const MAX_USER_CHARS: usize = 64;
@@ -44,6 +45,9 @@ pub struct Submission {
     pub private: bool,
     /// Who submitted it (opaque): fair share counts builds in flight per user.
     pub user: Option<UserId>,
+    /// What makes it the same as an earlier run that may answer it (`test` and `benchmark`
+    /// runs that did not send `"cache": false`; see `rules::reuse`).
+    pub identity: Option<String>,
 }
 
 /// Why a submission was refused. Each variant names its HTTP status in `http::error`.
@@ -192,6 +196,11 @@ fn user(obj: &Object) -> Result<Option<UserId>, Invalid> {
     let Some(user) = optional_str(obj, "user")? else {
         return Ok(None);
     };
+    user_id(user).map(Some)
+}
+
+/// A user id as the API takes one, in a body or a path.
+pub(crate) fn user_id(user: &str) -> Result<UserId, Invalid> {
     if user.is_empty()
         || user.chars().count() > MAX_USER_CHARS
         || user.chars().any(|c| c.is_control() || c.is_whitespace())
@@ -201,7 +210,16 @@ fn user(obj: &Object) -> Result<Option<UserId>, Invalid> {
             format!("must be 1 to {MAX_USER_CHARS} characters without spaces"),
         ));
     }
-    Ok(Some(UserId::new(user)))
+    Ok(UserId::new(user))
+}
+
+/// `cache`: `false` asks for a run of its own even when an earlier one could answer.
+fn cache(obj: &Object) -> Result<bool, Invalid> {
+    match obj.get("cache") {
+        None | Some(Value::Null) => Ok(true),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(field("cache", "must be true or false")),
+    }
 }
 
 fn max_queue_secs(obj: &Object) -> Result<Option<u64>, Invalid> {
@@ -263,12 +281,14 @@ pub fn parse(
     let title = title(&obj)?;
     let max_queue_secs = max_queue_secs(&obj)?;
     let user = user(&obj)?;
+    let cache = cache(&obj)?;
     let discord = discord(&obj, has_default_discord)?;
     // Last, once the body's shape is right: the runner's own rules, so a config it would
     // refuse never takes a GPU slot.
     let eval = EvalConfig::from_json(config)?;
     fits_queue(gpu, queue, eval.multi_gpu)?;
     let private = eval.mode == "private";
+    let identity = super::rules::reuse::identity(gpu, config, cache);
     Ok(Submission {
         run_id,
         run_id_given,
@@ -280,6 +300,7 @@ pub fn parse(
         payload,
         private,
         user,
+        identity,
     })
 }
 

@@ -11,8 +11,12 @@ use super::rules::fair as fair_rules;
 use super::settle::{deliver, settle, settle_after};
 use super::submission::Submission;
 use super::{Deps, DispatchError, fair};
-use crate::jobs::{CallbackOutbox, Created, Creation, Job, RunId, View};
+use super::{budget, reuse};
+use crate::jobs::{
+    CallbackOutbox, Created, Creation, Job, JobState, RunId, Transition, Updated, View, update_seen,
+};
 use crate::retry::Deadline;
+use crate::telemetry::metrics::Unit;
 
 /// What a submission did.
 #[derive(Debug)]
@@ -22,6 +26,8 @@ pub enum Submitted {
     Existing(Job),
     /// Its user has as many jobs waiting on the queue as allowed: nothing was recorded.
     TooManyWaiting(TooManyWaiting),
+    /// Its user used their daily GPU time: nothing was recorded.
+    OverBudget(budget::Usage),
 }
 
 /// A submission refused at its user's `USER_MAX_WAITING` on its queue.
@@ -48,6 +54,7 @@ fn job_of(d: &Deps, sub: &Submission) -> Job {
     job.max_queue_secs = sub.max_queue_secs;
     job.private = sub.private;
     job.user.clone_from(&sub.user);
+    job.identity.clone_from(&sub.identity);
     // With fair share a named user's submission starts waiting: the queue's release decides,
     // under its lease, whether its user has a slot. One without a user is a user of its own,
     // whose slot is always free.
@@ -72,16 +79,11 @@ pub async fn submit(
     let span = tracing::info_span!("submit", run_id = %sub.run_id, gpu = %sub.gpu);
     async move {
         let job = job_of(d, &sub);
-        if let Some(refused) = over_waiting(d, &job).await? {
-            // A retry of a submission already recorded is answered as it was.
-            if let Some(existing) = d.store.get(&job.run_id).await? {
-                return Ok(Submitted::Existing(existing));
-            }
-            info!(
-                waiting = refused.waiting,
-                "refused: its user has too many jobs waiting"
-            );
-            return Ok(Submitted::TooManyWaiting(refused));
+        if let Some(earlier) = answer_from(d, &sub).await {
+            return answer(d, job, &earlier, deadline).await;
+        }
+        if let Some(refused) = refusal(d, &job).await? {
+            return Ok(refused);
         }
         if let Created::Existing(existing) = d.store.create(&job).await? {
             info!(state = %existing.state, "run id already known; nothing created");
@@ -110,6 +112,81 @@ pub async fn submit(
     }
     .instrument(span)
     .await
+}
+
+/// A submission refused before anything of it is recorded (its user's GPU budget, then its
+/// waiting limit), or, for a retry of one recorded already, the job as it is.
+async fn refusal(d: &Deps, job: &Job) -> Result<Option<Submitted>, DispatchError> {
+    let refused = match over_budget(d, job).await? {
+        Some(usage) => Submitted::OverBudget(usage),
+        None => match over_waiting(d, job).await? {
+            Some(waiting) => Submitted::TooManyWaiting(waiting),
+            None => return Ok(None),
+        },
+    };
+    if let Some(existing) = d.store.get(&job.run_id).await? {
+        return Ok(Some(Submitted::Existing(existing)));
+    }
+    match &refused {
+        Submitted::OverBudget(u) => info!(used = u.used_secs, "refused: over its user's GPU time"),
+        Submitted::TooManyWaiting(w) => info!(waiting = w.waiting, "refused: too many waiting"),
+        _ => {}
+    }
+    Ok(Some(refused))
+}
+
+/// The user's use when it is past their budget (one read, only with a budget and a user).
+async fn over_budget(d: &Deps, job: &Job) -> Result<Option<budget::Usage>, DispatchError> {
+    let Some(user) = job.user.as_ref() else {
+        return Ok(None);
+    };
+    if d.config.user_gpu_seconds_per_day == 0 {
+        return Ok(None);
+    }
+    let usage = budget::usage(d, user).await?;
+    Ok(usage.exhausted().then_some(usage))
+}
+
+/// The earlier run that answers `sub`, if one may (a failed read: none, the job runs).
+async fn answer_from(d: &Deps, sub: &Submission) -> Option<Job> {
+    let identity = sub.identity.as_deref()?;
+    match reuse::earlier(d, identity).await {
+        Ok(earlier) => earlier,
+        Err(e) => {
+            warn!(error = %e, "no earlier run could be looked up; this one runs");
+            None
+        }
+    }
+}
+
+/// Records the job, then ends it with `earlier`'s outcome: no build, no slot on its queue,
+/// nothing on the queue's record of run times; its own report and callback are sent. Should
+/// this function die before the end is written, the sweep creates its build once the create's
+/// hold has passed, and it runs.
+async fn answer(
+    d: &Deps,
+    mut job: Job,
+    earlier: &Job,
+    deadline: Deadline,
+) -> Result<Submitted, DispatchError> {
+    job.waiting = false;
+    if let Created::Existing(existing) = d.store.create(&job).await? {
+        return Ok(Submitted::Existing(*existing));
+    }
+    info!(cached_from = %earlier.run_id, "answered from an earlier run; no build");
+    let t = Transition::to(JobState::Finished, d.clock.now()).answered_from(earlier);
+    let (job, view) = match update_seen(d.store.as_ref(), &job, |j| j.apply(&t)).await? {
+        Updated::Written(job) => (job, View::Own),
+        Updated::Unchanged(job) => (job, View::Earlier),
+        Updated::Missing => (job, View::Earlier),
+    };
+    d.metrics
+        .put(&[], &[("JobsAnsweredFromEarlier", Unit::Count, 1.0)]);
+    // The outboxes alone: the earlier run's tries are that run's, noted on the fleet once.
+    let job = super::deliver::deliver(d, (&job, view), deadline)
+        .await?
+        .unwrap_or(job);
+    Ok(Submitted::New(job))
 }
 
 /// The refusal of a job that would wait past its user's `USER_MAX_WAITING` on its queue

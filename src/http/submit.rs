@@ -1,6 +1,7 @@
 //! The submit function's routes: `POST /submissions`, `GET /submissions/{run_id}`,
 //! `POST /submissions/{run_id}/cancel`, `GET /submissions/{run_id}/profiles/{index}` (a
-//! signed link, no token), `GET /queues/{gpu}`, `GET /fleet` and `GET /status` (public).
+//! signed link, no token), `GET /queues/{gpu}`, `GET /fleet`, `GET /users/{user}/usage` and
+//! `GET /status` (public).
 
 use std::sync::Arc;
 
@@ -15,7 +16,7 @@ use super::views::{CanceledView, FleetView, JobView, QueueView, SubmittedView};
 use super::{ApiError, MAX_BODY, healthz, in_span};
 use crate::flow::cancel::Canceled;
 use crate::flow::submit::Submitted;
-use crate::flow::{Deps, cancel, fair, fleet, profiles, queues, submission, submit};
+use crate::flow::{Deps, budget, cancel, fair, fleet, profiles, queues, submission, submit};
 use crate::jobs::RunId;
 
 pub fn router(deps: Arc<Deps>) -> Router {
@@ -26,6 +27,7 @@ pub fn router(deps: Arc<Deps>) -> Router {
         .route("/submissions/{run_id}/profiles/{index}", get(profile))
         .route("/queues/{gpu}", get(queue))
         .route("/fleet", get(fleet))
+        .route("/users/{user}/usage", get(usage))
         .route("/status", get(super::status::status))
         .route("/healthz", get(healthz))
         .layer(DefaultBodyLimit::max(MAX_BODY))
@@ -64,6 +66,17 @@ async fn create(
                     r.waiting, r.limit, r.retry_after_secs
                 ),
                 retry_after: r.retry_after_secs,
+            });
+        }
+        Submitted::OverBudget(u) => {
+            let retry_after = u.retry_after_secs.unwrap_or(1);
+            return Err(ApiError::TooManyRequests {
+                message: format!(
+                    "this user has used {:.0} of their {} GPU seconds for the last 24 hours; \
+                     enough frees to submit again in about {} s",
+                    u.used_secs, u.limit_secs, retry_after
+                ),
+                retry_after,
             });
         }
     };
@@ -147,6 +160,19 @@ async fn queue(
 ) -> Result<impl IntoResponse, ApiError> {
     let status = queues::status(&d, &gpu, deadline).await?;
     Ok(Json(QueueView::of(&status)).into_response())
+}
+
+/// `GET /users/{user}/usage`: a user's GPU time over the last 24 hours and their budget.
+async fn usage(
+    State(d): State<Arc<Deps>>,
+    _: Authorized,
+    Path(raw): Path<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    let user = submission::user_id(&raw)?;
+    let usage = budget::usage(&d, &user)
+        .await
+        .map_err(crate::flow::DispatchError::from)?;
+    Ok(Json(usage).into_response())
 }
 
 /// `GET /fleet`: each GPU agent of our queues, its pause and why, its last day.

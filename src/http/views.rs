@@ -23,6 +23,9 @@ pub(crate) struct JobView<'a> {
     updated_at: String,
     verdict: Option<Verdict>,
     result: Option<&'a Outcome>,
+    /// The earlier run of the same code whose outcome answered this one (no build of its own).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cached_from: Option<&'a str>,
     delivery: DeliveryView<'a>,
     /// `user_limit` while fair share holds it back (its user's builds fill their share).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -114,6 +117,7 @@ impl<'a> JobView<'a> {
             updated_at: rfc3339(job.updated_at),
             verdict: job.outcome.as_ref().map(|o| o.verdict),
             result: job.outcome.as_deref(),
+            cached_from: job.cached_from.as_ref().map(|r| r.as_str()),
             delivery: DeliveryView {
                 discord: job.discord.as_ref().map(|o| DiscordView {
                     status: status(job, Channel::Discord, &o.delivery),
@@ -147,6 +151,11 @@ pub(crate) struct SubmittedView<'a> {
     queue_position: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     expected_start: Option<String>,
+    /// Answered from this earlier run: finished already, with no build of its own.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cached_from: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    verdict: Option<Verdict>,
 }
 
 impl<'a> SubmittedView<'a> {
@@ -159,6 +168,8 @@ impl<'a> SubmittedView<'a> {
             waiting: waiting(job),
             queue_position: job.queue_position.filter(|_| placed),
             expected_start: job.expected_start.filter(|_| placed).map(rfc3339),
+            cached_from: job.cached_from.as_ref().map(|r| r.as_str()),
+            verdict: job.outcome.as_ref().map(|o| o.verdict),
         }
     }
 }

@@ -91,6 +91,11 @@ pub struct Job {
     /// Who submitted it (opaque, the submission's `user`): fair share counts per user, and a
     /// job without one counts as its own user.
     pub user: Option<UserId>,
+    /// What makes a `test` or `benchmark` submission the same as another (see
+    /// `flow::rules::reuse`): set when it may be answered from an earlier run, or answer one.
+    pub identity: Option<String>,
+    /// The earlier run this job was answered from, without a build of its own.
+    pub cached_from: Option<RunId>,
     /// Held back by its user's limit on builds in flight: no build is created until fair
     /// share releases it (see `flow::fair`).
     pub waiting: bool,
@@ -135,6 +140,8 @@ impl Job {
             tries_seen: Vec::new(),
             private: false,
             user: None,
+            identity: None,
+            cached_from: None,
             waiting: false,
             queue_position: None,
             expected_start: None,
@@ -235,6 +242,9 @@ impl Job {
         if t.outcome.is_some() {
             next.outcome.clone_from(&t.outcome);
         }
+        if t.cached_from.is_some() {
+            next.cached_from.clone_from(&t.cached_from);
+        }
         Some(next)
     }
 }
@@ -258,6 +268,8 @@ pub struct Transition {
     pub build: Option<BuildRef>,
     pub failure: Option<String>,
     pub outcome: Option<Arc<Outcome>>,
+    /// The job ends with an earlier run's outcome, taken from that run.
+    pub cached_from: Option<RunId>,
 }
 
 impl Transition {
@@ -268,7 +280,15 @@ impl Transition {
             build: None,
             failure: None,
             outcome: None,
+            cached_from: None,
         }
+    }
+
+    /// Ends the job with `earlier`'s outcome, saying so.
+    pub(crate) fn answered_from(mut self, earlier: &Job) -> Self {
+        self.outcome.clone_from(&earlier.outcome);
+        self.cached_from = Some(earlier.run_id.clone());
+        self
     }
 
     pub fn with_build(mut self, build: BuildRef) -> Self {

@@ -102,6 +102,12 @@ pub struct JobRecord {
     pub(crate) private: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) user: Option<String>,
+    /// See [`Job::identity`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) identity: Option<String>,
+    /// See [`Job::cached_from`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) cached_from: Option<String>,
     /// `user_limit` while fair share holds the job back.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) waiting: Option<String>,
@@ -250,6 +256,8 @@ impl JobRecord {
             tries_seen: job.tries_seen.clone(),
             private: job.private,
             user: job.user.as_ref().map(ToString::to_string),
+            identity: job.identity.clone(),
+            cached_from: job.cached_from.as_ref().map(ToString::to_string),
             waiting: job.waiting.then(|| WAITING_USER_LIMIT.to_owned()),
             queue_position: job.queue_position,
             expected_start: job.expected_start,
@@ -434,6 +442,12 @@ impl JobRecord {
             tries_seen: self.tries_seen,
             private: self.private,
             user: self.user.map(Into::into),
+            identity: self.identity,
+            cached_from: self
+                .cached_from
+                .map(|id| id.parse())
+                .transpose()
+                .map_err(StoreError::corrupt)?,
             waiting: self.waiting.is_some(),
             queue_position: self.queue_position,
             expected_start: self.expected_start,

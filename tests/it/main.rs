@@ -26,6 +26,7 @@ macro_rules! on_both_stores {
 }
 
 mod backlog;
+mod budget;
 mod callbacks;
 mod chaos;
 mod docs;
@@ -44,6 +45,7 @@ mod packaging;
 mod profiles;
 mod properties;
 mod queues;
+mod reuse;
 mod riding;
 mod runner;
 mod rush;

@@ -273,6 +273,8 @@ fn tunables_are_parameters_with_the_documented_defaults() {
         ("USER_MAX_IN_FLIGHT", "UserMaxInFlight"),
         ("USER_MAX_WAITING", "UserMaxWaiting"),
         ("PROFILE_LINK_TTL_SECS", "ProfileLinkTtlSeconds"),
+        ("RESULT_CACHE_SECS", "ResultCacheSeconds"),
+        ("USER_GPU_SECONDS_PER_DAY", "UserGpuSecondsPerDay"),
     ] {
         assert_eq!(
             text(&globals[variable]).trim(),

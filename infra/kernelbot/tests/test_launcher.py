@@ -125,6 +125,17 @@ async def test_callbacks_drive_the_status_and_the_finished_one_is_the_result() -
             ),
             ["20 submissions waiting", "429"],
         ),
+        (
+            (
+                429,
+                {
+                    "error": "rate_limited",
+                    "message": "this user has used 3612 of their 3600 GPU seconds for the last "
+                    "24 hours; enough frees to submit again in about 5400 s",
+                },
+            ),
+            ["3600 GPU seconds", "about 5400 s", "429"],
+        ),
     ],
 )
 async def test_a_refusal_is_a_failed_result_naming_why_without_retrying(
@@ -368,6 +379,20 @@ async def test_max_queue_secs_is_sent_with_the_submission() -> None:
         result = await run(launcher(api, inbox, max_queue_secs=120))
     assert result.success is True
     assert fake.requests[0].json["max_queue_secs"] == 120
+
+
+async def test_cache_false_asks_for_a_run_of_its_own() -> None:
+    inbox = MemoryInbox()
+
+    async def on_submit(run_id: str) -> None:
+        await inbox.put(event(run_id, "finished"))
+
+    fake = FakeApi(on_submit=on_submit)
+    with ServerThread(fake) as api:
+        await run(launcher(api, inbox))
+        await run(launcher(api, inbox, cache=False))
+    assert "cache" not in fake.requests[0].json, "the service's default: answers may be reused"
+    assert fake.requests[1].json["cache"] is False
 
 
 async def test_the_user_is_sent_and_a_waiting_run_shows_its_place() -> None:

@@ -30,6 +30,9 @@ struct Data<'a> {
     error: Option<&'a str>,
     /// kernelbot's FullResult as stored.
     result: Option<&'a FullResult>,
+    /// The earlier run whose outcome this job took, without a build of its own.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cached_from: Option<&'a str>,
 }
 
 /// Timings with unknown ones as `null` (the stored form leaves them out).
@@ -68,6 +71,7 @@ pub(crate) fn render(job: &Job) -> Option<Event> {
                 .as_deref()
                 .or(outcome.and_then(|o| o.error.as_deref())),
             result: outcome.and_then(|o| o.result.as_ref()),
+            cached_from: job.cached_from.as_ref().map(|r| r.as_str()),
         },
     };
     Some(Event {

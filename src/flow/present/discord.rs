@@ -11,9 +11,14 @@ const GREEN: u32 = 0x2e_cc_71;
 const RED: u32 = 0xe7_4c_3c;
 
 fn build_link(job: &Job) -> String {
-    match &job.build {
-        Some(b) => format!("build [#{}](<{}>)", b.number, b.web_url),
-        None => "build pending".to_owned(),
+    match (&job.build, &job.cached_from) {
+        (Some(b), _) => format!("build [#{}](<{}>)", b.number, b.web_url),
+        (None, Some(earlier)) => format!(
+            "answered from run {}, which ran the same code on this GPU: no new build (send \
+             `\"cache\": false` to run it again)",
+            span(earlier.as_str())
+        ),
+        (None, None) => "build pending".to_owned(),
     }
 }
 

@@ -3,15 +3,18 @@
 //! create is due ([`creation`]), when a job ends without its build's word ([`ending`]), which
 //! tries of a build ran where ([`tries`]), whether a finished event carries the whole end
 //! ([`riding`]), what an agent's record says ([`fleet`]), and what a caller does with a queue's
-//! fair-share lease ([`lease`]).
+//! fair-share lease ([`lease`]), when a submission is answered from an earlier run
+//! ([`reuse`]), and a user's daily GPU budget ([`budget`]).
 //! Everything that talks to the world lives elsewhere.
 
+pub(crate) mod budget;
 pub mod creation;
 pub mod ending;
 pub(crate) mod fair;
 pub(crate) mod fleet;
 pub(crate) mod lease;
 pub mod outbox;
+pub(crate) mod reuse;
 pub(crate) mod riding;
 pub mod signal;
 pub(crate) mod stats;
