@@ -76,7 +76,16 @@ pub(crate) async fn note(d: &Deps, job: &Job, ended_at: Millis) -> Result<(), St
     for _ in 0..NOTE_TRIES {
         let (runs, version) = runs(d, user).await?;
         let now = d.clock.now();
-        let runs = noted(runs, Use { at: ended_at, secs }, now);
+        let run = job.run_id.to_string();
+        let runs = noted(
+            runs,
+            Use {
+                run,
+                at: ended_at,
+                secs,
+            },
+            now,
+        );
         let value = serde_json::to_string(&runs).ok();
         let expires_at = Some(now.saturating_add(WINDOW_MS));
         let entry = CacheEntry::unclaimed(value, now, next_version(version, now), expires_at);

@@ -62,6 +62,7 @@ mod tests {
             state: JobState::Submitted,
             user: None,
             waiting: true,
+            background: false,
             scheduled_at: None,
             queue_position: Some(3),
         }

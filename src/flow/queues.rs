@@ -83,9 +83,11 @@ pub struct Agents {
 /// The queue's open jobs.
 #[derive(Debug, PartialEq)]
 pub struct Jobs {
-    /// `submitted` and `scheduled`.
+    /// `submitted` and `scheduled`, background jobs still waiting left out.
     pub queued: usize,
     pub running: usize,
+    /// Background jobs waiting for an idle agent.
+    pub background: usize,
 }
 
 /// Who can run a queue's jobs and how many wait.
@@ -122,6 +124,7 @@ pub(crate) fn summarize(
     let queued = || {
         open.iter()
             .filter(|j| matches!(j.state, JobState::Submitted | JobState::Scheduled))
+            .filter(|j| !(j.background && j.waiting))
     };
     QueueStatus {
         gpu: gpu.to_owned(),
@@ -136,6 +139,7 @@ pub(crate) fn summarize(
         jobs: Jobs {
             queued: queued().count(),
             running: open.iter().filter(|j| j.state == JobState::Running).count(),
+            background: open.iter().filter(|j| j.background && j.waiting).count(),
         },
         oldest_queued_secs: queued()
             .map(|j| j.created_at)
@@ -324,6 +328,7 @@ mod tests {
             created_at,
             user: None,
             waiting: false,
+            background: false,
             scheduled_at: None,
             queue_position: None,
         }

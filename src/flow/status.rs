@@ -25,8 +25,10 @@ pub struct QueueHealth {
     pub agents_busy: usize,
     pub agents_idle: usize,
     pub agents_paused: usize,
-    /// Jobs not yet running: waiting for their turn or for an agent.
+    /// Jobs not yet running: waiting for their turn or for an agent (background ones apart).
     pub jobs_waiting: usize,
+    /// Background jobs waiting for an idle agent.
+    pub jobs_background: usize,
     pub jobs_running: usize,
     pub median_wait_secs_last_hour: Option<f64>,
     pub median_run_secs_last_hour: Option<f64>,
@@ -78,7 +80,11 @@ pub async fn page(d: &Deps) -> Result<StatusPage, StoreError> {
             agents_idle: ours.count() - busy - paused,
             agents_busy: busy,
             agents_paused: paused,
-            jobs_waiting: open.iter().filter(|j| j.state != JobState::Running).count(),
+            jobs_waiting: open
+                .iter()
+                .filter(|j| j.state != JobState::Running && !(j.background && j.waiting))
+                .count(),
+            jobs_background: open.iter().filter(|j| j.background && j.waiting).count(),
             jobs_running: open.iter().filter(|j| j.state == JobState::Running).count(),
             median_wait_secs_last_hour: secs(wait),
             median_run_secs_last_hour: secs(run),

@@ -19,6 +19,7 @@ const FIELDS: &[&str] = &[
     "max_queue_secs",
     "user",
     "cache",
+    "priority",
 ];
 /// The longest a submission's `user` may be (kernelbot's user ids are far shorter).
 pub(crate) const MAX_USER_CHARS: usize = 64;
@@ -48,6 +49,8 @@ pub struct Submission {
     /// What makes it the same as an earlier run that may answer it (`test` and `benchmark`
     /// runs that did not send `"cache": false`; see `rules::reuse`).
     pub identity: Option<String>,
+    /// `"priority": "background"`: it runs only on an idle GPU when nothing else waits.
+    pub background: bool,
 }
 
 /// Why a submission was refused. Each variant names its HTTP status in `http::error`.
@@ -213,6 +216,15 @@ pub(crate) fn user_id(user: &str) -> Result<UserId, Invalid> {
     Ok(UserId::new(user))
 }
 
+/// `priority`: `"normal"` (the default) or `"background"`.
+fn background(obj: &Object) -> Result<bool, Invalid> {
+    match optional_str(obj, "priority")? {
+        None | Some("normal") => Ok(false),
+        Some("background") => Ok(true),
+        Some(_) => Err(field("priority", "must be \"normal\" or \"background\"")),
+    }
+}
+
 /// `cache`: `false` asks for a run of its own even when an earlier one could answer.
 fn cache(obj: &Object) -> Result<bool, Invalid> {
     match obj.get("cache") {
@@ -282,6 +294,7 @@ pub fn parse(
     let max_queue_secs = max_queue_secs(&obj)?;
     let user = user(&obj)?;
     let cache = cache(&obj)?;
+    let background = background(&obj)?;
     let discord = discord(&obj, has_default_discord)?;
     // Last, once the body's shape is right: the runner's own rules, so a config it would
     // refuse never takes a GPU slot.
@@ -301,6 +314,7 @@ pub fn parse(
         private,
         user,
         identity,
+        background,
     })
 }
 

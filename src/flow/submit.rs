@@ -13,7 +13,7 @@ use super::submission::Submission;
 use super::{Deps, DispatchError, fair};
 use super::{budget, reuse};
 use crate::jobs::{
-    CallbackOutbox, Created, Creation, Job, JobState, RunId, Transition, Updated, View, update_seen,
+    CallbackOutbox, Created, Creation, Job, JobState, RunId, StoreError, Transition, View,
 };
 use crate::retry::Deadline;
 use crate::telemetry::metrics::Unit;
@@ -54,11 +54,17 @@ fn job_of(d: &Deps, sub: &Submission) -> Job {
     job.max_queue_secs = sub.max_queue_secs;
     job.private = sub.private;
     job.user.clone_from(&sub.user);
-    job.identity.clone_from(&sub.identity);
+    job.identity = sub
+        .identity
+        .as_deref()
+        .map(|id| super::rules::reuse::on_runner(id, &d.config.buildkite.image));
     // With fair share a named user's submission starts waiting: the queue's release decides,
     // under its lease, whether its user has a slot. One without a user is a user of its own,
     // whose slot is always free.
     job.waiting = d.config.user_max_in_flight > 0 && sub.user.is_some();
+    // A background job always waits: a release lets it go onto an idle GPU.
+    job.background = sub.background;
+    job.waiting |= sub.background;
     if d.callbacks.is_some() {
         job.callback = Some(CallbackOutbox::new(now));
     }
@@ -79,8 +85,10 @@ pub async fn submit(
     let span = tracing::info_span!("submit", run_id = %sub.run_id, gpu = %sub.gpu);
     async move {
         let job = job_of(d, &sub);
-        if let Some(earlier) = answer_from(d, &sub).await {
-            return answer(d, job, &earlier, deadline).await;
+        if let Some(earlier) = answer_from(d, &job).await
+            && let Some(answered) = answer(d, &job, &earlier, deadline).await?
+        {
+            return Ok(answered);
         }
         if let Some(refused) = refusal(d, &job).await? {
             return Ok(refused);
@@ -147,9 +155,9 @@ async fn over_budget(d: &Deps, job: &Job) -> Result<Option<budget::Usage>, Dispa
     Ok(usage.exhausted().then_some(usage))
 }
 
-/// The earlier run that answers `sub`, if one may (a failed read: none, the job runs).
-async fn answer_from(d: &Deps, sub: &Submission) -> Option<Job> {
-    let identity = sub.identity.as_deref()?;
+/// The earlier run that answers `job`, if one may (a failed read: none, the job runs).
+async fn answer_from(d: &Deps, job: &Job) -> Option<Job> {
+    let identity = job.identity.as_deref()?;
     match reuse::earlier(d, identity).await {
         Ok(earlier) => earlier,
         Err(e) => {
@@ -159,41 +167,46 @@ async fn answer_from(d: &Deps, sub: &Submission) -> Option<Job> {
     }
 }
 
-/// Records the job, then ends it with `earlier`'s outcome: no build, no slot on its queue,
-/// nothing on the queue's record of run times; its own report and callback are sent. Should
-/// this function die before the end is written, the sweep creates its build once the create's
-/// hold has passed, and it runs.
+/// Records the job already ended with `earlier`'s outcome, in one write: no build, nothing
+/// left to create, no slot on its queue, nothing on the queue's record of run times; its own
+/// report and callback are sent. `None`: it cannot be recorded so (too large for the store),
+/// and runs.
 async fn answer(
     d: &Deps,
-    mut job: Job,
+    job: &Job,
     earlier: &Job,
     deadline: Deadline,
-) -> Result<Submitted, DispatchError> {
-    job.waiting = false;
-    if let Created::Existing(existing) = d.store.create(&job).await? {
-        return Ok(Submitted::Existing(*existing));
+) -> Result<Option<Submitted>, DispatchError> {
+    let t = Transition::to(JobState::Finished, d.clock.now()).answered_from(earlier);
+    let Some(answered) = job.apply(&t) else {
+        return Ok(None);
+    };
+    let created = match d.store.create(&answered).await {
+        Err(StoreError::TooLarge) => {
+            warn!("the earlier run's outcome does not fit this job's record; it runs");
+            return Ok(None);
+        }
+        other => other?,
+    };
+    if let Created::Existing(existing) = created {
+        return Ok(Some(Submitted::Existing(*existing)));
     }
     info!(cached_from = %earlier.run_id, "answered from an earlier run; no build");
-    let t = Transition::to(JobState::Finished, d.clock.now()).answered_from(earlier);
-    let (job, view) = match update_seen(d.store.as_ref(), &job, |j| j.apply(&t)).await? {
-        Updated::Written(job) => (job, View::Own),
-        Updated::Unchanged(job) => (job, View::Earlier),
-        Updated::Missing => (job, View::Earlier),
-    };
     d.metrics
         .put(&[], &[("JobsAnsweredFromEarlier", Unit::Count, 1.0)]);
     // The outboxes alone: the earlier run's tries are that run's, noted on the fleet once.
-    let job = super::deliver::deliver(d, (&job, view), deadline)
+    let job = super::deliver::deliver(d, (&answered, View::Earlier), deadline)
         .await?
-        .unwrap_or(job);
-    Ok(Submitted::New(job))
+        .unwrap_or(answered);
+    Ok(Some(Submitted::New(job)))
 }
 
 /// The refusal of a job that would wait past its user's `USER_MAX_WAITING` on its queue
 /// (one read of the queue's open jobs, only for a job of a named user under fair share).
 async fn over_waiting(d: &Deps, job: &Job) -> Result<Option<TooManyWaiting>, DispatchError> {
     let limit = d.config.user_max_waiting;
-    let Some(user) = job.user.as_ref().filter(|_| job.waiting && limit > 0) else {
+    let counted = job.waiting && !job.background && limit > 0;
+    let Some(user) = job.user.as_ref().filter(|_| counted) else {
         return Ok(None);
     };
     let open = d.store.open_in_queue(&job.queue).await?;

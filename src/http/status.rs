@@ -83,6 +83,7 @@ fn queue(q: &QueueHealth) -> Markup {
                 dt { "Agents idle" } dd data-field="agents_idle" { (q.agents_idle) }
                 dt { "Agents paused" } dd data-field="agents_paused" { (q.agents_paused) }
                 dt { "Jobs waiting" } dd data-field="jobs_waiting" { (q.jobs_waiting) }
+                dt { "Background jobs waiting" } dd data-field="jobs_background" { (q.jobs_background) }
                 dt { "Jobs running" } dd data-field="jobs_running" { (q.jobs_running) }
                 dt { "Median wait, last hour" } dd data-field="median_wait" { (secs(q.median_wait_secs_last_hour)) }
                 dt { "Median run, last hour" } dd data-field="median_run" { (secs(q.median_run_secs_last_hour)) }

@@ -40,7 +40,12 @@ pub(crate) struct JobView<'a> {
 
 /// Fair share's word for a waiting job, as the API shows it.
 fn waiting(job: &Job) -> Option<&'static str> {
-    job.waiting.then_some("user_limit")
+    let why = if job.background {
+        "background"
+    } else {
+        "user_limit"
+    };
+    job.waiting.then_some(why)
 }
 
 /// Where the job's messages stand, for operators (never the webhook token).
@@ -279,6 +284,7 @@ struct AgentView<'a> {
 struct JobsView {
     queued: usize,
     running: usize,
+    background: usize,
 }
 
 impl<'a> QueueView<'a> {
@@ -305,6 +311,7 @@ impl<'a> QueueView<'a> {
             jobs: JobsView {
                 queued: s.jobs.queued,
                 running: s.jobs.running,
+                background: s.jobs.background,
             },
             oldest_queued_secs: s.oldest_queued_secs,
         }

@@ -21,7 +21,7 @@ use super::error::StoreError;
 use super::id::RunId;
 use super::listed::Listing;
 use super::model::Job;
-use super::record::{JobRecord, listed_fields};
+use super::record::{JobRecord, WAITING_BACKGROUND, listed_fields};
 use super::store::{
     CacheEntry, Created, Cursor, JobStore, OpenJob, Replaced, Shard, readable_run_id,
 };
@@ -111,6 +111,7 @@ fn open_job(item: &Item) -> Result<Option<OpenJob>, StoreError> {
             .unwrap_or(0),
         user: text("user").map(Into::into),
         waiting: text("waiting").is_some(),
+        background: text("waiting").as_deref() == Some(WAITING_BACKGROUND),
         scheduled_at: item
             .get("scheduled_at")
             .and_then(|v| v.as_n().ok())

@@ -96,6 +96,9 @@ pub struct Job {
     pub identity: Option<String>,
     /// The earlier run this job was answered from, without a build of its own.
     pub cached_from: Option<RunId>,
+    /// `"priority": "background"`: it takes a GPU only when its queue has an idle agent and
+    /// no other job waiting (see `flow::rules::fair::releases`).
+    pub background: bool,
     /// Held back by its user's limit on builds in flight: no build is created until fair
     /// share releases it (see `flow::fair`).
     pub waiting: bool,
@@ -142,6 +145,7 @@ impl Job {
             user: None,
             identity: None,
             cached_from: None,
+            background: false,
             waiting: false,
             queue_position: None,
             expected_start: None,

@@ -108,7 +108,11 @@ pub struct JobRecord {
     /// See [`Job::cached_from`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) cached_from: Option<String>,
-    /// `user_limit` while fair share holds the job back.
+    /// See [`Job::background`].
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) background: bool,
+    /// `user_limit` while fair share holds the job back, `background` while a background
+    /// job waits for an idle GPU: the queue index projects this attribute, so it says both.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) waiting: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -204,6 +208,8 @@ mod fields {
 
 /// The stored `waiting` of a job its user's limit holds back.
 pub(crate) const WAITING_USER_LIMIT: &str = "user_limit";
+/// What `waiting` says of a background job (see [`WAITING_USER_LIMIT`]).
+pub(crate) const WAITING_BACKGROUND: &str = "background";
 
 fn is_zero(n: &u32) -> bool {
     *n == 0
@@ -258,7 +264,15 @@ impl JobRecord {
             user: job.user.as_ref().map(ToString::to_string),
             identity: job.identity.clone(),
             cached_from: job.cached_from.as_ref().map(ToString::to_string),
-            waiting: job.waiting.then(|| WAITING_USER_LIMIT.to_owned()),
+            background: job.background,
+            waiting: job.waiting.then(|| {
+                let why = if job.background {
+                    WAITING_BACKGROUND
+                } else {
+                    WAITING_USER_LIMIT
+                };
+                why.to_owned()
+            }),
             queue_position: job.queue_position,
             expected_start: job.expected_start,
             failure: job.failure.clone(),
@@ -448,6 +462,7 @@ impl JobRecord {
                 .map(|id| id.parse())
                 .transpose()
                 .map_err(StoreError::corrupt)?,
+            background: self.background,
             waiting: self.waiting.is_some(),
             queue_position: self.queue_position,
             expected_start: self.expected_start,

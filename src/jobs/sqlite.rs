@@ -18,7 +18,7 @@ use super::error::StoreError;
 use super::id::RunId;
 use super::listed::Listing;
 use super::model::Job;
-use super::record::{JobRecord, UNLISTED};
+use super::record::{JobRecord, UNLISTED, WAITING_BACKGROUND};
 use super::store::{
     CacheEntry, Created, Cursor, JobStore, OpenJob, Replaced, Shard, readable_run_id,
 };
@@ -365,6 +365,7 @@ impl JobStore for SqliteStore {
                     state,
                     created_at,
                     user: user.map(Into::into),
+                    background: waiting.as_deref() == Some(WAITING_BACKGROUND),
                     waiting: waiting.is_some(),
                     scheduled_at,
                     queue_position,

@@ -65,6 +65,9 @@ pub struct OpenJob {
     pub user: Option<UserId>,
     /// Held back by its user's limit: no build yet.
     pub waiting: bool,
+    /// A background job waiting for an idle agent ([`crate::jobs::Job::background`]); once
+    /// released it counts as any job in flight.
+    pub background: bool,
     /// When its build was recorded: Buildkite runs its queue in that order.
     pub scheduled_at: Option<Millis>,
     /// The place its message last showed (placing edits only those whose place moved).
@@ -93,6 +96,7 @@ impl From<&Job> for OpenJob {
             created_at: job.created_at,
             user: job.user.clone(),
             waiting: job.waiting,
+            background: job.background && job.waiting,
             scheduled_at: job.scheduled_at,
             queue_position: job.queue_position,
         }

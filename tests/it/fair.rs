@@ -602,8 +602,82 @@ async fn a_place_a_full_bucket_cannot_show_is_not_read_at_every_end(kind: StoreK
     assert!(edits() > shown, "and the places that moved shown");
 }
 
+/// A re-evaluation for the operators, run only on GPUs nobody else wants.
+fn background(run_id: &str) -> Value {
+    let mut body = submission(run_id);
+    body["priority"] = "background".into();
+    body
+}
+
+/// The queue's agents as the agents API lists them next: `busy` says which work.
+fn agents(app: &TestApp, busy: [bool; 2]) {
+    let gpus = [("h100-gpu0", busy[0]), ("h100-gpu1", busy[1])];
+    app.buildkite
+        .set_agents(&gpus.map(|(name, busy)| (name, "h100", "connected", busy)));
+    // Past the list's refresh age, so the next release reads it.
+    app.advance_clock(Duration::from_secs(60));
+}
+
+async fn end(app: &TestApp, run_id: &str) {
+    let number = build_of(app, run_id).await;
+    app.buildkite.start_eval(number);
+    app.finish(number, "passed", Some(sample_result(false)))
+        .await;
+}
+
+/// A background job takes a GPU only when one is idle and no other job waits: while a
+/// user's job waits its turn the background one waits too, and it starts once an agent is
+/// idle with nothing else waiting. The API and `GET /queues/{gpu}` say it is background.
+async fn a_background_job_runs_only_on_a_gpu_nobody_else_wants(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    agents(&app, [false, false]);
+    let (status, z1) = app.submit(&background("z1")).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    assert_eq!(
+        z1["build"]["number"], 1,
+        "two idle GPUs, nothing else waiting: {z1}"
+    );
+    submit(&app, "alice", "a1").await;
+    agents(&app, [true, true]);
+    let (_, z2) = app.submit(&background("z2")).await;
+    assert_eq!(z2["waiting"], "background", "no idle GPU: {z2}");
+    for run_id in ["a2", "a3"] {
+        submit(&app, "alice", run_id).await;
+    }
+    assert_eq!(
+        built(&app),
+        ["z1", "a1", "a2"],
+        "a3 waits for alice's share"
+    );
+    let queue = app
+        .client
+        .get(format!("{}/queues/H100_BK", app.submit_url))
+        .bearer_auth(crate::support::API_TOKEN)
+        .send()
+        .await
+        .expect("the submit API answers");
+    let queue: Value = queue.json().await.expect("JSON");
+    assert_eq!(queue["jobs"]["background"], 1, "{queue}");
+    // z1 ends with one GPU idle: a1 and a2 hold both, nothing goes.
+    agents(&app, [false, true]);
+    end(&app, "z1").await;
+    assert_eq!(built(&app), ["z1", "a1", "a2"]);
+    // a1 ends: alice's a3 goes, not the older background job.
+    agents(&app, [false, true]);
+    end(&app, "a1").await;
+    assert_eq!(built(&app), ["z1", "a1", "a2", "a3"]);
+    assert!(app.job("z2").await.waiting, "z2 waits while a3 waited");
+    // a2 ends with both GPUs idle and nothing else waiting: z2 takes the spare one.
+    agents(&app, [false, false]);
+    end(&app, "a2").await;
+    assert_eq!(built(&app), ["z1", "a1", "a2", "a3", "z2"]);
+    let (_, shown) = app.status("z2").await;
+    assert_eq!(shown.get("waiting"), None, "{shown}");
+}
+
 on_both_stores!(
     an_instance_takes_the_lease_from_the_entry_it_last_saw,
+    a_background_job_runs_only_on_a_gpu_nobody_else_wants,
     a_place_a_full_bucket_cannot_show_is_not_read_at_every_end,
     idle_gpus_take_waiting_jobs_though_the_list_was_old,
     a_job_the_sweep_ends_lets_a_waiting_one_go_in_the_same_pass,

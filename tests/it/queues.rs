@@ -58,7 +58,10 @@ async fn counts_agents_and_open_jobs_of_the_queue_only(kind: StoreKind) {
             {"name": "h100-gpu0", "busy": false, "paused": false},
             {"name": "h100-gpu1", "busy": true, "paused": false}]})
     );
-    assert_eq!(body["jobs"], json!({"queued": 1, "running": 1}));
+    assert_eq!(
+        body["jobs"],
+        json!({"queued": 1, "running": 1, "background": 0})
+    );
     assert_eq!(
         (body["gpu"].as_str(), body["queue"].as_str()),
         (Some("H100_BK"), Some("h100"))
@@ -68,10 +71,16 @@ async fn counts_agents_and_open_jobs_of_the_queue_only(kind: StoreKind) {
 
     let (_, b200) = queue(&app, "B200_BK").await;
     assert_eq!(b200["agents"]["total"], 1);
-    assert_eq!(b200["jobs"], json!({"queued": 1, "running": 0}));
+    assert_eq!(
+        b200["jobs"],
+        json!({"queued": 1, "running": 0, "background": 0})
+    );
     let (_, mi300) = queue(&app, "MI300_BK").await;
     assert_eq!(mi300["agents"]["total"], 0);
-    assert_eq!(mi300["jobs"], json!({"queued": 0, "running": 0}));
+    assert_eq!(
+        mi300["jobs"],
+        json!({"queued": 0, "running": 0, "background": 0})
+    );
     assert!(mi300["oldest_queued_secs"].is_null());
 }
 

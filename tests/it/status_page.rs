@@ -226,6 +226,7 @@ async fn nothing_private_is_on_the_page(kind: StoreKind) {
             "agents_idle",
             "agents_paused",
             "jobs_waiting",
+            "jobs_background",
             "jobs_running",
             "median_wait_secs_last_hour",
             "median_run_secs_last_hour",

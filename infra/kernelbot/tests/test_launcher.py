@@ -395,6 +395,22 @@ async def test_cache_false_asks_for_a_run_of_its_own() -> None:
     assert fake.requests[1].json["cache"] is False
 
 
+async def test_a_background_launcher_says_so_and_a_wrong_priority_is_refused() -> None:
+    inbox = MemoryInbox()
+
+    async def on_submit(run_id: str) -> None:
+        await inbox.put(event(run_id, "finished"))
+
+    fake = FakeApi(on_submit=on_submit)
+    with ServerThread(fake) as api:
+        await run(launcher(api, inbox))
+        await run(launcher(api, inbox, priority="background"))
+        with pytest.raises(ValueError, match="priority"):
+            launcher(api, inbox, priority="urgent")
+    assert "priority" not in fake.requests[0].json
+    assert fake.requests[1].json["priority"] == "background"
+
+
 async def test_the_user_is_sent_and_a_waiting_run_shows_its_place() -> None:
     inbox = MemoryInbox()
 

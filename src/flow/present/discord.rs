@@ -14,8 +14,7 @@ fn build_link(job: &Job) -> String {
     match (&job.build, &job.cached_from) {
         (Some(b), _) => format!("build [#{}](<{}>)", b.number, b.web_url),
         (None, Some(earlier)) => format!(
-            "answered from run {}, which ran the same code on this GPU: no new build (send \
-             `\"cache\": false` to run it again)",
+            "answered from run {}, an earlier run of the same code on this GPU: no new build",
             span(earlier.as_str())
         ),
         (None, None) => "build pending".to_owned(),

@@ -14,9 +14,11 @@ pub(crate) const WINDOW_MS: Millis = 24 * 3600 * 1000;
 /// bounded whatever the user sends.
 pub(crate) const MAX_RUNS: usize = 2_000;
 
-/// One run's use of a GPU: when it ended and for how long its evaluation ran.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+/// One run's use of a GPU: which run, when it ended and for how long its evaluation ran.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub(crate) struct Use {
+    #[serde(default)]
+    pub(crate) run: String,
     pub(crate) at: Millis,
     pub(crate) secs: f64,
 }
@@ -37,10 +39,13 @@ pub(crate) fn used_by(job: &Job) -> Option<f64> {
     (secs.is_finite() && secs > 0.0).then_some(secs)
 }
 
-/// `runs` with `added` noted at its time, those out of the window at `now` dropped, and the
-/// oldest merged into their successor past [`MAX_RUNS`].
+/// `runs` with `added` noted at its time (once: a run noted already is not counted again),
+/// those out of the window at `now` dropped, and the oldest merged into their successor past
+/// [`MAX_RUNS`].
 pub(crate) fn noted(mut runs: Vec<Use>, added: Use, now: Millis) -> Vec<Use> {
-    runs.push(added);
+    if !runs.iter().any(|u| u.run == added.run) {
+        runs.push(added);
+    }
     runs.retain(|u| now.saturating_sub(u.at) < WINDOW_MS);
     runs.sort_by_key(|u| u.at);
     while runs.len() > MAX_RUNS {
@@ -131,26 +136,22 @@ mod tests {
         assert_eq!(used_by(&nobody), None);
     }
 
+    fn u(run: &str, at: Millis, secs: f64) -> Use {
+        Use {
+            run: run.into(),
+            at,
+            secs,
+        }
+    }
+
     #[test]
     fn use_rolls_off_after_a_day_and_frees_when_the_oldest_leave() {
         let now = 30 * H;
         let runs = vec![
-            Use {
-                at: 5 * H,
-                secs: 500.0,
-            }, // 25 h ago: out of the window
-            Use {
-                at: 10 * H,
-                secs: 300.0,
-            },
-            Use {
-                at: 20 * H,
-                secs: 200.0,
-            },
-            Use {
-                at: 29 * H,
-                secs: 100.0,
-            },
+            u("r0", 5 * H, 500.0), // 25 h ago: out of the window
+            u("r1", 10 * H, 300.0),
+            u("r2", 20 * H, 200.0),
+            u("r3", 29 * H, 100.0),
         ];
         assert_eq!(used(&runs, now), 600.0);
         assert_eq!(frees_in(&runs, now, 601), None, "under the budget");
@@ -161,24 +162,19 @@ mod tests {
     }
 
     #[test]
-    fn a_record_keeps_the_window_and_a_bounded_size() {
+    fn a_record_keeps_the_window_a_bounded_size_and_each_run_once() {
         let now = 30 * H;
-        let kept = noted(
-            vec![Use {
-                at: 5 * H,
-                secs: 1.0,
-            }],
-            Use { at: now, secs: 2.0 },
-            now,
+        let kept = noted(vec![u("old", 5 * H, 1.0)], u("new", now, 2.0), now);
+        assert_eq!(kept, vec![u("new", now, 2.0)]);
+        let again = noted(kept.clone(), u("new", now + 5, 2.0), now + 5);
+        assert_eq!(
+            again, kept,
+            "a run noted twice (a retried write) counts once"
         );
-        assert_eq!(kept, vec![Use { at: now, secs: 2.0 }]);
         let many: Vec<Use> = (0..MAX_RUNS as Millis)
-            .map(|i| Use {
-                at: now - i,
-                secs: 1.0,
-            })
+            .map(|i| u(&format!("r{i}"), now - i, 1.0))
             .collect();
-        let kept = noted(many, Use { at: now, secs: 1.0 }, now);
+        let kept = noted(many, u("last", now, 1.0), now);
         assert_eq!(kept.len(), MAX_RUNS);
         assert_eq!(used(&kept, now), (MAX_RUNS + 1) as f64, "merged, not lost");
     }

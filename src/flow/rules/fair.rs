@@ -19,10 +19,11 @@ pub(crate) fn user_of(job: &OpenJob) -> &str {
 
 /// Whether `user` may have one more job waiting on a queue whose open jobs are `open`, at
 /// most `limit` of theirs waiting (0: no limit): `Err` with how many wait when they may not.
+/// Background jobs wait for idle GPUs by design and are not counted.
 pub(crate) fn may_wait(open: &[OpenJob], user: &str, limit: usize) -> Result<(), usize> {
     let waiting = open
         .iter()
-        .filter(|j| j.waiting && user_of(j) == user)
+        .filter(|j| j.waiting && !j.background && user_of(j) == user)
         .count();
     if limit == 0 || waiting < limit {
         Ok(())
@@ -91,11 +92,21 @@ fn in_flight(open: &[OpenJob]) -> HashMap<&str, usize> {
 /// queue can start at once; none such with `gpus` 0, unknown) comes after the others, and
 /// otherwise users come in the order of their oldest waiting job. So the next free GPU goes
 /// to the user with the least of the queue, and a batch's sender, whose oldest job is the
-/// oldest of all, does not win every tie against users sending one at a time.
+/// oldest of all, does not win every tie against users sending one at a time. Background
+/// jobs come after all the others, oldest first.
 pub(crate) fn waiting_order(open: &[OpenJob], gpus: usize) -> Vec<&OpenJob> {
+    let mut order = fair_order(open, gpus);
+    let mut background: Vec<&OpenJob> = open.iter().filter(|j| j.waiting && j.background).collect();
+    background.sort_by_key(|j| (j.created_at, j.run_id.clone()));
+    order.extend(background);
+    order
+}
+
+/// The waiting jobs but background ones, in fair order (see [`waiting_order`]).
+fn fair_order(open: &[OpenJob], gpus: usize) -> Vec<&OpenJob> {
     let flying = in_flight(open);
     let mut by_user: BTreeMap<&str, Vec<&OpenJob>> = BTreeMap::new();
-    for job in open.iter().filter(|j| j.waiting) {
+    for job in open.iter().filter(|j| j.waiting && !j.background) {
         by_user.entry(user_of(job)).or_default().push(job);
     }
     // Each job's place: (round, batch, its user's oldest waiting job).
@@ -135,14 +146,16 @@ pub(crate) struct Agents {
 /// released this way is running (not queued ahead of anyone) by the time another user's
 /// next job comes. Only agents listed idle count: one busy with work the store does not
 /// hold (a build started by hand) takes nothing, and every build made since the list, or
-/// queued still, has taken (or takes first) one of those it listed idle.
+/// queued still, has taken (or takes first) one of those it listed idle. Background jobs go
+/// last, only onto idle agents left over once no other job waits: so one delays a job
+/// submitted after it by one run at most.
 pub(crate) fn releases(open: &[OpenJob], limit: usize, agents: Agents) -> Vec<&OpenJob> {
     let mut flying = in_flight(open);
     let cap = bound(agents, limit);
     let mut busy = occupying(open, agents);
     let mut released = Vec::new();
     let mut held = Vec::new();
-    for job in waiting_order(open, agents.taking) {
+    for job in fair_order(open, agents.taking) {
         if busy >= cap {
             // Past the bound no agent is spare either: nothing more goes.
             break;
@@ -165,7 +178,17 @@ pub(crate) fn releases(open: &[OpenJob], limit: usize, agents: Agents) -> Vec<&O
         .count()
         + released.len();
     let spare = (agents.taking.saturating_sub(busy)).min(agents.idle.saturating_sub(taken));
+    let left = spare.saturating_sub(held.len());
     released.extend(held.into_iter().take(spare));
+    // Idle agents still over once every other waiting job went (none stopped by the bound
+    // or held by its user's share) take background jobs, oldest first.
+    let others = open.iter().filter(|j| j.waiting && !j.background).count();
+    if released.len() == others && left > 0 {
+        let mut background: Vec<&OpenJob> =
+            open.iter().filter(|j| j.waiting && j.background).collect();
+        background.sort_by_key(|j| (j.created_at, j.run_id.clone()));
+        released.extend(background.into_iter().take(left));
+    }
     released
 }
 
@@ -376,6 +399,7 @@ mod tests {
             created_at,
             user: (!user.is_empty()).then(|| user.into()),
             waiting,
+            background: false,
             scheduled_at: (!waiting && state != JobState::Submitted).then_some(created_at),
             queue_position: None,
         }
@@ -383,6 +407,58 @@ mod tests {
 
     fn ids(jobs: &[&OpenJob]) -> Vec<String> {
         jobs.iter().map(|j| j.run_id.to_string()).collect()
+    }
+
+    fn background(run_id: &str, created_at: Millis) -> OpenJob {
+        let mut job = open(run_id, "", created_at, JobState::Submitted, true);
+        job.background = true;
+        job
+    }
+
+    #[test]
+    fn a_background_job_takes_only_an_idle_gpu_no_other_job_wants() {
+        let agents = |taking, idle| Agents {
+            taking,
+            idle,
+            listed_at: 0,
+        };
+        let none: Vec<String> = Vec::new();
+        // Two idle GPUs, one job waiting: it goes first, the oldest background job next.
+        let q = [
+            background("z1", 1),
+            background("z2", 2),
+            open("a1", "alice", 3, JobState::Submitted, true),
+        ];
+        assert_eq!(ids(&releases(&q, 2, agents(2, 2))), ["a1", "z1"]);
+        assert_eq!(
+            ids(&waiting_order(&q, 2)),
+            ["a1", "z1", "z2"],
+            "last in line"
+        );
+        // No idle agent (or no list fresh enough to say): none, though the bound has room.
+        assert_eq!(ids(&releases(&q[..2], 2, agents(2, 0))), none);
+        assert_eq!(ids(&releases(&q[..2], 2, Agents::default())), none);
+        // A job its user's share holds back takes the one idle GPU before any background
+        // job; with two idle, each gets one.
+        let q = [
+            open("r1", "alice", 1, JobState::Running, false),
+            open("a1", "alice", 2, JobState::Submitted, true),
+            background("z1", 0),
+        ];
+        assert_eq!(ids(&releases(&q, 1, agents(3, 2))), ["a1"]);
+        assert_eq!(ids(&releases(&q, 1, agents(3, 3))), ["a1", "z1"]);
+        // A queue at its bound: nothing goes, background least of all.
+        let full = [
+            open("r1", "bob", 1, JobState::Running, false),
+            open("s1", "carol", 2, JobState::Scheduled, false),
+            open("s2", "dan", 3, JobState::Scheduled, false),
+            background("z1", 0),
+        ];
+        assert_eq!(ids(&releases(&full, 2, agents(1, 1))), none);
+        // Background jobs wait by design: they never count against a user's waiting limit.
+        let mut mine = background("z9", 9);
+        mine.user = Some("ops".into());
+        assert_eq!(may_wait(&[mine], "ops", 1), Ok(()));
     }
 
     #[test]

@@ -30,6 +30,12 @@ pub(crate) fn identity(gpu: &str, config: &Value, cache: bool) -> Option<String>
     Some(hex::encode(Sha256::digest(text.as_bytes())))
 }
 
+/// `identity` as the runner `image` evaluates it: a new runner (a fix deployed) answers
+/// nothing an older one ran.
+pub(crate) fn on_runner(identity: &str, image: &str) -> String {
+    hex::encode(Sha256::digest(format!("{identity}\n{image}").as_bytes()))
+}
+
 /// `value` as JSON with every object's keys sorted and no whitespace.
 fn canonical(value: &Value, out: &mut String) {
     match value {
@@ -114,6 +120,12 @@ mod tests {
         one_byte["sources"]["submission.py"] = json!("def f(x):\n    return x \n");
         let mut benchmark = config();
         benchmark["mode"] = json!("benchmark");
+        assert_ne!(
+            on_runner(&base, "runner:1"),
+            on_runner(&base, "runner:2"),
+            "the runner"
+        );
+        assert_eq!(on_runner(&base, "runner:1"), on_runner(&base, "runner:1"));
         for (gpu, other, why) in [
             ("H100_BK", one_byte, "a source's byte"),
             ("MI300_BK", config(), "the GPU"),

@@ -157,7 +157,9 @@ class DispatchLauncher(_Base):
     when set, is sent with each submission (the service takes 1 to 3600). With
     ``cache=False`` every submission asks for a run of its own: by default the service
     answers a ``test`` or ``benchmark`` identical to a recent run from that run's result
-    (``RESULT_CACHE_SECS``), with no GPU time spent.
+    (``RESULT_CACHE_SECS``), with no GPU time spent. ``priority="background"`` (a launcher
+    for re-evaluations) submits runs that take a GPU only when one is idle and nothing else
+    waits.
     """
 
     def __init__(
@@ -180,6 +182,7 @@ class DispatchLauncher(_Base):
         max_queue_secs: int | None = None,
         deadline_margin: float = DEADLINE_MARGIN,
         cache: bool = True,
+        priority: str = "normal",
     ):
         super().__init__(name=name, gpus=gpus or DispatchGPU)
         self.api_url = api_url.rstrip("/")
@@ -198,6 +201,9 @@ class DispatchLauncher(_Base):
         self.max_queue_secs = max_queue_secs
         self.deadline_margin = deadline_margin
         self.cache = cache
+        if priority not in ("normal", "background"):
+            raise ValueError(f"priority must be 'normal' or 'background', not {priority!r}")
+        self.priority = priority
         self._cancels: set[asyncio.Task[None]] = set()
 
     async def aclose(self) -> None:
@@ -381,6 +387,8 @@ class DispatchLauncher(_Base):
             body["max_queue_secs"] = self.max_queue_secs
         if not self.cache:
             body["cache"] = False
+        if self.priority != "normal":
+            body["priority"] = self.priority
         user_key = _user_key(user)
         if user_key is not None:
             body["user"] = user_key
