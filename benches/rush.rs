@@ -6,10 +6,13 @@
 //! on a clock that runs ×30. The same seeded arrivals and run times feed both sides. Prints
 //! Markdown tables; `cargo bench --bench rush`. The rush's shape comes from `RUSH_AGENTS`,
 //! `RUSH_SUBMISSIONS`, `RUSH_LIGHT_USERS`, `RUSH_HEAVY` and `RUSH_SEED` (defaults: the rush
-//! above), and `RUSH_JSON=<path>` writes its summary there as well.
+//! above), and `RUSH_JSON=<path>` writes its summary there as well. `RUSH_RESUBMIT` (a
+//! share, default 0.2) runs one more side: that share of the submissions send again the
+//! code of an earlier one, with answers from earlier runs on (`RESULT_CACHE_SECS`), and it
+//! reports the GPU-seconds saved against the fair-share side.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, OnceLock};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use kernelbot_dispatch::devstack::buildkite::sample_result;
@@ -50,6 +53,8 @@ struct Params {
     light_users: usize,
     heavy: usize,
     seed: u64,
+    /// The share of submissions that send an earlier one's code again.
+    resubmit: f64,
 }
 
 impl Params {
@@ -71,6 +76,10 @@ impl Params {
             light_users: count("RUSH_LIGHT_USERS", 29),
             heavy: count("RUSH_HEAVY", 100),
             seed: number("RUSH_SEED", 0x5eed_0033),
+            resubmit: std::env::var("RUSH_RESUBMIT").map_or(0.2, |t| {
+                t.parse()
+                    .unwrap_or_else(|_| panic!("RUSH_RESUBMIT is a share, not {t:?}"))
+            }),
         };
         assert!(p.agents > 0, "RUSH_AGENTS: at least one GPU");
         assert!(p.light_users > 0, "RUSH_LIGHT_USERS: at least one");
@@ -95,6 +104,8 @@ struct Arrival {
     user: String,
     run_id: String,
     run_secs: f64,
+    /// Which code it sends (the reuse side only): its own, or an earlier arrival's.
+    code: usize,
 }
 
 fn arrivals() -> Vec<Arrival> {
@@ -112,10 +123,18 @@ fn arrivals() -> Vec<Arrival> {
                 user,
                 run_id: format!("rush-{i:03}"),
                 run_secs: RUN_SECS + 10.0 * (rng.f64() + rng.f64() - 1.0),
+                code: i,
             }
         })
         .collect();
     all.sort_by(|a, b| a.at.total_cmp(&b.at));
+    // Drawn apart, so the arrivals above are the same whatever the share.
+    let mut again = fastrand::Rng::with_seed(p.seed ^ 0xc0de);
+    for i in 1..all.len() {
+        if again.f64() < p.resubmit {
+            all[i].code = all[again.usize(..i)].code;
+        }
+    }
     all
 }
 
@@ -153,6 +172,11 @@ struct Side {
     /// The webhook function's answers by outcome (`advanced`, `ignored`, `refused`, `error`…).
     webhooks: BTreeMap<String, usize>,
     real_secs: f64,
+    /// Runs answered from an earlier run (no build), and the GPU-seconds their own runs
+    /// would have taken; the GPU-seconds the runs that ran took.
+    answered: usize,
+    gpu_secs_saved: f64,
+    gpu_secs_run: f64,
 }
 
 #[tokio::main]
@@ -168,6 +192,13 @@ async fn main() {
     let fair = run_side(true, true, RUSH_QUEUE_TIMEOUT, &arrivals).await;
     let fcfs = run_side(false, true, RUSH_QUEUE_TIMEOUT, &arrivals).await;
     report(&arrivals, &fair, &fcfs, &artifact);
+    let reuse = if params().resubmit > 0.0 {
+        let side = run_reuse_side(&arrivals).await;
+        reuse_table(&arrivals, &fair, &side);
+        Some(side)
+    } else {
+        None
+    };
     if let Some(path) = std::env::var_os("RUSH_JSON") {
         let summary = serde_json::json!({
             "params": {
@@ -180,6 +211,7 @@ async fn main() {
             "fair_share": summary(&fair, &arrivals),
             "first_come": summary(&fcfs, &arrivals),
             "fair_share_artifact_path": summary(&artifact, &arrivals),
+            "fair_share_with_resubmissions": reuse.as_ref().map(|r| reuse_summary(r, &fair, &arrivals)),
         });
         let text = serde_json::to_string_pretty(&summary).expect("a summary");
         std::fs::write(&path, text).expect("RUSH_JSON is writable");
@@ -221,6 +253,10 @@ struct Driver {
     tasks: JoinSet<()>,
     busy_while_waiting: f64,
     waiting_secs: f64,
+    /// Each submission sends its arrival's `code` (the reuse side).
+    distinct_code: bool,
+    /// Runs answered at submission from an earlier run: they never wait for a GPU.
+    answered: Arc<Mutex<HashSet<String>>>,
 }
 
 impl Driver {
@@ -230,7 +266,8 @@ impl Driver {
 
     /// Notes `dt` simulated seconds of GPU use, when a submitted run was still waiting.
     fn note_busy(&mut self, dt: f64) {
-        if self.submitted.len() > self.started.len() {
+        let answered = self.answered.lock().map_or(0, |a| a.len());
+        if self.submitted.len() > self.started.len() + answered {
             self.waiting_secs += dt;
             self.busy_while_waiting += self.running.len() as f64 * dt;
         }
@@ -239,11 +276,19 @@ impl Driver {
     fn submit(&mut self, a: &Arrival) {
         let mut body = submission(&a.run_id);
         body["user"] = a.user.clone().into();
+        if self.distinct_code {
+            body["config"]["sources"]["eval.py"] = format!("print('hi')  # code {}", a.code).into();
+        }
         self.submitted.insert(a.run_id.clone(), self.clock.now());
-        let app = self.app.clone();
+        let (app, answered, run_id) = (self.app.clone(), self.answered.clone(), a.run_id.clone());
         self.tasks.spawn(async move {
             let (status, answer) = app.submit(&body).await.expect("submit answered");
             assert_eq!(status.as_u16(), 202, "{answer}");
+            if answer.get("cached_from").is_some()
+                && let Ok(mut answered) = answered.lock()
+            {
+                answered.insert(run_id);
+            }
         });
     }
 
@@ -307,10 +352,15 @@ impl Driver {
     }
 }
 
-async fn start_stack(fair: bool, queue_timeout: &str) -> (Arc<Stack>, Clock, Arc<CountingStore>) {
+async fn start_stack(
+    fair: bool,
+    queue_timeout: &str,
+    reuse: bool,
+) -> (Arc<Stack>, Clock, Arc<CountingStore>) {
     let clock = Clock::scaled(SCALE);
     let limit = if fair { "2" } else { "0" };
     let vars = [
+        ("RESULT_CACHE_SECS", if reuse { "86400" } else { "0" }),
         ("USER_MAX_IN_FLIGHT", limit),
         // The heavy user's 100 all wait their turn, as in every run above (the default
         // refuses those past 20 waiting: a different rush).
@@ -336,9 +386,24 @@ async fn start_stack(fair: bool, queue_timeout: &str) -> (Arc<Stack>, Clock, Arc
 }
 
 async fn run_side(fair: bool, riding: bool, queue_timeout: &str, arrivals: &[Arrival]) -> Side {
+    drive((fair, riding, false), queue_timeout, arrivals).await
+}
+
+/// Fair share on the event path, each arrival sending its `code`, answers from earlier runs
+/// on.
+async fn run_reuse_side(arrivals: &[Arrival]) -> Side {
+    drive((true, true, true), RUSH_QUEUE_TIMEOUT, arrivals).await
+}
+
+async fn drive(
+    (fair, riding, reuse): (bool, bool, bool),
+    queue_timeout: &str,
+    arrivals: &[Arrival],
+) -> Side {
     let real = Instant::now();
-    let (app, clock, counted) = start_stack(fair, queue_timeout).await;
+    let (app, clock, counted) = start_stack(fair, queue_timeout, reuse).await;
     let mut d = Driver::new(app.clone(), riding, clock.clone(), arrivals);
+    d.distinct_code = reuse;
     let (mut next, mut next_sweep, mut ticks) = (0, SWEEP_SECS, 0u64);
     let mut last = 0.0;
     let mut sweeping: Option<tokio::task::JoinHandle<()>> = None;
@@ -405,6 +470,8 @@ impl Driver {
             tasks: JoinSet::new(),
             busy_while_waiting: 0.0,
             waiting_secs: 0.0,
+            distinct_code: false,
+            answered: Arc::default(),
         }
     }
 }
@@ -433,6 +500,13 @@ async fn measure(d: &Driver, real: Instant) -> Side {
         }
         if let (Some(s), Some(t)) = (d.started.get(run_id), d.submitted.get(run_id)) {
             side.waits.insert(run_id.clone(), (s - t) as f64 / 1000.0);
+            side.gpu_secs_run += a.run_secs;
+        }
+        if job.as_ref().is_some_and(|j| j.cached_from.is_some()) {
+            side.answered += 1;
+            side.gpu_secs_saved += a.run_secs;
+            // Answered at once: no wait for a GPU.
+            side.waits.insert(run_id.clone(), 0.0);
         }
         if let (Some(job), Some(end)) = (&job, d.ended.get(run_id)) {
             side.to_record.push((job.updated_at - end) as f64 / 1000.0);
@@ -582,6 +656,48 @@ fn report(arrivals: &[Arrival], fair: &Side, fcfs: &Side, artifact: &Side) {
     limits_table(fair, fcfs, artifact);
     units_table(fair);
     ceiling_table(fair, fcfs, artifact);
+}
+
+/// The reuse side's summary, with the fair-share side's GPU-seconds as its baseline.
+fn reuse_summary(reuse: &Side, fair: &Side, arrivals: &[Arrival]) -> serde_json::Value {
+    let mut s = summary(reuse, arrivals);
+    s["resubmit_share"] = params().resubmit.into();
+    s["answered"] = reuse.answered.into();
+    s["gpu_secs_run"] = reuse.gpu_secs_run.into();
+    s["gpu_secs_saved"] = reuse.gpu_secs_saved.into();
+    s["gpu_secs_run_without_answers"] = fair.gpu_secs_run.into();
+    s
+}
+
+/// What answers from earlier runs save, against fair share on the same arrivals.
+fn reuse_table(arrivals: &[Arrival], fair: &Side, reuse: &Side) {
+    let light = |s: &Side| quantile(&waits_of(s, arrivals, None), 0.95);
+    let resent = arrivals
+        .iter()
+        .enumerate()
+        .filter(|(i, a)| arrivals[..*i].iter().any(|b| b.code == a.code))
+        .count();
+    println!(
+        "\nWith {:.0} % of submissions sending an earlier one's code again ({resent} of {}), \
+         answers from earlier runs on:\n",
+        params().resubmit * 100.0,
+        arrivals.len()
+    );
+    println!("| | fair share | with resubmissions answered | ratio |");
+    println!("|---|---|---|---|");
+    let row = |name: &str, a: f64, b: f64| {
+        println!(
+            "| {name} | {a:.0} | {b:.0} | {:.2} |",
+            b / a.max(f64::MIN_POSITIVE)
+        );
+    };
+    row("GPU-seconds run", fair.gpu_secs_run, reuse.gpu_secs_run);
+    row("light users' p95 wait (s)", light(fair), light(reuse));
+    row("last run reported (s)", fair.span, reuse.span);
+    println!(
+        "| runs answered, no build | 0 | {} | |\n| GPU-seconds saved | 0 | {:.0} | |\n| lost | {} | {} | |\n",
+        reuse.answered, reuse.gpu_secs_saved, fair.lost, reuse.lost
+    );
 }
 
 /// Where fair share's store units go: by call and kind of item, per job.

@@ -170,7 +170,9 @@ pub(crate) async fn create_deferred(
     effects: &mut Effects,
 ) -> Result<(EventOutcome, Tried), DispatchError> {
     let now = d.clock.now();
+    // A background job waits for an idle GPU by design: only the job's maximum age ends it.
     let queue_timeout = match job.max_queue_secs {
+        _ if job.background && job.waiting => d.config.timing.job_max_age.as_millis() as i64,
         Some(secs) => secs as i64 * 1000,
         None => d.config.timing.queue_timeout.as_millis() as i64,
     };
@@ -225,7 +227,10 @@ async fn too_late(
     {
         return adopt(d, job, build, deadline, effects).await;
     }
-    let why = if job.waiting {
+    let why = if job.waiting && job.background {
+        "a background job, it waited for an idle GPU with nothing else waiting, and none came \
+         before the job's maximum age"
+    } else if job.waiting {
         "it waited for its turn past the queue deadline: the queue's GPUs went by share and its \
          turn did not come"
     } else {

@@ -27,7 +27,8 @@ pub(crate) struct JobView<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     cached_from: Option<&'a str>,
     delivery: DeliveryView<'a>,
-    /// `user_limit` while fair share holds it back (its user's builds fill their share).
+    /// `user_limit` while fair share holds it back (its user's builds fill their share),
+    /// `background` while a background job waits for an idle GPU.
     #[serde(skip_serializing_if = "Option::is_none")]
     waiting: Option<&'static str>,
     /// Where it stands on its queue now (1: next), until it runs.

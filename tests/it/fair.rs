@@ -675,8 +675,35 @@ async fn a_background_job_runs_only_on_a_gpu_nobody_else_wants(kind: StoreKind) 
     assert_eq!(shown.get("waiting"), None, "{shown}");
 }
 
+/// A background job waits for an idle GPU past the queue deadline (it is not a user's run
+/// held back), until the job's maximum age ends it saying why.
+async fn a_background_job_waits_past_the_queue_deadline(kind: StoreKind) {
+    let app = TestApp::spawn(kind).await;
+    agents(&app, [true, true]);
+    app.submit(&background("z1")).await;
+    app.advance_clock(Duration::from_secs(20 * 60));
+    app.sweep().await;
+    let job = app.job("z1").await;
+    assert_eq!(
+        (job.state, job.waiting),
+        (JobState::Submitted, true),
+        "{job:?}"
+    );
+    app.advance_clock(Duration::from_secs(6 * 3600));
+    app.sweep().await;
+    let job = app.job("z1").await;
+    assert_eq!(job.state, JobState::Failed);
+    let failure = job.failure.unwrap_or_default();
+    assert!(
+        failure.contains("background job") && failure.contains("maximum age"),
+        "{failure}"
+    );
+    assert!(built(&app).is_empty());
+}
+
 on_both_stores!(
     an_instance_takes_the_lease_from_the_entry_it_last_saw,
+    a_background_job_waits_past_the_queue_deadline,
     a_background_job_runs_only_on_a_gpu_nobody_else_wants,
     a_place_a_full_bucket_cannot_show_is_not_read_at_every_end,
     idle_gpus_take_waiting_jobs_though_the_list_was_old,

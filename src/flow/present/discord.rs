@@ -83,6 +83,10 @@ fn ordinal(n: u32) -> String {
 /// The message of a job that has not finished (or failed before its build existed).
 fn status_line(job: &Job, head: &str) -> String {
     match job.state {
+        JobState::Submitted if job.waiting && job.background => format!(
+            "{head}\n> ⏳ Background: runs on queue {} when a GPU is idle and nothing else waits",
+            span(&job.queue)
+        ),
         JobState::Submitted if job.waiting => format!(
             "{head}\n> ⏳ Waiting for its turn on queue {}: its GPUs go by share, to the user \
              with the fewest runs on them first{}",
