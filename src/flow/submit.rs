@@ -54,9 +54,11 @@ fn job_of(d: &Deps, sub: &Submission) -> Job {
     job.max_queue_secs = sub.max_queue_secs;
     job.private = sub.private;
     job.user.clone_from(&sub.user);
+    // Kept only while answers are on: every write of the job carries it.
     job.identity = sub
         .identity
         .as_deref()
+        .filter(|_| d.config.result_cache_secs > 0)
         .map(|id| super::rules::reuse::on_runner(id, &d.config.buildkite.image));
     // With fair share a named user's submission starts waiting: the queue's release decides,
     // under its lease, whether its user has a slot. One without a user is a user of its own,
