@@ -4,19 +4,12 @@
 //! use has left the window (`rules::budget` decides).
 
 use serde::Serialize;
-use tracing::warn;
 
 use super::Deps;
 use super::rules::budget::{Use, WINDOW_MS, frees_in, noted, used, used_by};
-use crate::jobs::{CacheEntry, Job, StoreError, UserId, next_version};
+use crate::jobs::shared::{self, SharedKey};
+use crate::jobs::{Job, StoreError, UserId};
 use crate::time::Millis;
-
-/// How often a run's end tries to note its use against other ends of the same user.
-const NOTE_TRIES: usize = 4;
-
-fn key(user: &UserId) -> String {
-    format!("~usage#{user}")
-}
 
 /// A user's use of their budget now, as `GET /users/{user}/usage` shows it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -38,21 +31,12 @@ impl Usage {
     }
 }
 
-async fn runs(d: &Deps, user: &UserId) -> Result<(Vec<Use>, Option<Millis>), StoreError> {
-    let entry = d.store.cached(&key(user)).await?;
-    let version = entry.as_ref().map(|e| e.version);
-    let runs = entry
-        .and_then(|e| e.value)
-        .and_then(|v| serde_json::from_str(&v).ok())
-        .unwrap_or_default();
-    Ok((runs, version))
-}
-
 /// `user`'s use now (one read).
 pub async fn usage(d: &Deps, user: &UserId) -> Result<Usage, StoreError> {
     let limit = d.config.user_gpu_seconds_per_day;
     let now = d.clock.now();
-    let (runs, _) = runs(d, user).await?;
+    let (runs, _) = shared::read::<Vec<Use>>(d.store.as_ref(), SharedKey::Usage(user), now).await?;
+    let runs = runs.unwrap_or_default();
     Ok(Usage {
         user: user.to_string(),
         used_secs: (used(&runs, now) * 10.0).round() / 10.0,
@@ -63,8 +47,8 @@ pub async fn usage(d: &Deps, user: &UserId) -> Result<Usage, StoreError> {
 }
 
 /// Adds `job`'s use, which just ended at `ended_at`, to its user's record (nothing without a
-/// budget, or for a run that counts nothing). Another end of the same user writing at the
-/// same moment makes it read again and retry.
+/// budget, or for a run that counts nothing), by the shared entries' read-modify-write: another
+/// end of the same user writing at the same moment makes it read again and retry.
 pub(crate) async fn note(d: &Deps, job: &Job, ended_at: Millis) -> Result<(), StoreError> {
     let (Some(user), Some(secs)) = (job.user.as_ref(), used_by(job)) else {
         return Ok(());
@@ -72,27 +56,22 @@ pub(crate) async fn note(d: &Deps, job: &Job, ended_at: Millis) -> Result<(), St
     if d.config.user_gpu_seconds_per_day == 0 {
         return Ok(());
     }
-    let key = key(user);
-    for _ in 0..NOTE_TRIES {
-        let (runs, version) = runs(d, user).await?;
-        let now = d.clock.now();
-        let run = job.run_id.to_string();
-        let runs = noted(
-            runs,
-            Use {
-                run,
+    let (now, run) = (d.clock.now(), job.run_id.to_string());
+    let key = SharedKey::Usage(user);
+    shared::update(
+        d.store.as_ref(),
+        key,
+        now,
+        Vec::new,
+        |runs: &mut Vec<Use>| {
+            let added = Use {
+                run: run.clone(),
                 at: ended_at,
                 secs,
-            },
-            now,
-        );
-        let value = serde_json::to_string(&runs).ok();
-        let expires_at = Some(now.saturating_add(WINDOW_MS));
-        let entry = CacheEntry::unclaimed(value, now, next_version(version, now), expires_at);
-        if d.store.put_cached(&key, &entry, version).await? {
-            return Ok(());
-        }
-    }
-    warn!(user = %user, secs, "a run's GPU time could not be noted on its user's budget");
+            };
+            *runs = noted(std::mem::take(runs), added, now);
+        },
+    )
+    .await?;
     Ok(())
 }

@@ -7,7 +7,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::error::StoreError;
-use super::id::{Queue, RunId};
+use super::id::{Queue, RunId, UserId};
 use super::store::{CacheEntry, JobStore, next_version};
 use crate::time::Millis;
 
@@ -34,6 +34,8 @@ pub enum SharedKey<'a> {
     /// A rate-limit window every instance spends (Buildkite's per token, Discord's per
     /// webhook), by name.
     Window(&'a str),
+    /// A user's GPU time over the last day (`USER_GPU_SECONDS_PER_DAY`).
+    Usage(&'a UserId),
 }
 
 impl SharedKey<'_> {
@@ -49,6 +51,7 @@ impl SharedKey<'_> {
             Self::Fleet => "~fleet".into(),
             Self::Agent(name) => format!("~agent/{name}"),
             Self::Window(name) => format!("~window/{name}"),
+            Self::Usage(user) => format!("~usage#{user}"),
         }
     }
 }
@@ -63,7 +66,8 @@ impl SharedKey<'_> {
     pub fn lifetime(self) -> Option<Millis> {
         match self {
             // Refreshed every few minutes while anyone asks; a window resets each minute.
-            Self::Agents | Self::BuildkiteQuota | Self::Window(_) => Some(DAY_MS),
+            // A user's use covers a day: a day after its last write none of it counts.
+            Self::Agents | Self::BuildkiteQuota | Self::Window(_) | Self::Usage(_) => Some(DAY_MS),
             // A URL is kept for minutes; a job's deferred work is only a hint to the sweep.
             Self::ProfileUrl(..) | Self::Deferred(_) => Some(2 * DAY_MS),
             // A lease is held for seconds; a day later nobody is waiting on it.
@@ -279,6 +283,7 @@ mod tests {
             (SharedKey::Deferred(&Queue::new("h100")), "~deferred/h100"),
             (SharedKey::Fleet, "~fleet"),
             (SharedKey::Agent("node-1-gpu0"), "~agent/node-1-gpu0"),
+            (SharedKey::Usage(&UserId::new("ada")), "~usage#ada"),
         ];
         for (key, stored) in keys {
             assert_eq!(key.key(), stored, "{key:?}");
