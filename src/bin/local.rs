@@ -2,7 +2,8 @@
 //! on the embedded store, with local stand-ins for Buildkite (which also plays the GPU agent)
 //! and Discord. Submits one job, waits for it to finish and prints its Discord report.
 //!
-//! `--serve` keeps everything running afterwards so you can submit more with curl.
+//! `--serve` keeps everything running so you can submit more with curl: it serves as soon as
+//! its URLs are printed, and prints the sample's report when that run ends.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::OpenOptionsExt;
@@ -148,16 +149,30 @@ struct Local {
 async fn run_local() -> Result<(), Error> {
     telemetry::init();
     let serve = std::env::args().any(|a| a == "--serve");
-    let local = start().await?;
+    let local = Arc::new(start().await?);
     announce(&local)?;
     let client = reqwest::Client::new();
     let run_id = submit_sample(&client, &local).await?;
-    let job = wait_for_report(&client, &local, &run_id).await?;
-    print_report(&local, &run_id, &job);
-    if serve {
-        println!("Serving until Ctrl-C.");
-        let _ = tokio::signal::ctrl_c().await;
+    let sample = {
+        let local = local.clone();
+        async move {
+            let job = wait_for_report(&client, &local, &run_id).await?;
+            print_report(&local, &run_id, &job);
+            Ok::<_, Error>(())
+        }
+    };
+    if !serve {
+        return sample.await;
     }
+    // The stack serves from its first line: the sample's report comes when it ends, and a
+    // slow one (a busy machine) never holds back or takes down what scripts already use.
+    tokio::spawn(async move {
+        if let Err(e) = sample.await {
+            eprintln!("The sample run: {e}. Serving all the same.");
+        }
+    });
+    println!("Serving until Ctrl-C.");
+    let _ = tokio::signal::ctrl_c().await;
     Ok(())
 }
 

@@ -4,6 +4,8 @@ use std::io::{BufRead, Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::process::{Command, Stdio};
 
+use kernelbot_dispatch::devstack::runner_program::RUNNER_VAR;
+
 #[test]
 fn the_local_run_finishes_a_job_and_prints_its_report() {
     let dir = tempfile::tempdir().unwrap();
@@ -268,6 +270,67 @@ fn serve_takes_the_token_from_the_environment_and_answers_only_to_localhost() {
     assert!(rebound.contains("wrong_host"), "{rebound}");
     assert!(known.starts_with("HTTP/1.1 404"), "{known}");
     assert!(wrong.starts_with("HTTP/1.1 401"), "{wrong}");
+}
+
+/// `local --serve` serves from its first lines whatever the sample run does: a runner that
+/// never ends (a machine too busy to finish it) holds nothing back and ends nothing.
+#[test]
+fn serve_serves_at_once_while_the_sample_is_still_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let runner = dir.path().join("slow-runner");
+    std::fs::write(&runner, "#!/bin/sh\nexec sleep 120\n").unwrap();
+    std::fs::set_permissions(&runner, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_local"))
+        .arg("--serve")
+        .env("KERNELBOT_DATA_DIR", dir.path())
+        .env(RUNNER_VAR, &runner)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("local starts");
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    let (mut submit, mut sample, mut serving) = (None, None, false);
+    // Far less than the sample's own 60 s wait, and the runner takes 120 s.
+    while let Ok(line) = rx.recv_timeout(std::time::Duration::from_secs(45)) {
+        if let Some(rest) = line.strip_prefix("submit   ") {
+            submit = rest.split_whitespace().next().map(str::to_owned);
+        }
+        if let Some(id) = line.trim().strip_prefix("\"run_id\": \"") {
+            sample = id.split('"').next().map(str::to_owned);
+        }
+        if line.starts_with("Serving until Ctrl-C") {
+            serving = true;
+            break;
+        }
+    }
+    assert!(serving, "local --serve did not serve while its sample ran");
+    let (submit, sample) = (submit.expect("submit URL"), sample.expect("sample run id"));
+    let token = std::fs::read_to_string(dir.path().join("submit-token")).unwrap();
+    let port: u16 = submit.rsplit(':').next().unwrap().parse().unwrap();
+    let local = format!("127.0.0.1:{port}");
+    let answer = http(
+        port,
+        &local,
+        &format!("/submissions/{sample}"),
+        token.trim(),
+    );
+    let body = answer.split("\r\n\r\n").nth(1).unwrap_or_default();
+    let view: serde_json::Value = serde_json::from_str(body).unwrap_or_else(|_| panic!("{answer}"));
+    let alive = child.try_wait().unwrap().is_none();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(alive, "local --serve ended");
+    assert_ne!(view["state"], "finished", "{view}");
+    assert_ne!(view["state"], "failed", "{view}");
 }
 
 /// A harness for profile mode: reports each benchmark as kernelbot's does.
