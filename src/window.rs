@@ -8,7 +8,9 @@
 //!
 //! A [`Limiter`] keeps one instance's view and, where the deployment shares one, spends the
 //! window every instance spends ([`SharedWindows`], kept in the store by compare-and-swap):
-//! together they stay within it, where each alone would meet the others' 429s.
+//! together they stay within it, where each alone would meet the others' 429s. The shared
+//! entry ([`SharedWindow`]) also keeps when its latest calls were taken, so that the calls
+//! another instance has on their way at a reset count in the next window too.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -27,6 +29,14 @@ const UNREAD_WAIT_MS: Millis = 100;
 /// A call unanswered this long is taken to have failed on its way (longer than any call's
 /// timeout; a call that ends unanswered is let go at once: this is for one cut short).
 const ANSWER_WITHIN_MS: Millis = 15_000;
+
+/// Take times a shared window keeps of its latest calls (every instance's): enough for a
+/// Discord bucket's calls in flight at once; Buildkite's minute also counts each taker's own.
+const RECENT_KEPT: usize = 8;
+
+/// How far ahead of this instance's clock a take time in a shared window may be (another
+/// instance's clock); one further ahead is not counted.
+const CLOCK_SKEW_MS: Millis = 1_000;
 
 /// The longest window learned from resets (Buildkite's is a minute, Discord's buckets a few
 /// seconds); a service's own window (given at construction) may be longer.
@@ -165,6 +175,74 @@ impl Window {
     }
 }
 
+/// A window as every instance spends it (the store's entry): the window, and when its latest
+/// calls were taken. An instance knows only its own calls on their way; at a reset, another's
+/// taken within a round trip of it may land in the service's next window as well, and the
+/// first to take there counts them too (where each counted only its own, the two together
+/// met 429s in the rush).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct SharedWindow {
+    #[serde(flatten)]
+    window: Window,
+    /// Take times of the latest calls (at most [`RECENT_KEPT`]), oldest first. A list, not
+    /// an array: an entry of another length (another version's) still reads.
+    #[serde(default)]
+    recent: Vec<Millis>,
+}
+
+impl SharedWindow {
+    /// A window nothing was told of, `span` long once it is.
+    pub(crate) fn of_span(span: Millis) -> Self {
+        Self {
+            window: Window::of_span(span),
+            recent: Vec::new(),
+        }
+    }
+
+    /// Calls taken after `since` and not after `now` (a time ahead of the clock, another
+    /// instance's skew or a bad entry, would count at every reset and never leave).
+    fn taken_between(&self, since: Millis, now: Millis) -> i64 {
+        let ahead = now.saturating_add(CLOCK_SKEW_MS);
+        self.recent
+            .iter()
+            .filter(|&&at| at > since && at <= ahead)
+            .count() as i64
+    }
+
+    /// Takes a call that leaves `reserve`, `on_the_way` of the taker's unanswered and its
+    /// calls' `round_trip` (the longest it has seen lately), or says how long to wait. At a
+    /// reset the calls on their way are the more of the taker's own and every instance's
+    /// taken within a round trip of it in the window that ends (one taken earlier lands in
+    /// that window, or was counted at the reset before).
+    pub(crate) fn take(
+        &mut self,
+        reserve: i64,
+        now: Millis,
+        (on_the_way, round_trip): (i64, Millis),
+    ) -> Result<(), Millis> {
+        let w = &self.window;
+        let since = now
+            .saturating_sub(round_trip.clamp(0, w.span))
+            .max(w.reset_at.saturating_sub(w.span));
+        let on_the_way = on_the_way.max(self.taken_between(since, now));
+        self.window.take(reserve, now, on_the_way)?;
+        if self.recent.len() >= RECENT_KEPT {
+            let extra = self.recent.len() + 1 - RECENT_KEPT;
+            self.recent.drain(..extra);
+        }
+        self.recent.push(now);
+        Ok(())
+    }
+
+    /// Notes what an answer to a call sent at `sent_at` said at `now`, `on_the_way` of the
+    /// hearer's unanswered. The calls any instance took after it most likely reached the
+    /// service after it: not counted in what it told.
+    pub(crate) fn hear(&mut self, news: News, (now, sent_at): (Millis, Millis), on_the_way: i64) {
+        let taken_after = self.taken_between(sent_at, now);
+        self.window.hear(news, now, on_the_way.max(taken_after));
+    }
+}
+
 /// Whether an answer that moved this instance's view from `before` to `after` is news to
 /// the others: a 429, fewer calls left, or a reset later by at least the `grain` the
 /// service tells resets in. Resets told in whole seconds move by up to a second: not news.
@@ -181,23 +259,23 @@ fn worth_telling(news: News, (before, after): (&Window, &Window), grain: Millis)
 #[async_trait]
 pub(crate) trait SharedWindows: Send + Sync {
     /// Takes a call that leaves `reserve` from the window `name` (one `span` long when it
-    /// is new), `on_the_way` calls of the taker's unanswered: `Ok(Err(ms))` when it has no
-    /// room for that long.
+    /// is new), `on_the_way` calls of the taker's unanswered and its calls' `round_trip`:
+    /// `Ok(Err(ms))` when it has no room for that long.
     async fn take(
         &self,
         name: &str,
         span: Millis,
-        (reserve, on_the_way): (i64, i64),
+        (reserve, on_the_way, round_trip): (i64, i64, Millis),
         now: Millis,
     ) -> Result<Result<(), Millis>, BoxError>;
 
-    /// Notes what an answer said of the window `name`, `on_the_way` other calls of the
-    /// hearer's unanswered.
+    /// Notes what an answer to a call sent at `sent_at` said of the window `name`,
+    /// `on_the_way` other calls of the hearer's unanswered.
     async fn hear(
         &self,
         name: &str,
         span: Millis,
-        (news, on_the_way): (News, i64),
+        (news, on_the_way, sent_at): (News, i64, Millis),
         now: Millis,
     ) -> Result<(), BoxError>;
 }
@@ -219,6 +297,8 @@ pub(crate) struct Limiter {
     grain: Millis,
     /// When each call this instance sent and has not heard back on was taken, oldest first.
     unanswered: Arc<Mutex<VecDeque<Millis>>>,
+    /// The round trips of this instance's latest answered calls, oldest first.
+    round_trips: Arc<Mutex<VecDeque<Millis>>>,
 }
 
 impl fmt::Debug for Limiter {
@@ -240,6 +320,7 @@ impl Limiter {
             clock,
             grain: grain.max(1),
             unanswered: Arc::default(),
+            round_trips: Arc::default(),
         }
     }
 
@@ -293,18 +374,35 @@ impl Limiter {
     }
 
     /// Calls of this instance still on their way at `now` (after forgetting those unanswered
-    /// too long); `answered`: the call sent at that time is heard back now, and only the
-    /// calls taken after it count (the service most likely counted those before it).
-    fn on_the_way(&self, now: Millis, answered: Option<Millis>) -> i64 {
+    /// too long); `answered`: the call sent at that time ended now, and only the calls taken
+    /// after it count (the service most likely counted those before it), and whether the
+    /// service answered it (then its round trip is noted: a failure's time says nothing of
+    /// how long calls take, and a timeout's would hold back whole windows).
+    fn on_the_way(&self, now: Millis, answered: Option<(Millis, bool)>) -> i64 {
         let mut calls = self.unanswered.lock().unwrap_or_else(|p| p.into_inner());
         calls.retain(|&at| now - at < ANSWER_WITHIN_MS);
-        let Some(sent_at) = answered else {
+        let Some((sent_at, replied)) = answered else {
             return calls.len() as i64;
         };
         // Its own entry (taken just before it was sent), else the oldest.
-        let at = calls.iter().rposition(|&at| at <= sent_at).unwrap_or(0);
-        calls.remove(at);
-        calls.iter().filter(|&&at| at > sent_at).count() as i64
+        let own = calls.iter().rposition(|&at| at <= sent_at);
+        let taken_at = calls.remove(own.unwrap_or(0));
+        let after = calls.iter().filter(|&&at| at > sent_at).count() as i64;
+        drop(calls);
+        if let (true, Some(_), Some(taken_at)) = (replied, own, taken_at) {
+            self.note_round_trip(now - taken_at);
+        }
+        after
+    }
+
+    /// Notes how long a call took from its take to its answer (the store's write included).
+    fn note_round_trip(&self, ms: Millis) {
+        let mut trips = self.round_trips.lock().unwrap_or_else(|p| p.into_inner());
+        if trips.len() >= RECENT_KEPT {
+            trips.pop_front();
+        }
+        // The shared window counts no further back than its own length.
+        trips.push_back(ms.clamp(0, ANSWER_WITHIN_MS));
     }
 
     /// Notes a call taken at `now`: on its way until heard back.
@@ -328,7 +426,7 @@ impl Limiter {
         let (span, now) = (self.view().span, self.clock.now());
         match s
             .windows
-            .take(&s.name, span, (reserve, on_the_way), now)
+            .take(&s.name, span, (reserve, on_the_way, self.round_trip()), now)
             .await
         {
             Ok(Ok(())) => {
@@ -355,7 +453,7 @@ impl Limiter {
     /// what this instance's view did not already hold (fewer calls left, a later reset, a
     /// 429): most answers cost no write.
     pub(crate) async fn hear(&self, news: News, sent_at: Millis) {
-        let on_the_way = self.answered(sent_at);
+        let on_the_way = self.replied(sent_at);
         let (before, after) = self.with(|w, now| {
             let before = *w;
             w.hear(news, now, on_the_way);
@@ -368,7 +466,7 @@ impl Limiter {
             return;
         }
         let now = self.clock.now();
-        let told = (news, on_the_way);
+        let told = (news, on_the_way, sent_at);
         if let Err(e) = s.windows.hear(&s.name, after.span, told, now).await {
             tracing::warn!(window = %s.name, error = %e, "shared window not told");
         }
@@ -377,7 +475,20 @@ impl Limiter {
     /// Notes that the call sent at `sent_at` was answered (whether or not the answer told of
     /// the window): it is no longer on its way. The calls that still are.
     pub(crate) fn answered(&self, sent_at: Millis) -> i64 {
-        self.on_the_way(self.clock.now(), Some(sent_at))
+        self.on_the_way(self.clock.now(), Some((sent_at, false)))
+    }
+
+    /// Notes that the service answered the call sent at `sent_at` (whether or not its answer
+    /// told of the window): as [`Self::answered`], its round trip noted too.
+    pub(crate) fn replied(&self, sent_at: Millis) -> i64 {
+        self.on_the_way(self.clock.now(), Some((sent_at, true)))
+    }
+
+    /// The longest a call of this instance took lately from its take to its answer (0
+    /// before any answer): a call taken that long before a reset may land after it.
+    fn round_trip(&self) -> Millis {
+        let trips = self.round_trips.lock().unwrap_or_else(|p| p.into_inner());
+        trips.iter().copied().max().unwrap_or(0)
     }
 
     /// Waits `ms` on the service's clock.
@@ -602,6 +713,103 @@ mod tests {
             }
             w.hear(self::told(told, 5, 1_800), 200, on_the_way);
             assert_eq!(w.remaining, Some(left), "{held} {told} {on_the_way}");
+        }
+    }
+
+    /// A shared window told 2 calls left until 2 s, whose last two another instance took
+    /// at 1.9 s and 1.95 s.
+    fn spent_by_another() -> SharedWindow {
+        let mut w = SharedWindow::of_span(2_000);
+        w.window.hear(told(2, 5, 2_000), 0, 0);
+        w.take(0, 1_900, (0, 0)).unwrap();
+        w.take(0, 1_950, (0, 0)).unwrap();
+        assert!(w.take(0, 1_990, (0, 0)).is_err(), "spent");
+        w
+    }
+
+    #[test]
+    fn another_instance_s_calls_taken_within_a_round_trip_of_the_reset_count_in_the_next() {
+        // The first to take after the reset knows none of those two as its own.
+        // (when it takes, its round trip, its own calls on their way, calls the new window
+        // has left)
+        let cases = [
+            (2_000, 0, 0, 4),
+            (2_000, 80, 0, 3),
+            (2_000, 300, 0, 2),
+            (2_000, 300, 3, 1),
+            // A round trip longer than the window: only the ending window's calls count
+            // (one taken before it landed in it, or was counted at its own reset).
+            (2_000, 9_000, 0, 2),
+            // Long after the reset, nothing taken then is still on its way.
+            (2_500, 300, 0, 4),
+        ];
+        for (now, round_trip, own, left) in cases {
+            let mut w = spent_by_another();
+            w.take(0, now, (own, round_trip)).unwrap();
+            assert_eq!(
+                w.window.remaining,
+                Some(left),
+                "at {now}, {round_trip} ms, {own} own"
+            );
+        }
+        let mut w = SharedWindow::of_span(2_000);
+        w.window.hear(told(5, 5, 2_000), 0, 0);
+        for at in 1..=20 {
+            let _ = w.take(0, at * 100, (0, 0));
+        }
+        assert!(w.recent.len() <= RECENT_KEPT, "{:?}", w.recent);
+    }
+
+    #[test]
+    fn an_answer_leaves_out_the_calls_any_instance_took_after_it_was_sent() {
+        // The call sent at 1.9 s is answered from Discord's next window (4 left, reset in
+        // 2 s) at 2.3 s: the one another instance took at 1.95 s reached it after.
+        let mut w = spent_by_another();
+        w.hear(told(4, 5, 2_000), (2_300, 1_900), 0);
+        assert_eq!(w.window.remaining, Some(3));
+        // Sent at 1.95 s: none taken after it.
+        let mut w = spent_by_another();
+        w.hear(told(4, 5, 2_000), (2_300, 1_950), 0);
+        assert_eq!(w.window.remaining, Some(4));
+    }
+
+    #[test]
+    fn take_times_ahead_of_the_clock_or_of_another_version_do_not_hold_a_window() {
+        // An entry whose take times are far ahead (a skewed clock, a bad write) lets the
+        // next window's calls go as if none were on their way.
+        let mut w: SharedWindow = serde_json::from_str(
+            r#"{"remaining":0,"reset_at":2000,"limit":5,"span":2000,
+                "recent":[9000000000000,9000000000001,9000000000002,9000000000003,
+                          9000000000004,9000000000005,9000000000006,9000000000007,9]}"#,
+        )
+        .unwrap();
+        w.take(0, 2_000, (0, 300)).unwrap();
+        assert_eq!(w.window.remaining, Some(4));
+        // An entry written before take times were kept reads as none kept.
+        let old: SharedWindow =
+            serde_json::from_str(r#"{"remaining":3,"reset_at":2000,"limit":5,"span":2000}"#)
+                .unwrap();
+        assert_eq!(old.window.remaining, Some(3));
+        assert_eq!(old.taken_between(0, 2_000), 0);
+    }
+
+    #[tokio::test]
+    async fn only_answered_calls_tell_how_long_calls_take() {
+        let clock = Clock::default();
+        let limiter = Limiter::new(clock.clone(), 2_000, 1);
+        let tick = |ms| clock.advance(std::time::Duration::from_millis(ms));
+        // (what became of the call, its time out, the longest round trip after it)
+        for (replied, took, longest) in [(true, 120, 120), (false, 5_000, 120), (true, 40, 120)] {
+            let sent = limiter.now();
+            limiter.take(0).await.unwrap();
+            tick(took);
+            if replied {
+                limiter.replied(sent);
+            } else {
+                // A timeout: it says nothing of how long answers take.
+                limiter.answered(sent);
+            }
+            assert_eq!(limiter.round_trip(), longest, "{replied} after {took} ms");
         }
     }
 

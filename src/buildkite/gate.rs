@@ -144,7 +144,7 @@ impl RateGate {
         match news(headers) {
             Some(news) => self.limiter.hear(news, sent_at).await,
             None => {
-                self.limiter.answered(sent_at);
+                self.limiter.replied(sent_at);
             }
         }
     }

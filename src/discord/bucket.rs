@@ -169,7 +169,7 @@ impl Buckets {
         match news(headers, retry_after) {
             Some(news) => b.hear(news, sent_at).await,
             None => {
-                b.answered(sent_at);
+                b.replied(sent_at);
             }
         }
     }

@@ -14,7 +14,7 @@ use super::shared::SharedKey;
 use super::store::JobStore;
 use crate::error::BoxError;
 use crate::time::Millis;
-use crate::window::{News, SharedWindows, Window};
+use crate::window::{News, SharedWindow, SharedWindows};
 
 /// The windows, in `store`.
 pub(crate) struct StoreWindows {
@@ -38,9 +38,9 @@ impl StoreWindows {
         &self,
         name: &str,
         (span, now): (Millis, Millis),
-        change: impl FnMut(&mut Window) -> R,
+        change: impl FnMut(&mut SharedWindow) -> R,
     ) -> Result<R, BoxError> {
-        let init = || Window::of_span(span);
+        let init = || SharedWindow::of_span(span);
         let key = SharedKey::Window(name);
         let changed = self
             .seen
@@ -55,10 +55,11 @@ impl SharedWindows for StoreWindows {
         &self,
         name: &str,
         span: Millis,
-        (reserve, on_the_way): (i64, i64),
+        (reserve, on_the_way, round_trip): (i64, i64, Millis),
         now: Millis,
     ) -> Result<Result<(), Millis>, BoxError> {
-        self.change(name, (span, now), |w| w.take(reserve, now, on_the_way))
+        let flight = (on_the_way, round_trip);
+        self.change(name, (span, now), |w| w.take(reserve, now, flight))
             .await
     }
 
@@ -66,10 +67,12 @@ impl SharedWindows for StoreWindows {
         &self,
         name: &str,
         span: Millis,
-        (news, on_the_way): (News, i64),
+        (news, on_the_way, sent_at): (News, i64, Millis),
         now: Millis,
     ) -> Result<(), BoxError> {
-        self.change(name, (span, now), |w| w.hear(news, now, on_the_way))
-            .await
+        self.change(name, (span, now), |w| {
+            w.hear(news, (now, sent_at), on_the_way)
+        })
+        .await
     }
 }

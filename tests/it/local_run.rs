@@ -278,7 +278,7 @@ fn serve_takes_the_token_from_the_environment_and_answers_only_to_localhost() {
 fn serve_serves_at_once_while_the_sample_is_still_running() {
     let dir = tempfile::tempdir().unwrap();
     let runner = dir.path().join("slow-runner");
-    std::fs::write(&runner, "#!/bin/sh\nexec sleep 120\n").unwrap();
+    std::fs::write(&runner, "#!/bin/sh\nexec sleep 60\n").unwrap();
     std::fs::set_permissions(&runner, std::fs::Permissions::from_mode(0o755)).unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_local"))
         .arg("--serve")
@@ -299,7 +299,7 @@ fn serve_serves_at_once_while_the_sample_is_still_running() {
         }
     });
     let (mut submit, mut sample, mut serving) = (None, None, false);
-    // Far less than the sample's own 60 s wait, and the runner takes 120 s.
+    // Far less than the sample's own 60 s wait and the runner's 60 s.
     while let Ok(line) = rx.recv_timeout(std::time::Duration::from_secs(45)) {
         if let Some(rest) = line.strip_prefix("submit   ") {
             submit = rest.split_whitespace().next().map(str::to_owned);
