@@ -209,6 +209,9 @@ const MIN_LINK_SECRET_BYTES: usize = 32;
 /// Profile links open for at most this long (Buildkite keeps artifacts about six months).
 const MAX_LINK_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
 
+/// The longest duration a `*_SECS` variable may give.
+const MAX_SECS: u64 = 365 * 24 * 3600;
+
 /// The most GPUs one agent may hold (`GPU=queue:N`).
 const MAX_GPUS_PER_AGENT: u32 = 64;
 
@@ -438,8 +441,16 @@ impl Env<'_> {
         })
     }
 
+    /// A duration in whole seconds, at most [`MAX_SECS`]: a larger one is a typo, and would
+    /// overflow the clock arithmetic (a deadline, a time in milliseconds) it is used in.
     fn secs(&self, name: &'static str, default: u64) -> Result<Duration, ConfigError> {
-        self.number(name, default).map(Duration::from_secs)
+        match self.number(name, default)? {
+            secs if secs > MAX_SECS => Err(ConfigError::invalid(
+                name,
+                format!("must be at most {MAX_SECS} seconds (a year)"),
+            )),
+            secs => Ok(Duration::from_secs(secs)),
+        }
     }
 
     fn flag(&self, name: &'static str) -> Result<bool, ConfigError> {
@@ -607,6 +618,9 @@ mod tests {
             ("GPU_QUEUES", "H100"),
             ("LISTEN_ADDR", "nope"),
             ("BUILDKITE_API_URL", "ftp://x"),
+            // Past a year: a deadline that far would overflow the clock.
+            ("SWEEP_PASS_SECS", "18446744073709551615"),
+            ("QUEUE_TIMEOUT_SECS", "31536001"),
         ];
         for (name, value) in bad {
             match load(Role::Sweep, &[BASE, &[(name, value)]].concat()) {

@@ -46,8 +46,8 @@ async fn chaos(kind: StoreKind, default_jobs: u64) {
         kind,
         &[
             ("SWEEP_MIN_AGE_SECS", "0"),
-            ("QUEUE_TIMEOUT_SECS", "100000000"),
-            ("JOB_MAX_AGE_SECS", "1000000000"),
+            ("QUEUE_TIMEOUT_SECS", "31536000"),
+            ("JOB_MAX_AGE_SECS", "31536000"),
             ("SWEEP_MAX_CALLS", "200"),
         ],
     )

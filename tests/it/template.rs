@@ -285,6 +285,19 @@ fn tunables_are_parameters_with_the_documented_defaults() {
         let default = text(default).trim().trim_matches('\'').to_owned();
         assert_eq!(default, documented(variable), "{parameter}'s default");
     }
+    // A duration the functions refuse at start-up (past a year) is refused by the deploy.
+    for parameter in [
+        "QueueTimeoutSeconds",
+        "JobMaxAgeSeconds",
+        "SweepMinAgeSeconds",
+    ] {
+        let max = text(&t["Parameters"][parameter]["MaxValue"]);
+        let max: u64 = max
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{parameter}: {max}"));
+        assert!(max <= 365 * 24 * 3600, "{parameter}: {max}");
+    }
     let sweep = &t["Resources"]["SweepFunction"]["Properties"];
     assert_eq!(
         sweep["EventInvokeConfig"]["MaximumRetryAttempts"].as_u64(),
