@@ -401,7 +401,7 @@ impl Limiter {
         if trips.len() >= RECENT_KEPT {
             trips.pop_front();
         }
-        // The shared window counts no further back than its own length.
+        // Bounded here; the shared window counts no further back than its own length.
         trips.push_back(ms.clamp(0, ANSWER_WITHIN_MS));
     }
 
@@ -472,8 +472,8 @@ impl Limiter {
         }
     }
 
-    /// Notes that the call sent at `sent_at` was answered (whether or not the answer told of
-    /// the window): it is no longer on its way. The calls that still are.
+    /// Notes that the call sent at `sent_at` ended, answered or not (a failure, a timeout):
+    /// it is no longer on its way. The calls that still are.
     pub(crate) fn answered(&self, sent_at: Millis) -> i64 {
         self.on_the_way(self.clock.now(), Some((sent_at, false)))
     }

@@ -280,24 +280,7 @@ fn serve_serves_at_once_while_the_sample_is_still_running() {
     let runner = dir.path().join("slow-runner");
     std::fs::write(&runner, "#!/bin/sh\nexec sleep 60\n").unwrap();
     std::fs::set_permissions(&runner, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_local"))
-        .arg("--serve")
-        .env("KERNELBOT_DATA_DIR", dir.path())
-        .env(RUNNER_VAR, &runner)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("local starts");
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stdout)
-            .lines()
-            .map_while(Result::ok)
-        {
-            let _ = tx.send(line);
-        }
-    });
+    let (mut child, rx) = serve(dir.path(), (RUNNER_VAR, runner.as_os_str()));
     let (mut submit, mut sample, mut serving) = (None, None, false);
     // Far less than the sample's own 60 s wait and the runner's 60 s.
     while let Ok(line) = rx.recv_timeout(std::time::Duration::from_secs(45)) {
@@ -333,6 +316,33 @@ fn serve_serves_at_once_while_the_sample_is_still_running() {
     assert_ne!(view["state"], "failed", "{view}");
 }
 
+/// `local --serve` on data directory `dir` with one more variable set; its stdout's lines
+/// as they come (read to the end: the stack prints as it runs).
+fn serve(
+    dir: &std::path::Path,
+    (name, value): (&str, &std::ffi::OsStr),
+) -> (std::process::Child, std::sync::mpsc::Receiver<String>) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_local"))
+        .arg("--serve")
+        .env("KERNELBOT_DATA_DIR", dir)
+        .env(name, value)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("local starts");
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    (child, rx)
+}
+
 /// A harness for profile mode: reports each benchmark as kernelbot's does.
 const PROFILE_HARNESS: &str = r#"
 import os, sys
@@ -360,35 +370,20 @@ async fn a_profile_submission_through_the_local_stack_links_its_download() {
             stand_ins.path().display(),
             std::env::var("PATH").unwrap()
         );
-        let mut child = Command::new(env!("CARGO_BIN_EXE_local"))
-            .arg("--serve")
-            .env("KERNELBOT_DATA_DIR", dir.path())
-            .env("PATH", path)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("local starts");
-        // Read to the end (the stack prints as it runs), the submit URL passed on.
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in std::io::BufReader::new(stdout)
-                .lines()
-                .map_while(Result::ok)
-            {
-                if let Some(url) = line
-                    .strip_prefix("submit   ")
-                    .and_then(|r| r.split_whitespace().next())
-                {
-                    let _ = tx.send(url.to_owned());
-                }
-            }
-        });
+        let (mut child, rx) = serve(dir.path(), ("PATH", path.as_ref()));
         // Start-up includes cargo's look at the runner's build (no work once scripts/test.sh
         // has built it; minutes if not, on a busy machine).
-        let submit = rx
-            .recv_timeout(std::time::Duration::from_secs(300))
-            .expect("the submit URL was printed");
+        let submit = loop {
+            let line = rx
+                .recv_timeout(std::time::Duration::from_secs(300))
+                .expect("the submit URL was printed");
+            if let Some(url) = line
+                .strip_prefix("submit   ")
+                .and_then(|r| r.split_whitespace().next())
+            {
+                break url.to_owned();
+            }
+        };
         let token = std::fs::read_to_string(dir.path().join("submit-token")).unwrap();
         let link = profile_link(&submit, token.trim(), vendor).await;
         let client = reqwest::Client::builder()
