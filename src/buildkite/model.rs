@@ -121,8 +121,11 @@ impl Build {
             t.as_deref()
                 .and_then(|t| humantime::parse_rfc3339_weak(t).ok())
         };
+        // Counted in the stamps' milliseconds: seconds plus nanoseconds as floats would show
+        // 2.119 s as 2.1189999999999998.
         let secs = |from: Option<SystemTime>, to: Option<SystemTime>| {
-            to?.duration_since(from?).ok().map(|d| d.as_secs_f64())
+            let span = to?.duration_since(from?).ok()?;
+            Some(span.as_millis() as f64 / 1000.0)
         };
         let eval = self
             .jobs
@@ -236,6 +239,24 @@ mod tests {
         )
         .unwrap();
         assert_eq!(unstarted.timings(), Timings::default());
+    }
+
+    #[test]
+    fn timings_read_as_the_milliseconds_the_stamps_give() {
+        // 2.119 s as whole seconds plus nanoseconds is 2.1189999999999998: a span must read
+        // as the decimal its stamps give (in the API, the callback and the report alike).
+        let b: Build = serde_json::from_str(
+            r#"{"id":"x","number":3,"created_at":"2026-11-21T10:00:00.000Z","jobs":[
+              {"id":"a","step_key":"evaluate","started_at":"2026-11-21T10:00:02.119Z","finished_at":"2026-11-21T10:00:47.619Z"}]}"#,
+        )
+        .unwrap();
+        let t = b.timings();
+        assert_eq!((t.queued_secs, t.ran_secs), (Some(2.119), Some(45.5)));
+        assert_eq!(
+            serde_json::to_string(&t.queued_secs).unwrap(),
+            "2.119",
+            "as JSON"
+        );
     }
 
     #[test]
