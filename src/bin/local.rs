@@ -262,13 +262,17 @@ async fn submit_sample(client: &reqwest::Client, local: &Local) -> Result<String
     Ok(run_id.to_owned())
 }
 
-/// The job once it has ended and its report was delivered; an error after 60 s.
+/// How long the sample may take to be reported: its three phases may each run to their 60 s
+/// timeout on a slow machine, and the runner's start and the stack's calls come on top.
+const REPORT_WAIT: Duration = Duration::from_secs(300);
+
+/// The job once it has ended and its report was delivered; an error after [`REPORT_WAIT`].
 async fn wait_for_report(
     client: &reqwest::Client,
     local: &Local,
     run_id: &str,
 ) -> Result<Value, Error> {
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + REPORT_WAIT;
     loop {
         let job: Value = client
             .get(format!("{}/submissions/{run_id}", local.submit_url))
@@ -283,7 +287,8 @@ async fn wait_for_report(
             return Ok(job);
         }
         if Instant::now() > deadline {
-            return Err(format!("job {run_id} did not finish within 60 s: {job}").into());
+            let secs = REPORT_WAIT.as_secs();
+            return Err(format!("job {run_id} did not finish within {secs} s: {job}").into());
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

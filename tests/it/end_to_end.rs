@@ -441,8 +441,9 @@ async fn a_slow_buildkite_create_is_confirmed_not_repeated(kind: StoreKind) {
 }
 
 async fn a_slow_discord_never_blocks_the_job(kind: StoreKind) {
-    let app = TestApp::spawn_tuned(kind, &[], Duration::from_millis(200)).await;
-    app.discord.set_delay(Some(Duration::from_millis(600)));
+    // A timeout a loaded machine's answers stay well within, and a Discord far slower.
+    let app = TestApp::spawn_tuned(kind, &[], Duration::from_secs(2)).await;
+    app.discord.set_delay(Some(Duration::from_secs(10)));
     let (status, _) = app.submit(&submission("slow-dc")).await;
     assert_eq!(status, StatusCode::ACCEPTED);
     assert!(app.job("slow-dc").await.owes(Channel::Discord));
@@ -512,10 +513,17 @@ async fn webhooks_that_race_the_create_answer_are_kept(kind: StoreKind) {
     // Buildkite's webhooks for a new build can arrive before its create call has answered:
     // the job is already recorded, so they move it forward, and submit's first message shows
     // the state they reached.
-    let app = TestApp::spawn(kind).await;
-    app.buildkite.slow_create(Duration::from_millis(1500));
-    let step: StepRunner = std::sync::Arc::new(|_| {
-        std::thread::sleep(Duration::from_millis(1700));
+    // The create answers 5 s late (the webhooks before the step have that long, however
+    // slow the machine), well within the clients' timeout; the step ends once submit has
+    // answered, so the order is the scenario's, not the machine's.
+    let app = TestApp::spawn_tuned(kind, &[], Duration::from_secs(30)).await;
+    app.buildkite.slow_create(Duration::from_secs(5));
+    let (go, wait) = std::sync::mpsc::channel::<()>();
+    let wait = std::sync::Mutex::new(wait);
+    let step: StepRunner = std::sync::Arc::new(move |_| {
+        let wait = wait.lock().unwrap_or_else(|p| p.into_inner());
+        // Released by the test (or at once, should it have ended).
+        let _ = wait.recv_timeout(Duration::from_secs(60));
         StepOutcome::passed(sample_result(false))
     });
     app.buildkite
@@ -529,8 +537,9 @@ async fn webhooks_that_race_the_create_answer_are_kept(kind: StoreKind) {
         "{}",
         app.discord_text()
     );
+    go.send(()).expect("the step waits");
 
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
     // Finished, and its report delivered (the state is written before Discord is told).
     loop {
         let job = app.job("racy").await;

@@ -62,7 +62,7 @@ async fn run(app: &TestApp, body: &Value) -> kernelbot_dispatch::jobs::Job {
     let run_id = body["run_id"].as_str().unwrap();
     let (status, answer) = app.submit(body).await;
     assert_eq!(status, StatusCode::ACCEPTED, "{answer}");
-    let deadline = Instant::now() + Duration::from_secs(90);
+    let deadline = Instant::now() + Duration::from_secs(300);
     loop {
         let job = app.job(run_id).await;
         if job.state.is_terminal() && !job.owes(Channel::Discord) {

@@ -65,11 +65,16 @@ fn shown_timings(report: &str) -> (f64, f64) {
         .find_map(|l| l.split_once("⏱ Queued for ").map(|(_, rest)| rest))
         .unwrap_or_else(|| panic!("no timing line in {report}"));
     let (queued, ran) = line.split_once(", ran for ").expect("both times");
+    // "12.3 s", or "1 min 5 s" on a slow machine.
     let secs = |t: &str| -> f64 {
         let t = t.trim();
-        t.strip_suffix(" s")
-            .and_then(|n| n.parse().ok())
-            .unwrap_or_else(|| panic!("{t:?} is not a number of seconds under a minute"))
+        let (mins, rest) = t.split_once(" min ").unwrap_or(("0", t));
+        let parsed = rest
+            .strip_suffix(" s")
+            .and_then(|n| n.parse::<f64>().ok())
+            .zip(mins.parse::<f64>().ok());
+        let (s, m) = parsed.unwrap_or_else(|| panic!("{t:?} is not a time under an hour"));
+        m * 60.0 + s
     };
     (secs(queued), secs(ran))
 }
@@ -282,7 +287,7 @@ fn serve_serves_at_once_while_the_sample_is_still_running() {
     std::fs::set_permissions(&runner, std::fs::Permissions::from_mode(0o755)).unwrap();
     let (mut child, rx) = serve(dir.path(), (RUNNER_VAR, runner.as_os_str()));
     let (mut submit, mut sample, mut serving) = (None, None, false);
-    // Far less than the sample's own 60 s wait and the runner's 60 s.
+    // Far less than the sample's own wait (5 min) and the runner's 60 s.
     while let Ok(line) = rx.recv_timeout(std::time::Duration::from_secs(45)) {
         if let Some(rest) = line.strip_prefix("submit   ") {
             submit = rest.split_whitespace().next().map(str::to_owned);
