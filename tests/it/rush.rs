@@ -122,11 +122,11 @@ async fn a_told_limit_is_kept_and_creates_come_first(kind: StoreKind) {
         last.build.is_none() && last.creation.is_some(),
         "the 21st create waits for the next window: {last:?}"
     );
-    // 3 calls left, kept for finishes: the stale agents list serves. The list is 50 s old
-    // or more (30 s before the window, 25 s or more in it) and the window still open, on a
-    // clock that ran on with the submissions' real time.
+    // 3 calls left, kept for finishes: the stale agents list serves. 30 s into the window
+    // (or later, had the submissions taken that long in real time, the clock running on
+    // with them): the list is 60 s old, past its refresh, and the window open 30 s more.
     let spent = submitting.elapsed();
-    let rest = Duration::from_secs(25).saturating_sub(spent);
+    let rest = Duration::from_secs(30).saturating_sub(spent);
     app.advance_clock(rest.max(Duration::from_secs(1)));
     assert_eq!(queue_status(&app).await, StatusCode::OK, "from the cache");
     assert_eq!(
