@@ -1,11 +1,11 @@
 //! The Buildkite objects we read and write (REST API and webhook payloads share them).
 
 use std::collections::{BTreeMap, HashMap};
-use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
 use crate::result::Timings;
+use crate::time::Millis;
 
 /// What we send to create a build.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -117,15 +117,12 @@ impl Build {
     /// How long the evaluation waited for an agent (from the build's creation to its last
     /// evaluation job's start) and how long it ran, from Buildkite's timestamps.
     pub fn timings(&self) -> Timings {
-        let at = |t: &Option<String>| {
-            t.as_deref()
-                .and_then(|t| humantime::parse_rfc3339_weak(t).ok())
-        };
+        let at = |t: &Option<String>| t.as_deref().and_then(crate::time::millis_of);
         // Counted in the stamps' milliseconds: seconds plus nanoseconds as floats would show
         // 2.119 s as 2.1189999999999998.
-        let secs = |from: Option<SystemTime>, to: Option<SystemTime>| {
-            let span = to?.duration_since(from?).ok()?;
-            Some(span.as_millis() as f64 / 1000.0)
+        let secs = |from: Option<Millis>, to: Option<Millis>| {
+            let span = to? - from?;
+            (span >= 0).then(|| span as f64 / 1000.0)
         };
         let eval = self
             .jobs

@@ -117,6 +117,24 @@ impl TestApp {
         (secs(started - b.created_at), secs(finished - started))
     }
 
+    /// Build `number`'s timings, asserted to be 2 s in the queue and 45.5 s on the GPU on the
+    /// stack's clock, to within the real time each span took here (`in_queue`, `on_gpu`
+    /// seconds: the clock runs on with it; its stamps are whole milliseconds, so a span of
+    /// them can read 1 ms long).
+    pub(crate) fn timings_of_2_and_45_5(
+        &self,
+        number: u64,
+        (in_queue, on_gpu): (f64, f64),
+    ) -> (f64, f64) {
+        let (queued, ran) = self.timings(number);
+        let (in_queue, on_gpu) = (in_queue + 0.001, on_gpu + 0.001);
+        assert!(
+            (2.0..=2.0 + in_queue).contains(&queued) && (45.5..=45.5 + on_gpu).contains(&ran),
+            "{queued} {ran}, {in_queue} s and {on_gpu} s of real time"
+        );
+        (queued, ran)
+    }
+
     /// One sweep pass, which must not fail.
     pub(crate) async fn sweep(&self) -> SweepReport {
         self.0.sweep().await.expect("sweep pass")
