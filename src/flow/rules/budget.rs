@@ -55,19 +55,31 @@ pub(crate) fn noted(mut runs: Vec<Use>, added: Use, now: Millis) -> Vec<Use> {
     runs
 }
 
-/// The seconds used within the window at `now`.
-pub(crate) fn used(runs: &[Use], now: Millis) -> f64 {
+/// A run's seconds in whole milliseconds: use is summed in them, so that runs which add up
+/// to the limit reach it (as floats, 1414.435 + 202.177 + 183.388 is 1799.9999999999998).
+fn millis(secs: f64) -> u64 {
+    // `as` saturates: a corrupt record's NaN or negative counts nothing.
+    (secs * 1000.0).round() as u64
+}
+
+/// The milliseconds used within the window at `now`.
+fn used_ms(runs: &[Use], now: Millis) -> u64 {
     runs.iter()
         .filter(|u| now.saturating_sub(u.at) < WINDOW_MS)
-        .map(|u| u.secs)
-        .sum()
+        .map(|u| millis(u.secs))
+        .fold(0, u64::saturating_add)
+}
+
+/// The seconds used within the window at `now`.
+pub(crate) fn used(runs: &[Use], now: Millis) -> f64 {
+    used_ms(runs, now) as f64 / 1000.0
 }
 
 /// How long until use falls below `limit` seconds (`None`: it is below now), in whole seconds
 /// rounded up: the oldest runs leave the window first.
 pub(crate) fn frees_in(runs: &[Use], now: Millis, limit: u64) -> Option<u64> {
-    let mut left = used(runs, now);
-    let limit = limit as f64;
+    let mut left = used_ms(runs, now);
+    let limit = limit.saturating_mul(1000);
     if left < limit {
         return None;
     }
@@ -77,7 +89,7 @@ pub(crate) fn frees_in(runs: &[Use], now: Millis, limit: u64) -> Option<u64> {
         .collect();
     in_window.sort_by_key(|u| u.at);
     for u in in_window {
-        left -= u.secs;
+        left = left.saturating_sub(millis(u.secs));
         if left < limit {
             let ms = (u.at + WINDOW_MS).saturating_sub(now).max(0);
             return Some(u64::try_from(ms).unwrap_or(0).div_ceil(1000).max(1));
@@ -159,6 +171,22 @@ mod tests {
         assert_eq!(frees_in(&runs, now, 600), Some(4 * 3600));
         // At 600 of 250: both the 10 h and the 20 h runs must leave (44 h).
         assert_eq!(frees_in(&runs, now, 250), Some(14 * 3600));
+    }
+
+    #[test]
+    fn runs_that_add_up_to_the_limit_reach_it() {
+        let now = 30 * H;
+        // Evaluation times as Buildkite's millisecond stamps give them; as floats they sum
+        // to a hair under 1,800.
+        let runs = vec![
+            u("r1", 10 * H, 1414.435),
+            u("r2", 20 * H, 202.177),
+            u("r3", 29 * H, 183.388),
+        ];
+        assert_eq!(used(&runs, now), 1800.0);
+        // At 1,800 of 1,800: the run at 10 h leaves at 34 h, 4 h from now.
+        assert_eq!(frees_in(&runs, now, 1800), Some(4 * 3600));
+        assert_eq!(frees_in(&runs, now, 1801), None);
     }
 
     #[test]
