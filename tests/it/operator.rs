@@ -716,12 +716,20 @@ fn stack_template(table: &str, secret: &str) -> String {
     .to_string()
 }
 
-/// `--stack NAME` (or `KERNELBOT_STACK`): the deployment's configuration from its stack (the
-/// sweep function's environment, the secret it names) and none from the shell, which here
-/// has no Buildkite token and another deployment's names; a stack that cannot be read, or
-/// one named beside another store, is refused.
-#[test]
-fn the_binary_works_on_the_deployment_its_stack_names() {
+/// A deployment on moto as `sam deploy` leaves one: its table (holding the job
+/// `from-the-stack`), its secret and its stack; and beside it a stack of another kind,
+/// `other-{unique}`.
+/// The Buildkite token the deployment's secret holds.
+const STACK_TOKEN: &str = "bkua_0123456789abcdef0123456789abcdef01234567";
+
+struct Deployed {
+    endpoint: &'static str,
+    table: String,
+    stack: String,
+    unique: String,
+}
+
+fn deployed(rt: &tokio::runtime::Runtime) -> Deployed {
     use aws_sdk_cloudformation::config::{BehaviorVersion, Credentials, Region};
     use kernelbot_dispatch::devstack::moto;
     use kernelbot_dispatch::jobs::{DynamoStore, Job, JobStore};
@@ -732,7 +740,6 @@ fn the_binary_works_on_the_deployment_its_stack_names() {
         format!("kd-{unique}"),
         format!("kernelbot-{unique}"),
     );
-    let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let client = moto::client().unwrap();
         moto::create_table(&client, &table).await.unwrap();
@@ -753,7 +760,7 @@ fn the_binary_works_on_the_deployment_its_stack_names() {
             .load()
             .await;
         let keys = json!({
-            "BUILDKITE_API_TOKEN": "bkua_0123456789abcdef0123456789abcdef01234567",
+            "BUILDKITE_API_TOKEN": STACK_TOKEN,
             "BUILDKITE_WEBHOOK_SECRET": "9b2c1e4f7a0d3c6b8e5f2a1d4c7b0e3f",
             "SUBMIT_API_TOKEN": "submit-0123456789abcdef",
             "DISCORD_WEBHOOK_URL": "https://discord.com/api/webhooks/1234567890/abcdefABCDEF",
@@ -787,19 +794,62 @@ fn the_binary_works_on_the_deployment_its_stack_names() {
             .await
             .unwrap();
     });
+    Deployed {
+        endpoint,
+        table,
+        stack,
+        unique,
+    }
+}
+
+/// The operator's command against AWS at `endpoint`, from a shell set up for another
+/// deployment, plus `shell`; it must end within `bound`.
+fn dispatch(
+    endpoint: &str,
+    args: &[&str],
+    shell: &[(&str, &str)],
+    bound: Duration,
+) -> std::process::Output {
+    let mut child = Process::new(env!("CARGO_BIN_EXE_kernelbot-dispatch"))
+        .args(args)
+        .env_clear()
+        .env("AWS_ENDPOINT_URL", endpoint)
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .env("AWS_REGION", "us-east-1")
+        .env("BUILDKITE_ORG", "elsewhere")
+        .env("BUILDKITE_PIPELINE", "elsewhere")
+        .envs(shell.iter().copied())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the command runs");
+    let started = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > bound {
+            child.kill().unwrap();
+            panic!("{args:?} still running after {bound:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// `--stack NAME` (or `KERNELBOT_STACK`): the deployment's configuration from its stack (the
+/// sweep function's environment, the secret it names) and none from the shell, which here
+/// has no Buildkite token and another deployment's names; a stack that cannot be read, or
+/// one named beside another store, is refused.
+#[test]
+fn the_binary_works_on_the_deployment_its_stack_names() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Deployed {
+        endpoint,
+        table,
+        stack,
+        unique,
+    } = deployed(&rt);
     let command = |args: &[&str], shell: &[(&str, &str)]| {
-        Process::new(env!("CARGO_BIN_EXE_kernelbot-dispatch"))
-            .args(args)
-            .env_clear()
-            .env("AWS_ENDPOINT_URL", endpoint)
-            .env("AWS_ACCESS_KEY_ID", "test")
-            .env("AWS_SECRET_ACCESS_KEY", "test")
-            .env("AWS_REGION", "us-east-1")
-            .env("BUILDKITE_ORG", "elsewhere")
-            .env("BUILDKITE_PIPELINE", "elsewhere")
-            .envs(shell.iter().copied())
-            .output()
-            .expect("the command runs")
+        dispatch(endpoint, args, shell, Duration::from_secs(300))
     };
     let out = command(&["--stack", &stack, "jobs", "--json"], &[]);
     assert!(
@@ -852,4 +902,169 @@ fn the_binary_works_on_the_deployment_its_stack_names() {
     assert_eq!(out.status.code(), Some(1));
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(said.contains("is it a kernelbot-dispatch stack?"), "{said}");
+}
+
+/// What the stand-in between the command and AWS answers a request it fails.
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    /// 503, no body: an AWS front end's hiccup.
+    Unavailable,
+    /// CloudFormation's 400 `Throttling`, as its query protocol writes it.
+    Throttled,
+    /// Never an answer.
+    Hung,
+}
+
+/// CloudFormation's answer to a caller past its rate (the query protocol's error document).
+const THROTTLED: &str = r#"<ErrorResponse xmlns="http://cloudformation.amazonaws.com/doc/2010-05-15/">
+  <Error>
+    <Type>Sender</Type>
+    <Code>Throttling</Code>
+    <Message>Rate exceeded</Message>
+  </Error>
+  <RequestId>7a62c49f-347e-4fc4-9331-6e8e0cbd5e0a</RequestId>
+</ErrorResponse>"#;
+
+/// Between the command and moto: fails the first `failing` requests with `fault`, passes the
+/// rest on, and counts every request.
+#[derive(Clone)]
+struct Faulty {
+    upstream: &'static str,
+    fault: Fault,
+    failing: Arc<std::sync::atomic::AtomicUsize>,
+    asked: Arc<std::sync::atomic::AtomicUsize>,
+    http: reqwest::Client,
+}
+
+async fn faulty(
+    axum::extract::State(f): axum::extract::State<Faulty>,
+    request: axum::extract::Request,
+) -> axum::response::Response {
+    use axum::http::{StatusCode, header};
+    use axum::response::IntoResponse;
+    use std::sync::atomic::Ordering::SeqCst;
+    f.asked.fetch_add(1, SeqCst);
+    if f.failing
+        .fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1))
+        .is_ok()
+    {
+        match f.fault {
+            Fault::Unavailable => return StatusCode::SERVICE_UNAVAILABLE.into_response(),
+            Fault::Throttled => {
+                return (
+                    StatusCode::BAD_REQUEST,
+                    [(header::CONTENT_TYPE, "text/xml")],
+                    THROTTLED,
+                )
+                    .into_response();
+            }
+            Fault::Hung => std::future::pending::<()>().await,
+        }
+    }
+    let (parts, body) = request.into_parts();
+    let body = axum::body::to_bytes(body, usize::MAX).await.unwrap();
+    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let mut headers = parts.headers;
+    headers.remove(header::HOST);
+    let answer = f
+        .http
+        .request(parts.method, format!("{}{path}", f.upstream))
+        .headers(headers)
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    let (status, mut headers) = (answer.status(), answer.headers().clone());
+    for hop in [
+        header::CONTENT_LENGTH,
+        header::TRANSFER_ENCODING,
+        header::CONNECTION,
+    ] {
+        headers.remove(hop);
+    }
+    (status, headers, answer.bytes().await.unwrap()).into_response()
+}
+
+/// Starts a stand-in failing its first `failing` requests; its URL and its count of requests.
+fn start_faulty(
+    rt: &tokio::runtime::Runtime,
+    upstream: &'static str,
+    fault: Fault,
+    failing: usize,
+) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+    let state = Faulty {
+        upstream,
+        fault,
+        failing: Arc::new(failing.into()),
+        asked: Arc::default(),
+        http: reqwest::Client::new(),
+    };
+    let asked = state.asked.clone();
+    let app = axum::Router::new().fallback(faulty).with_state(state);
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    rt.spawn(async move { axum::serve(listener, app).await });
+    (url, asked)
+}
+
+/// `--stack` when AWS answers badly: a hiccup is retried and the command works; throttling
+/// that never ends is retried a bounded number of times, then named; a call never answered
+/// ends at `--timeout`. No secret of the deployment is ever in what it prints.
+#[test]
+fn a_stack_read_through_faults_is_retried_then_named_never_hung() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Deployed {
+        endpoint, stack, ..
+    } = deployed(&rt);
+    let bound = Duration::from_secs(120);
+    let no_secret = |said: &str| {
+        for secret in [STACK_TOKEN, CALLBACK.1] {
+            assert!(!said.contains(secret), "a secret printed: {said}");
+        }
+    };
+
+    let (url, asked) = start_faulty(&rt, endpoint, Fault::Unavailable, 2);
+    let out = dispatch(&url, &["--stack", &stack, "jobs", "--json"], &[], bound);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("from-the-stack"));
+    // The two failures, then the stack, the function, the secret and the store's reads.
+    assert!(asked.load(SeqCst) >= 2 + 4, "{}", asked.load(SeqCst));
+    no_secret(&said);
+
+    let (url, asked) = start_faulty(&rt, endpoint, Fault::Throttled, usize::MAX);
+    let out = dispatch(&url, &["--stack", &stack, "jobs"], &[], bound);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains(&format!("stack {stack} could not be read")),
+        "{said}"
+    );
+    assert!(said.contains("Throttling"), "the cause is named: {said}");
+    let tries = asked.load(SeqCst);
+    assert!(
+        (2..=5).contains(&tries),
+        "retried, a bounded number of times: {tries}"
+    );
+    assert!(out.stdout.is_empty());
+    no_secret(&said);
+
+    let (url, asked) = start_faulty(&rt, endpoint, Fault::Hung, usize::MAX);
+    let out = dispatch(
+        &url,
+        &["--timeout", "3s", "--stack", &stack, "jobs"],
+        &[],
+        bound,
+    );
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains(&format!("stack {stack} could not be read in 3s")),
+        "{said}"
+    );
+    assert!(asked.load(SeqCst) >= 1);
+    no_secret(&said);
 }
