@@ -46,12 +46,15 @@ cfn-lint template.yaml
 # SAM's own checks of the transformed template (offline, no credentials).
 sam validate --lint --region us-east-1 --template-file template.yaml >/dev/null
 shellcheck -x infra/buildkite/*.sh scripts/test.sh scripts/bench.sh scripts/tools.sh
-# Every binary first. The launcher's suite below runs `local` directly. The tests' local
-# stacks build the runner through cargo as `devstack::runner_program` does (the runner's
-# package alone, whose dependencies' features differ from a workspace build's): built here
-# first, that is no work while they wait to start.
+# Every binary first: the launcher's suite below runs `local` directly. Then the runner as
+# `devstack::runner_program` builds it (its package alone, whose dependencies' features differ
+# from a workspace build's), named to the tests' local stacks by `KERNELBOT_RUNNER`: asked of
+# cargo, it would wait on the build directory's lock while another test's cargo builds.
 cargo build --locked --quiet --workspace --bins
 cargo build --locked --quiet -p kernelbot-runner --bin kernelbot-runner
+target_dir="${CARGO_TARGET_DIR:-target}"
+case "$target_dir" in /*) ;; *) target_dir="$PWD/$target_dir" ;; esac
+export KERNELBOT_RUNNER="$target_dir/debug/kernelbot-runner"
 cargo test --locked --workspace "$@" -- --include-ignored
 # The kernelbot launcher's lint and strict type check, as its pyproject.toml configures them.
 (cd infra/kernelbot && ruff check . && mypy)

@@ -6,25 +6,11 @@ use std::process::{Command, Stdio};
 
 use kernelbot_dispatch::devstack::runner_program::RUNNER_VAR;
 
-/// The `local` binary, given the runner `scripts/test.sh` built beside it (as a user running
-/// `target/debug/local` has it). Run by cargo, `local` would ask cargo to build the runner,
-/// and wait on the build directory's lock for as long as another test's cargo holds it
-/// (minutes, under `cargo lambda watch`).
-fn local() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_local"));
-    let runner =
-        std::path::Path::new(env!("CARGO_BIN_EXE_local")).with_file_name("kernelbot-runner");
-    if runner.is_file() {
-        command.env(RUNNER_VAR, runner);
-    }
-    command
-}
-
 #[test]
 fn the_local_run_finishes_a_job_and_prints_its_report() {
     let dir = tempfile::tempdir().unwrap();
     let started = std::time::Instant::now();
-    let out = local()
+    let out = Command::new(env!("CARGO_BIN_EXE_local"))
         .env("KERNELBOT_DATA_DIR", dir.path())
         // Every log line, so the check below covers all of them.
         .env("RUST_LOG", "trace")
@@ -220,7 +206,7 @@ fn http(port: u16, host: &str, path: &str, token: &str) -> String {
 #[test]
 fn serve_takes_the_token_from_the_environment_and_answers_only_to_localhost() {
     let dir = tempfile::tempdir().unwrap();
-    let mut child = local()
+    let mut child = Command::new(env!("CARGO_BIN_EXE_local"))
         .arg("--serve")
         .env("KERNELBOT_DATA_DIR", dir.path())
         .env("SUBMIT_API_TOKEN", "token-chosen-by-the-user")
@@ -341,7 +327,7 @@ fn serve(
     dir: &std::path::Path,
     (name, value): (&str, &std::ffi::OsStr),
 ) -> (std::process::Child, std::sync::mpsc::Receiver<String>) {
-    let mut child = local()
+    let mut child = Command::new(env!("CARGO_BIN_EXE_local"))
         .arg("--serve")
         .env("KERNELBOT_DATA_DIR", dir)
         .env(name, value)
@@ -390,8 +376,8 @@ async fn a_profile_submission_through_the_local_stack_links_its_download() {
             std::env::var("PATH").unwrap()
         );
         let (mut child, rx) = serve(dir.path(), ("PATH", path.as_ref()));
-        // Start-up includes cargo's look at the runner's build where `scripts/test.sh` has
-        // not built it (minutes, on a busy machine).
+        // Start-up includes cargo's build of the runner where `KERNELBOT_RUNNER` names none
+        // (`scripts/test.sh` names the one it built): minutes, on a busy machine.
         let submit = loop {
             let line = rx
                 .recv_timeout(std::time::Duration::from_secs(300))

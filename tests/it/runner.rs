@@ -143,7 +143,8 @@ pub(crate) fn run_binary(
     }
 }
 
-/// The runner as the local stack runs it: the runner crate's own binary, built from this
+/// The runner as the local stack runs it: the runner crate's own binary, the one
+/// `KERNELBOT_RUNNER` names (`scripts/test.sh` names the one it built) or else built from this
 /// workspace as it is now. Found (and built) once for the whole test process.
 pub(crate) fn runner_link() -> &'static Path {
     static RUNNER: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();

@@ -50,7 +50,8 @@ pub(crate) fn noted(mut runs: Vec<Use>, added: Use, now: Millis) -> Vec<Use> {
     runs.sort_by_key(|u| u.at);
     while runs.len() > MAX_RUNS {
         let oldest = runs.remove(0);
-        runs[0].secs += oldest.secs;
+        let merged = millis(runs[0].secs).saturating_add(millis(oldest.secs));
+        runs[0].secs = merged as f64 / 1000.0;
     }
     runs
 }
@@ -91,7 +92,7 @@ pub(crate) fn frees_in(runs: &[Use], now: Millis, limit: u64) -> Option<u64> {
     for u in in_window {
         left = left.saturating_sub(millis(u.secs));
         if left < limit {
-            let ms = (u.at + WINDOW_MS).saturating_sub(now).max(0);
+            let ms = u.at.saturating_add(WINDOW_MS).saturating_sub(now).max(0);
             return Some(u64::try_from(ms).unwrap_or(0).div_ceil(1000).max(1));
         }
     }
