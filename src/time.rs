@@ -35,6 +35,18 @@ pub(crate) fn millis_of(text: &str) -> Option<Millis> {
     Millis::try_from(since.as_millis()).ok()
 }
 
+/// `ms` in seconds, as exact as a float writes them: 2,119 ms reads 2.119 (seconds plus
+/// nanoseconds as floats would read 2.1189999999999998).
+pub(crate) fn secs_of(ms: Millis) -> f64 {
+    ms as f64 / 1000.0
+}
+
+/// `secs` in whole milliseconds, rounded, so that seconds read from milliseconds come back
+/// exact; `as` saturates (NaN is 0).
+pub(crate) fn millis_in(secs: f64) -> Millis {
+    (secs * 1000.0).round() as Millis
+}
+
 /// Wall-clock time in milliseconds, which tests can move forward (deadlines of hours and the
 /// 24 h give-up are tested without waiting) and a benchmark can run faster than real time (a
 /// simulated hour in a minute). Deployed functions use the default: the wall clock itself.
@@ -105,6 +117,18 @@ impl Clock {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn seconds_and_milliseconds_convert_without_drift() {
+        for (ms, secs) in [(2_119, 2.119), (45_500, 45.5), (0, 0.0), (1, 0.001)] {
+            assert_eq!(secs_of(ms), secs, "{ms}");
+            assert_eq!(millis_in(secs), ms, "{secs}");
+        }
+        // A span of seconds-plus-nanoseconds comes back to its milliseconds.
+        assert_eq!(millis_in(Duration::from_millis(2_119).as_secs_f64()), 2_119);
+        assert_eq!(millis_in(f64::NAN), 0);
+        assert_eq!(millis_in(-1.5), -1_500);
+    }
 
     #[test]
     fn rfc3339_has_milliseconds_and_a_moved_clock_stays_moved() {

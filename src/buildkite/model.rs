@@ -118,11 +118,10 @@ impl Build {
     /// evaluation job's start) and how long it ran, from Buildkite's timestamps.
     pub fn timings(&self) -> Timings {
         let at = |t: &Option<String>| t.as_deref().and_then(crate::time::millis_of);
-        // Counted in the stamps' milliseconds: seconds plus nanoseconds as floats would show
-        // 2.119 s as 2.1189999999999998.
+        // Counted in the stamps' milliseconds (`secs_of` says why).
         let secs = |from: Option<Millis>, to: Option<Millis>| {
             let span = to? - from?;
-            (span >= 0).then(|| span as f64 / 1000.0)
+            (span >= 0).then(|| crate::time::secs_of(span))
         };
         let eval = self
             .jobs

@@ -362,7 +362,7 @@ async fn note_end(d: &Deps, job: &Job) -> Result<Option<QueueRecord>, StoreError
     let Some(outcome) = job.outcome.as_deref() else {
         return Ok(None);
     };
-    let ms = |secs: Option<f64>| secs.map(|s| (s * 1000.0).round() as Millis);
+    let ms = |secs: Option<f64>| secs.map(crate::time::millis_in);
     let ended = Ended {
         at: d.clock.now(),
         waited_ms: ms(outcome.timings.and_then(|t| t.queued_secs)),

@@ -75,7 +75,7 @@ pub async fn page(d: &Deps) -> Result<StatusPage, StoreError> {
         let paused = ours.clone().filter(|a| a.paused && !a.busy).count();
         let (wait, run) = record.medians_since(now - HOUR_MS);
         let (jobs, infra) = record.last_day(now);
-        let secs = |ms: Option<Millis>| ms.map(|ms| ms as f64 / 1000.0);
+        let secs = |ms: Option<Millis>| ms.map(crate::time::secs_of);
         out.push(QueueHealth {
             agents_idle: ours.count() - busy - paused,
             agents_busy: busy,

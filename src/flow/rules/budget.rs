@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::jobs::Job;
 use crate::result::Verdict;
-use crate::time::Millis;
+use crate::time::{Millis, millis_in, secs_of};
 
 /// The rolling window a budget covers.
 pub(crate) const WINDOW_MS: Millis = 24 * 3600 * 1000;
@@ -51,36 +51,38 @@ pub(crate) fn noted(mut runs: Vec<Use>, added: Use, now: Millis) -> Vec<Use> {
     while runs.len() > MAX_RUNS {
         let oldest = runs.remove(0);
         let merged = millis(runs[0].secs).saturating_add(millis(oldest.secs));
-        runs[0].secs = merged as f64 / 1000.0;
+        runs[0].secs = secs_of(merged);
     }
     runs
 }
 
 /// A run's seconds in whole milliseconds: use is summed in them, so that runs which add up
 /// to the limit reach it (as floats, 1414.435 + 202.177 + 183.388 is 1799.9999999999998).
-fn millis(secs: f64) -> u64 {
-    // `as` saturates: a corrupt record's NaN or negative counts nothing.
-    (secs * 1000.0).round() as u64
+/// A corrupt record's NaN or negative counts nothing.
+fn millis(secs: f64) -> Millis {
+    millis_in(secs).max(0)
 }
 
 /// The milliseconds used within the window at `now`.
-fn used_ms(runs: &[Use], now: Millis) -> u64 {
+fn used_ms(runs: &[Use], now: Millis) -> Millis {
     runs.iter()
         .filter(|u| now.saturating_sub(u.at) < WINDOW_MS)
         .map(|u| millis(u.secs))
-        .fold(0, u64::saturating_add)
+        .fold(0, Millis::saturating_add)
 }
 
 /// The seconds used within the window at `now`.
 pub(crate) fn used(runs: &[Use], now: Millis) -> f64 {
-    used_ms(runs, now) as f64 / 1000.0
+    secs_of(used_ms(runs, now))
 }
 
 /// How long until use falls below `limit` seconds (`None`: it is below now), in whole seconds
 /// rounded up: the oldest runs leave the window first.
 pub(crate) fn frees_in(runs: &[Use], now: Millis, limit: u64) -> Option<u64> {
     let mut left = used_ms(runs, now);
-    let limit = limit.saturating_mul(1000);
+    let limit = Millis::try_from(limit)
+        .unwrap_or(Millis::MAX)
+        .saturating_mul(1000);
     if left < limit {
         return None;
     }
